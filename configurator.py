@@ -1,0 +1,92 @@
+"""
+nanoGPT-style configuration, shared by train_grpo.py and sample.py.
+
+A script keeps its defaults as plain module globals (each with a comment), then calls
+
+    config = configure(globals())
+
+which applies, in order, each bare argument as a Python config file (executed in the script's globals) and each
+`--key=value` as an override. Values go through ast.literal_eval (falling back to the raw string) and must match
+the type of the default; a default of None accepts anything. Any mistake is one clear line and exit code 2.
+"""
+import ast
+import json
+import os
+import sys
+
+
+def config_keys(g):
+    """The configurable globals: plain values defined at module level, not modules/functions/private names."""
+    return [k for k, v in g.items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, list, tuple, dict, type(None)))]
+
+
+def fail(msg):
+    print(f"config error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_type(key, value, default, where):
+    """Return value coerced to the default's type (int -> float, list <-> tuple), or fail naming where it came from."""
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool) or isinstance(value, bool):  # bool is an int subclass: compare exactly
+        ok = type(value) is type(default)
+    elif isinstance(default, float) and isinstance(value, int):
+        return float(value)  # --lr=1 means 1.0
+    elif isinstance(default, (list, tuple)) and isinstance(value, (list, tuple)):
+        return type(default)(value)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        fail(f"{where}: '{key}' expects {type(default).__name__} (default {default!r}), got {type(value).__name__} {value!r}")
+    return value
+
+
+def parse_value(raw):
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw  # a bare word such as --init_from=Qwen/Qwen2.5-0.5B-Instruct is a string
+
+
+def configure(g, argv=None):
+    """Apply config files and --key=value overrides from argv (default sys.argv[1:]) to the globals dict g."""
+    argv = sys.argv[1:] if argv is None else argv
+    keys = config_keys(g)
+    defaults = {k: g[k] for k in keys}
+    for arg in argv:
+        if not arg.startswith('--'):
+            if not os.path.isfile(arg):
+                fail(f"config file not found: {arg}")
+            print(f"config: executing {arg}")
+            file_globals = {}
+            try:
+                with open(arg) as f:
+                    exec(compile(f.read(), arg, 'exec'), file_globals)
+            except Exception as e:
+                fail(f"{arg}: {type(e).__name__}: {e}")
+            for k, v in file_globals.items():
+                if k.startswith('_') or callable(v) or type(v).__name__ == 'module':
+                    continue  # imports and helper functions in a config file are not settings
+                if k not in defaults:
+                    fail(f"{arg}: unknown config key '{k}' (known keys: {', '.join(sorted(defaults))})")
+                g[k] = check_type(k, v, defaults[k], arg)
+        else:
+            key, sep, raw = arg[2:].partition('=')  # partition: values may themselves contain '='
+            if not sep:
+                fail(f"expected --key=value, got {arg}")
+            if key not in defaults:
+                fail(f"unknown config key --{key} (known keys: {', '.join(sorted(defaults))})")
+            value = parse_value(raw)
+            if isinstance(defaults[key], str) and not isinstance(value, str):
+                value = raw  # --out_dir=2024 is the string '2024'
+            g[key] = check_type(key, value, defaults[key], arg)
+    return {k: g[k] for k in keys}
+
+
+def save_config(config, out_dir):
+    """Print the resolved config and keep a copy beside the run's outputs."""
+    os.makedirs(out_dir, exist_ok=True)
+    print("config: " + json.dumps(config, sort_keys=True, default=str))
+    with open(os.path.join(out_dir, 'config.json'), 'w') as f:
+        json.dump(config, f, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,10 @@
+import os
+import sys
+
+# Triton kernels run on CPU through the interpreter; it must be set before anything imports triton.
+os.environ.setdefault('TRITON_INTERPRET', '1')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(2)  # CI machines have 2 cores; more threads only contend

@@ -1,0 +1,199 @@
+"""
+Tokenizers on tiktoken: a byte-level BPE read from an HF snapshot's tokenizer files, and a byte encoding for
+scratch models. The Qwen (ChatML) chat template is plain code here, not Jinja.
+
+tiktoken's ranks are its token ids and it merges the pair whose joined bytes have the lowest rank. An HF byte-level
+BPE gives the same tokens when each merge creates a token whose id grows with the merge's position in `merges`,
+which holds for GPT-2, Qwen2 and anything `tokenizers` trains; load_tokenizer checks it instead of assuming.
+"""
+import json
+import os
+import unicodedata
+
+import tiktoken
+
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
+          "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}")
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+def bytes_to_unicode():
+    """GPT-2's reversible map from bytes to printable unicode characters, used by every byte-level BPE vocab file."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+class Tokenizer:
+    def __init__(self, enc, nfc=False, files=None):
+        self.enc = enc
+        self.nfc = nfc  # Qwen2's tokenizer.json normalises to NFC before splitting
+        self.files = files or {}  # the snapshot's tokenizer files, written back verbatim by save()
+        self.special = dict(enc._special_tokens)
+        self.vocab_size = enc.n_vocab
+        end = self.special.get('<|endoftext|>')
+        self.eos_id = self.special.get('<|im_end|>', end)
+        self.stop_ids = sorted({i for i in (self.eos_id, end) if i is not None})
+        self.pad_id = self.special.get('<|pad|>', end if end is not None else 0)
+        self.chat = '<|im_start|>' in self.special and '<|im_end|>' in self.special
+
+    def encode(self, text):
+        """Ordinary text: special-token strings in it are plain text, so user data cannot inject a turn end."""
+        text = unicodedata.normalize('NFC', text) if self.nfc else text
+        return self.enc.encode_ordinary(text)
+
+    def encode_with_special(self, text):
+        text = unicodedata.normalize('NFC', text) if self.nfc else text
+        return self.enc.encode(text, allowed_special='all')
+
+    def decode(self, ids):
+        ids = [int(i) for i in ids]
+        ids = [i for i in ids if i < self.vocab_size]  # a model's vocab is often padded past the tokenizer's
+        return self.enc.decode(ids, errors='replace')
+
+    def render_chat(self, messages, add_generation_prompt=True):
+        """ChatML, as Qwen's template writes it (no default system turn is added: pass one if you want it).
+        Tokenizers without ChatML tokens (GPT-2) get plain 'role: content' lines."""
+        if not self.chat:
+            text = ''.join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return self.encode(text + ('assistant:' if add_generation_prompt else ''))
+        start, end, nl = self.special['<|im_start|>'], self.special['<|im_end|>'], self.encode('\n')
+        ids = []
+        for m in messages:
+            ids += [start] + self.encode(f"{m['role']}\n{m['content']}") + [end] + nl
+        if add_generation_prompt:
+            ids += [start] + self.encode('assistant\n')
+        return ids
+
+    def save(self, out_dir):
+        """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated tokenizer.json."""
+        os.makedirs(out_dir, exist_ok=True)
+        files = self.files or byte_tokenizer_files(self)
+        for name, data in files.items():
+            with open(os.path.join(out_dir, name), 'wb') as f:
+                f.write(data)
+
+
+def _read(path, what):
+    try:
+        with open(path, 'rb') as f:
+            raw = f.read()
+        return raw, json.loads(raw) if path.endswith('.json') else raw.decode('utf-8')
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"{path}: cannot read {what}: {e}") from None
+
+
+def load_tokenizer(path):
+    """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+ tokenizer_config.json)."""
+    files = {}
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt'):
+        if os.path.isfile(os.path.join(path, name)):
+            files[name] = _read(os.path.join(path, name), name)
+    if 'tokenizer.json' in files:
+        spec = files['tokenizer.json'][1]
+        src = os.path.join(path, 'tokenizer.json')
+        model = spec.get('model') or {}
+        if model.get('type') != 'BPE' or 'vocab' not in model:
+            raise TokenizerError(f"{src}: only byte-level BPE tokenizers are supported (model.type={model.get('type')!r})")
+        vocab, merges = model['vocab'], model.get('merges', [])
+        merges = [m.split(' ') if isinstance(m, str) else m for m in merges]
+        added = {t['content']: t['id'] for t in spec.get('added_tokens', [])}
+        pattern, nfc = _pattern_from_spec(spec, src)
+    elif 'vocab.json' in files and 'merges.txt' in files:
+        src = os.path.join(path, 'vocab.json')
+        vocab = files['vocab.json'][1]
+        lines = files['merges.txt'][1].splitlines()
+        merges = [l.split(' ') for l in lines if l and not l.startswith('#version')]
+        conf = files.get('tokenizer_config.json', (None, {}))[1]
+        added = {t['content']: int(i) for i, t in conf.get('added_tokens_decoder', {}).items()}
+        qwen = 'qwen' in str(conf.get('tokenizer_class', '')).lower()
+        pattern, nfc = (QWEN2_PATTERN, True) if qwen else (GPT2_PATTERN, False)
+    else:
+        raise TokenizerError(f"{path}: no tokenizer files (expected tokenizer.json, or vocab.json and merges.txt)")
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    try:
+        ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok not in added}
+    except KeyError as e:
+        raise TokenizerError(f"{src}: vocab entry uses character {e} outside the byte-level alphabet") from None
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(f"{src}: vocab lacks {len(missing)} of the 256 single bytes (e.g. byte {missing[0]}); not a byte-level BPE")
+    last = -1
+    for k, (a, b) in enumerate(merges):  # tiktoken applies merges in rank order: ranks must follow merge order
+        rank = vocab.get(a + b)
+        if rank is None or rank <= last:
+            raise TokenizerError(f"{src}: merge #{k} ({a!r} {b!r}) does not create tokens in increasing id order; "
+                                 "tiktoken cannot reproduce this BPE")
+        last = rank
+    specials = {t: i for t, i in added.items()}
+    enc = tiktoken.Encoding(name=os.path.basename(os.path.abspath(path)), pat_str=pattern,
+                            mergeable_ranks=ranks, special_tokens=specials)
+    return Tokenizer(enc, nfc=nfc, files={n: raw for n, (raw, _) in files.items()})
+
+
+def _pattern_from_spec(spec, src):
+    """The split regex (and NFC flag) from tokenizer.json's pre_tokenizer/normalizer."""
+    norm = spec.get('normalizer') or {}
+    nfc = norm.get('type') == 'NFC' or any(n.get('type') == 'NFC' for n in norm.get('normalizers', []))
+    pre = spec.get('pre_tokenizer') or {}
+    steps = pre.get('pretokenizers', [pre]) if pre.get('type') == 'Sequence' else [pre]
+    pattern = None
+    for step in steps:
+        if step.get('type') == 'Split':
+            pattern = step['pattern'].get('Regex') or step['pattern'].get('String')
+        elif step.get('type') == 'ByteLevel':
+            if step.get('add_prefix_space'):
+                raise TokenizerError(f"{src}: ByteLevel add_prefix_space=true is not supported")
+            if step.get('use_regex', True) and pattern is None:
+                pattern = GPT2_PATTERN
+        elif step:
+            raise TokenizerError(f"{src}: unsupported pre_tokenizer step {step.get('type')!r}")
+    if pattern is None:
+        raise TokenizerError(f"{src}: no pre-tokenizer split pattern found")
+    return pattern, nfc
+
+
+BYTE_SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>', '<|pad|>']
+
+
+def byte_tokenizer():
+    """256 byte tokens (id = byte value) and four specials: for scratch models, no files needed."""
+    enc = tiktoken.Encoding(name='bytes', pat_str=GPT2_PATTERN,
+                            mergeable_ranks={bytes([b]): b for b in range(256)},
+                            special_tokens={t: 256 + i for i, t in enumerate(BYTE_SPECIALS)})
+    return Tokenizer(enc)
+
+
+def byte_tokenizer_files(tok):
+    """An HF tokenizer.json for a merge-free byte-level encoding, so exported snapshots load in transformers."""
+    u = bytes_to_unicode()
+    vocab = {u[b]: r for b, r in ((t[0], r) for t, r in tok.enc._mergeable_ranks.items() if len(t) == 1)}
+    if len(vocab) != len(tok.enc._mergeable_ranks):
+        raise TokenizerError("cannot export a tokenizer with merges that was not loaded from HF files")
+    spec = {
+        'version': '1.0', 'truncation': None, 'padding': None,
+        'added_tokens': [{'id': i, 'content': t, 'single_word': False, 'lstrip': False, 'rstrip': False,
+                          'normalized': False, 'special': True} for t, i in sorted(tok.special.items(), key=lambda x: x[1])],
+        'normalizer': None,
+        'pre_tokenizer': {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': False, 'use_regex': True},
+        'post_processor': None,
+        'decoder': {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': False, 'use_regex': True},
+        'model': {'type': 'BPE', 'dropout': None, 'unk_token': None, 'continuing_subword_prefix': None,
+                  'end_of_word_suffix': None, 'fuse_unk': False, 'byte_fallback': False, 'ignore_merges': False,
+                  'vocab': vocab, 'merges': []},
+    }
+    conf = {'tokenizer_class': 'PreTrainedTokenizerFast', 'chat_template': CHATML,
+            'eos_token': '<|im_end|>', 'pad_token': '<|pad|>', 'model_max_length': 1 << 20}
+    return {'tokenizer.json': json.dumps(spec, ensure_ascii=False).encode(),
+            'tokenizer_config.json': json.dumps(conf, indent=2).encode()}
