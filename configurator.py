@@ -59,7 +59,7 @@ def configure(g, argv=None):
             if not os.path.isfile(arg):
                 fail(f"config file not found: {arg}")
             print(f"config: executing {arg}")
-            file_globals = {}
+            file_globals = {'__file__': os.path.abspath(arg)}  # lets a config exec a sibling config
             try:
                 with open(arg) as f:
                     exec(compile(f.read(), arg, 'exec'), file_globals)

@@ -1,0 +1,232 @@
+"""
+Batched KV-cache generation for groups of samples, and evaluation on GSM8K / the arithmetic task.
+
+    python sample.py --init_from=DIR_OR_HUB_ID --prompt="What is 12*7?"
+    python sample.py config/eval_gsm8k.py --init_from=out/gsm8k/hf --num_examples=200 --n_samples=8
+
+generate() prefills each prompt once, shares its KV cache with its G samples, drops finished rows from the decode
+batch (compaction), and draws every token from a seed that depends only on (seed, prompt index, sample index,
+step): a completion is the same whichever prompts share its batch, so 1 GPU and N GPUs sample alike.
+"""
+import json
+import os
+import sys
+import time
+from collections import Counter
+
+import torch
+
+from kernels import sample_tokens
+
+
+def row_seeds(seed, prompt_index, group_size):
+    """One 63-bit seed per (prompt, sample): the only source of randomness for that completion."""
+    return torch.tensor([((seed * 0x9E3779B97F4A7C15) + p * 1_000_003 + s) & 0x7FFFFFFFFFFFFFFF
+                         for p in prompt_index for s in range(group_size)], dtype=torch.int64)
+
+
+@torch.no_grad()
+def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+             seed=0, stop_ids=None, stop_strings=(), prompt_index=None, compact=True, progress=False, on_step=None):
+    """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each with
+    ids (completion ids, stop token included), text, logprobs (of each sampled id under the full softmax at this
+    temperature), finished (hit a stop) and truncated (hit max_new_tokens). on_step() is called after every decode
+    step (the training loop's watchdog heartbeat)."""
+    from model import KVCache
+    device = next(model.parameters()).device
+    stop_ids = torch.tensor(tok.stop_ids if stop_ids is None else stop_ids, dtype=torch.int64, device=device)
+    prompt_index = list(range(len(prompts))) if prompt_index is None else list(prompt_index)
+    P, G = len(prompts), group_size
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    max_len = int(lens.max()) + max_new_tokens
+    if max_len > model.config.max_seq_len:
+        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                         f"max_seq_len {model.config.max_seq_len}")
+    if int(lens.min()) == 0:
+        raise ValueError("empty prompt: every prompt needs at least one token")
+    # prefill every prompt once (right-padded, per-row lengths), then copy its cache for its G samples
+    idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)
+    for i, p in enumerate(prompts):
+        idx[i, :len(p)] = torch.tensor(p, device=device)
+    cache = KVCache(model.config, P, max_len, next(model.parameters()).dtype, device)
+    logits = model(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
+    cache, logits = cache.repeat_interleave(G), logits.repeat_interleave(G, dim=0)
+    N = P * G
+    seeds = row_seeds(seed, prompt_index, G).to(device)
+    out_ids = torch.full((N, max_new_tokens), tok.pad_id, dtype=torch.int64, device=device)
+    out_lp = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
+    n_gen = torch.zeros(N, dtype=torch.int64, device=device)
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    rows = torch.arange(N, device=device)  # which completion each row of the decode batch is
+    live = torch.ones(N, dtype=torch.bool, device=device)  # rows of the decode batch still generating
+    t0, last_print = time.time(), time.time()
+    for t in range(max_new_tokens):
+        ids, lp = sample_tokens(logits, seeds[rows], t, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        ids = torch.where(live, ids, tok.pad_id)  # rows kept only because compact=False write nothing
+        lr = rows[live]
+        out_ids[lr, t], out_lp[lr, t] = ids[live], lp[live]
+        n_gen[lr] += 1
+        stop = live & torch.isin(ids, stop_ids)
+        if stop_strings:
+            for j in live.nonzero().flatten().tolist():
+                tail = tok.decode(out_ids[rows[j], max(0, t - 15):t + 1].tolist())
+                stop[j] |= any(s in tail for s in stop_strings)
+        finished[rows[stop]] = True
+        live &= ~stop
+        n_live = int(live.sum())
+        if n_live == 0 or t == max_new_tokens - 1:
+            break
+        if compact and n_live <= 0.75 * len(rows):  # copying the cache costs; do it when a quarter has finished
+            keep = live.nonzero().flatten()
+            cache, rows, ids, live = cache.select(keep), rows[keep], ids[keep], live[keep]
+        logits = model(ids[:, None], kv_cache=cache)[:, -1]
+        if on_step is not None:
+            on_step()
+        if progress and time.time() - last_print > 5:
+            last_print = time.time()
+            print(f"  gen: step {t + 1}/{max_new_tokens}, rows alive {n_live}/{N}, "
+                  f"{int(n_gen.sum()) / (last_print - t0):.0f} tok/s", file=sys.stderr, flush=True)
+    results = []
+    for r in range(N):
+        ids = out_ids[r, :int(n_gen[r])].tolist()
+        text_ids = ids[:-1] if finished[r] and ids and ids[-1] in tok.stop_ids else ids
+        text = tok.decode(text_ids)
+        for s in stop_strings:  # a stop string ends the text; the ids keep the token that completed it
+            if s in text:
+                text = text[:text.index(s)]
+        results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids, text=text,
+                            logprobs=out_lp[r, :len(ids)].tolist(), finished=bool(finished[r]),
+                            truncated=not bool(finished[r])))
+    return results
+
+
+def encode_prompts(tok, examples, system_prompt, instruction, few_shot=()):
+    from data import build_messages
+    return [tok.render_chat(build_messages(ex, system_prompt=system_prompt, instruction=instruction, few_shot=few_shot))
+            for ex in examples]
+
+
+@torch.no_grad()
+def evaluate(model, tok, examples, system_prompt, instruction, n_samples=1, temperature=1.0, top_k=0, top_p=1.0,
+             max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True, few_shot=()):
+    """Greedy pass@1 on every example; with n_samples > 1 also sampled pass@k, maj@k and mean@k (the unbiased
+    pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the summary dict."""
+    from reward import extract_answer, is_correct
+    was_training = model.training
+    model.eval()
+    prompts = encode_prompts(tok, examples, system_prompt, instruction, few_shot)
+    rows, t0 = [], time.time()
+    for start in range(0, len(examples), batch_size):
+        chunk = range(start, min(start + batch_size, len(examples)))
+        greedy = generate(model, tok, [prompts[i] for i in chunk], 1, max_new_tokens, temperature=0.0,
+                          prompt_index=chunk)
+        sampled = generate(model, tok, [prompts[i] for i in chunk], n_samples, max_new_tokens, temperature, top_k,
+                           top_p, seed=seed, prompt_index=chunk) if n_samples > 1 else []
+        for j, i in enumerate(chunk):
+            ex = examples[i]
+            comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]
+            answers = [extract_answer(c['text']) for c in comps]
+            correct = [is_correct(c['text'], ex['answer']) for c in comps]
+            rows.append(dict(question=ex['question'], reference=ex['answer'], completions=[c['text'] for c in comps],
+                             answers=answers, correct=correct, truncated=[c['truncated'] for c in comps]))
+        done = len(rows)
+        if progress:
+            eta = (time.time() - t0) / done * (len(examples) - done)
+            acc = sum(r['correct'][0] for r in rows) / done
+            print(f"  eval: {done}/{len(examples)} problems, greedy pass@1 {acc:.3f}, ETA {eta:.0f}s",
+                  file=sys.stderr, flush=True)
+    n = max(len(rows), 1)
+    summary = {'n': len(rows), 'pass@1': sum(r['correct'][0] for r in rows) / n,
+               'truncated': sum(r['truncated'][0] for r in rows) / n, 'seconds': round(time.time() - t0, 2)}
+    if n_samples > 1:
+        summary[f'pass@{n_samples}'] = sum(any(r['correct'][1:]) for r in rows) / n
+        summary[f'mean@{n_samples}'] = sum(sum(r['correct'][1:]) / n_samples for r in rows) / n
+        summary[f'maj@{n_samples}'] = sum(majority_correct(r) for r in rows) / n
+    if out_path:
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        with open(out_path, 'w') as f:
+            for r in rows:
+                f.write(json.dumps(r) + '\n')
+    model.train(was_training)
+    return summary
+
+
+def majority_correct(row):
+    """maj@k: the most common extracted answer among the samples (ties: first seen) is the prediction."""
+    votes = Counter(a for a in row['answers'][1:] if a is not None)
+    if not votes:
+        return False
+    best = votes.most_common(1)[0][0]
+    return row['correct'][1:][row['answers'][1:].index(best)]
+
+
+def load_examples(data, data_dir, split, num_examples, seed):
+    from data import arith_splits, load_gsm8k
+    if data == 'gsm8k':
+        examples = load_gsm8k(split, data_dir)
+    elif data == 'arith':
+        train, test = arith_splits(5000, 200, seed=seed)  # train_grpo.py's defaults: the same held-out split
+        examples = train if split == 'train' else test
+    else:
+        raise ValueError(f"unknown data {data!r}: expected 'gsm8k' or 'arith'")
+    return examples[:num_examples] if num_examples > 0 else examples
+
+
+def load_model(init_from, dtype, device, seed=0):
+    """An HF snapshot directory or hub id; or 'scratch' for a tiny random model with the byte tokenizer."""
+    from model import ModelConfig, from_pretrained, from_scratch
+    from tokenizer import byte_tokenizer
+    dt = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+    if init_from == 'scratch':
+        tok = byte_tokenizer()
+        cfg = ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
+                          intermediate_size=384, max_seq_len=1024, tie_word_embeddings=True)
+        return from_scratch(cfg, dtype=dt, device=device, seed=seed), tok
+    model, tok = from_pretrained(init_from, dtype=dt, device=device)
+    if tok is None:
+        raise ValueError(f"{init_from}: no tokenizer files in the snapshot")
+    return model, tok
+
+
+if __name__ == '__main__':
+    # -----------------------------------------------------------------------------
+    init_from = 'scratch'  # HF snapshot dir or hub id; 'scratch' = tiny random model + byte tokenizer (smoke test)
+    prompt = ''  # if set: print completions for this prompt (chat-formatted) and exit
+    data = 'gsm8k'  # 'gsm8k' or 'arith' (the built-in offline task)
+    data_dir = ''  # local dir with train.jsonl/test.jsonl, e.g. ../shared/gsm8k; '' = download openai/gsm8k
+    split = 'test'  # which split to evaluate
+    num_examples = 0  # evaluate the first N problems; 0 = all
+    n_samples = 1  # 1 = greedy pass@1 only; k > 1 adds sampled pass@k, maj@k, mean@k
+    num_completions = 1  # completions printed for --prompt
+    max_new_tokens = 512  # generation budget per completion
+    temperature = 1.0  # for sampled completions (greedy pass@1 always uses 0)
+    top_k = 0  # 0 = off
+    top_p = 1.0  # 1.0 = off
+    batch_size = 64  # problems per generate() call
+    seed = 1337  # sampling seed; completions depend only on it and the problem/sample index
+    system_prompt = "You are a helpful assistant."  # system turn of the chat template
+    instruction = "Solve the problem step by step. Put the final answer in \\boxed{}."  # appended to each question
+    out_dir = 'out/eval'  # eval.jsonl goes here
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
+    dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32', 'bfloat16', 'float16'
+    # -----------------------------------------------------------------------------
+    from configurator import configure, save_config
+    config = configure(globals())
+    try:
+        model, tok = load_model(init_from, dtype, device, seed)
+    except Exception as e:  # loading errors are written to be read: one line, no library stack
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    model.eval()
+    if prompt:
+        from data import build_messages
+        ids = tok.render_chat(build_messages({'question': prompt}, system_prompt=system_prompt, instruction=''))
+        for c in generate(model, tok, [ids], num_completions, max_new_tokens, temperature, top_k, top_p, seed=seed):
+            print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {'finished' if c['finished'] else 'truncated'})")
+            print(c['text'])
+        sys.exit(0)
+    save_config(config, out_dir)
+    examples = load_examples(data, data_dir or None, split, num_examples, seed)
+    summary = evaluate(model, tok, examples, system_prompt, instruction, n_samples, temperature, top_k, top_p,
+                       max_new_tokens, batch_size, seed, out_path=os.path.join(out_dir, 'eval.jsonl'))
+    print(json.dumps(summary))

@@ -1,0 +1,112 @@
+"""The GRPO objective against hand-computed values on tiny tensors."""
+import math
+
+import pytest
+import torch
+
+from loss import group_advantages, kl_estimate, policy_loss, token_weights
+
+
+def test_advantages_grpo_and_dr_grpo():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    adv, zero = group_advantages(r, std_scale=False)
+    assert torch.equal(adv, torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0, 0.0, 0.0, 0.0]])), adv
+    assert zero.tolist() == [False, True], "a group with identical rewards has zero std"
+    adv, _ = group_advantages(r, std_scale=True, eps=0.0)
+    std = math.sqrt((4 * 0.25) / 3)  # unbiased std of [1,0,0,1]
+    assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / std), adv
+    assert torch.equal(adv[1], torch.zeros(4)), "zero-std groups get zero advantage, not NaN"
+
+
+def test_token_weights_each_mode():
+    lens = torch.tensor([2, 3])  # one micro-batch of 2 sequences; the step has n_tok=10 tokens in n_seq=4 sequences
+    assert torch.allclose(token_weights(lens, 'token_mean', 10, 4, 8), torch.full((5,), 0.1))
+    assert torch.allclose(token_weights(lens, 'seq_mean_token_mean', 10, 4, 8),
+                          torch.tensor([1 / 8, 1 / 8, 1 / 12, 1 / 12, 1 / 12]))
+    assert torch.allclose(token_weights(lens, 'seq_sum_const', 10, 4, 8), torch.full((5,), 1 / 32))
+    with pytest.raises(ValueError, match='loss_agg'):
+        token_weights(lens, 'mean', 10, 4, 8)
+
+
+def test_clipping_both_sides():
+    old = torch.zeros(4)
+    logp = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5]))  # ratios 1.5, 1.5, 0.5, 0.5
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    w = torch.ones(4)
+    loss, st = policy_loss(logp, old, adv, w, eps_low=0.2, eps_high=0.28)
+    # per token: max(-A r, -A clip(r, 0.8, 1.28))
+    # A=+1, r=1.5: max(-1.5, -1.28) = -1.28 (clipped: no incentive to raise r further)
+    # A=-1, r=1.5: max(1.5, 1.28)   = 1.5   (not clipped: the pessimistic bound keeps the gradient)
+    # A=+1, r=0.5: max(-0.5, -0.8)  = -0.5  (not clipped)
+    # A=-1, r=0.5: max(0.5, 0.8)    = 0.8   (clipped below)
+    assert torch.allclose(st['pg'], torch.tensor([-1.28, 1.5, -0.5, 0.8])), st['pg']
+    assert st['clipped'].tolist() == [True, False, False, True]
+    assert abs(loss.item() - (-1.28 + 1.5 - 0.5 + 0.8)) < 1e-6
+    # a clipped token passes no gradient; an unclipped one passes -A * r
+    logp = logp.clone().requires_grad_(True)
+    policy_loss(logp, old, adv, w, 0.2, 0.28)[0].backward()
+    assert torch.allclose(logp.grad, torch.tensor([0.0, 1.5, -0.5, 0.0])), logp.grad
+
+
+def test_on_policy_gradient_is_minus_advantage():
+    """num_iterations = 1: ratio is 1, the loss is sum(-A w) and d loss / d logp = -A w."""
+    logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    adv = torch.tensor([2.0, -1.0, 0.5])
+    w = torch.tensor([0.25, 0.25, 0.5])
+    loss, _ = policy_loss(logp, logp.detach(), adv, w, 0.2, 0.28)
+    loss.backward()
+    assert abs(loss.item() - (-(2 * 0.25) + 0.25 - 0.25)) < 1e-6
+    assert torch.allclose(logp.grad, -adv * w)
+
+
+def test_kl_estimators():
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    assert torch.allclose(kl_estimate(logp, ref, 'k1'), torch.tensor([0.5, -1.0]))
+    lr = torch.tensor([-0.5, 1.0])  # ref - logp
+    assert torch.allclose(kl_estimate(logp, ref, 'k3'), torch.exp(lr) - lr - 1)
+    assert (kl_estimate(torch.randn(100), torch.randn(100), 'k3') >= 0).all(), "k3 is never negative"
+    big = kl_estimate(torch.tensor([0.0]), torch.tensor([-100.0]), 'k3', clamp=10.0)
+    assert torch.allclose(big, torch.exp(torch.tensor(-10.0)) + 10 - 1), "log ratios are clamped before exp"
+
+
+def test_kl_and_entropy_terms_enter_the_loss():
+    logp, ref, ent = torch.tensor([-1.0]), torch.tensor([-1.5]), torch.tensor([2.0])
+    base, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), 0.2, 0.2)
+    with_kl, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), 0.2, 0.2, ref, beta=0.1, kl_estimator='k1')
+    assert abs(with_kl.item() - (base.item() + 0.1 * 0.5)) < 1e-6 and abs(st['kl'].item() - 0.5) < 1e-6
+    with_ent, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), 0.2, 0.2, entropy=ent, entropy_coef=0.01)
+    assert abs(with_ent.item() - (base.item() - 0.02)) < 1e-6
+
+
+@pytest.mark.parametrize('loss_agg', ['token_mean', 'seq_mean_token_mean', 'seq_sum_const'])
+def test_gradient_does_not_depend_on_micro_batching(loss_agg):
+    """Summing micro-batch losses with step-level denominators gives the same gradient for micro-batch 1 and all."""
+    torch.manual_seed(0)
+    lens = torch.tensor([3, 1, 5, 2, 4])
+    theta = torch.randn(int(lens.sum()), requires_grad=True)  # stands in for the parameters behind logp
+    adv_seq = torch.randn(5)
+    n_tok, n_seq = int(lens.sum()), len(lens)
+
+    def grad_with(mb_size):
+        theta.grad = None
+        starts = torch.cumsum(lens, 0) - lens
+        for i in range(0, n_seq, mb_size):
+            mb = slice(i, min(i + mb_size, n_seq))
+            idx = torch.cat([torch.arange(int(s), int(s + l)) for s, l in zip(starts[mb], lens[mb])])
+            logp = torch.log_softmax(theta, 0)[idx]
+            A = torch.repeat_interleave(adv_seq[mb], lens[mb])
+            w = token_weights(lens[mb], loss_agg, n_tok, n_seq, 8)
+            policy_loss(logp, logp.detach(), A, w, 0.2, 0.28)[0].backward()
+        return theta.grad.clone()
+
+    g1, gall = grad_with(1), grad_with(n_seq)
+    assert torch.allclose(g1, gall, atol=1e-7), f"{loss_agg}: micro-batch 1 vs all differ by {(g1 - gall).abs().max()}"
+
+
+def test_token_mean_weights_every_token_equally():
+    """DAPO: a token in a long completion counts as much as one in a short completion."""
+    lens = torch.tensor([1, 9])
+    w = token_weights(lens, 'token_mean', 10, 2, 16)
+    assert torch.allclose(w, torch.full((10,), 0.1))
+    w = token_weights(lens, 'seq_mean_token_mean', 10, 2, 16)
+    assert abs(w[0].item() - 0.5) < 1e-7 and abs(w[1].item() - 0.5 / 9) < 1e-7, "GRPO: sequences count equally instead"
