@@ -86,10 +86,10 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
             last_print = time.time()
             print(f"  gen: step {t + 1}/{max_new_tokens}, rows alive {n_live}/{N}, "
                   f"{int(n_gen.sum()) / (last_print - t0):.0f} tok/s", file=sys.stderr, flush=True)
-    results = []
+    results, stop_set = [], set(stop_ids.tolist())
     for r in range(N):
         ids = out_ids[r, :int(n_gen[r])].tolist()
-        text_ids = ids[:-1] if finished[r] and ids and ids[-1] in tok.stop_ids else ids
+        text_ids = ids[:-1] if finished[r] and ids and ids[-1] in stop_set else ids
         text = tok.decode(text_ids)
         for s in stop_strings:  # a stop string ends the text; the ids keep the token that completed it
             if s in text:

@@ -1,0 +1,502 @@
+"""
+One hand-written decoder-only transformer for two checkpoint families:
+- Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied head;
+- GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
+Plus a preallocated KV cache with per-row lengths for batched sampling, and loading / saving of
+Hugging Face snapshot directories (config.json + safetensors + tokenizer files).
+"""
+import json
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+
+@dataclass
+class ModelConfig:
+    arch: str = 'qwen2'              # 'qwen2' or 'gpt2'
+    vocab_size: int = 260            # rows of the embedding (and of the LM head)
+    n_layer: int = 2                 # transformer blocks
+    n_head: int = 4                  # query heads
+    n_kv_head: int = 4               # key/value heads (GQA: n_head is a multiple of it; gpt2: == n_head)
+    n_embd: int = 64                 # residual stream width
+    intermediate_size: int = 256     # MLP hidden size
+    max_seq_len: int = 1024          # max_position_embeddings (gpt2: size of the position table)
+    rope_theta: float = 10000.0      # RoPE base (qwen2 only)
+    norm_eps: float = 1e-6           # rms_norm_eps (qwen2) / layer_norm_epsilon (gpt2)
+    tie_word_embeddings: bool = True  # LM head shares the token embedding matrix
+    bos_token_id: int | None = None  # written back into config.json on export
+    eos_token_id: int | list | None = None  # same
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+
+def qwen25_05b_config():
+    """The exact shape of Qwen2.5-0.5B(-Instruct), for benchmarks from random weights."""
+    return ModelConfig(arch='qwen2', vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
+                       intermediate_size=4864, max_seq_len=32768, rope_theta=1e6, norm_eps=1e-6,
+                       tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643)
+
+
+class ModelLoadError(ValueError):
+    """A snapshot could not be loaded. The message is one line naming the file and the field or tensor."""
+
+
+# -----------------------------------------------------------------------------
+# the network
+
+class Norm(nn.Module):
+    """RMSNorm (qwen2; computed in fp32 like HF) or LayerNorm with bias (gpt2)."""
+
+    def __init__(self, dim, eps, rms):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = None if rms else nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        if self.bias is not None:
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(pos, head_dim, theta, dtype):
+    """cos/sin for integer positions pos (..., T) -> (..., T, head_dim), computed in fp32 exactly as HF's
+    Qwen2 does, then cast. Computed per call rather than kept as a buffer: model.to(bfloat16) would cast a
+    buffer and lose precision at large positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=pos.device) / head_dim))
+    freqs = pos[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.sizes = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
+        # q, k, v in one matmul (GPT-2 stores them fused; Qwen2's three are concatenated on load)
+        self.c_attn = nn.Linear(cfg.n_embd, sum(self.sizes), bias=True)
+        self.c_proj = nn.Linear(cfg.n_head * hd, cfg.n_embd, bias=cfg.arch == 'gpt2')
+
+    def forward(self, x, rope, mask, kv):
+        B, T, _ = x.shape
+        nh, nkv, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
+        q, k, v = self.c_attn(x).split(self.sizes, dim=-1)
+        q = q.view(B, T, nh, hd).transpose(1, 2)   # (B, nh, T, hd)
+        k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if kv is None:  # plain causal LM: the fused kernels' fast path
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
+        else:
+            kc, vc, rows, pos = kv  # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
+            kc[rows, :, pos] = k.transpose(1, 2)
+            vc[rows, :, pos] = v.transpose(1, 2)
+            L = mask.size(-1)
+            # fold each kv head's group of query heads into the query axis: attention then reads the
+            # shared K/V as they are (no expanded copy) and any SDPA backend can take the mask
+            g = nh // nkv
+            q = q.reshape(B, nkv, g * T, hd)
+            y = F.scaled_dot_product_attention(q, kc[:, :, :L], vc[:, :, :L], attn_mask=mask.repeat(1, 1, g, 1))
+            y = y.reshape(B, nh, T, hd)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.swiglu = cfg.arch == 'qwen2'
+        # qwen2: gate and up projections fused into one matmul, split before SiLU(gate) * up
+        n_out = 2 * cfg.intermediate_size if self.swiglu else cfg.intermediate_size
+        self.c_fc = nn.Linear(cfg.n_embd, n_out, bias=not self.swiglu)
+        self.c_proj = nn.Linear(cfg.intermediate_size, cfg.n_embd, bias=not self.swiglu)
+
+    def forward(self, x):
+        if self.swiglu:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            return self.c_proj(F.silu(gate) * up)
+        return self.c_proj(F.gelu(self.c_fc(x), approximate='tanh'))  # GPT-2's 'gelu_new'
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        rms = cfg.arch == 'qwen2'
+        self.ln_1 = Norm(cfg.n_embd, cfg.norm_eps, rms)
+        self.attn = Attention(cfg)
+        self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, mask, kv):
+        x = x + self.attn(self.ln_1(x), rope, mask, kv)
+        return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Preallocated keys/values (n_layer, B, n_kv_head, max_len, head_dim); lengths (B,) = valid positions
+    per row. GPT.forward writes new tokens at each row's own length, so rows may be at different positions."""
+
+    def __init__(self, cfg, batch_size, max_len, dtype, device):
+        shape = (cfg.n_layer, batch_size, cfg.n_kv_head, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.max_len = max_len
+        self.extent = 0  # host-side upper bound on lengths.max(): attention reads only this far, without a sync
+
+    def _with(self, k, v, lengths):
+        c = object.__new__(KVCache)
+        c.k, c.v, c.lengths, c.max_len, c.extent = k, v, lengths, self.max_len, self.extent
+        return c
+
+    def repeat_interleave(self, n):
+        """Each row copied n times, adjacent (prefill a prompt once, then share it with its G samples)."""
+        return self._with(self.k.repeat_interleave(n, dim=1), self.v.repeat_interleave(n, dim=1),
+                          self.lengths.repeat_interleave(n))
+
+    def select(self, rows):
+        """Keep only these rows, in this order (drop finished sequences from the decode batch)."""
+        rows = rows.to(self.lengths.device)
+        return self._with(self.k[:, rows], self.v[:, rows], self.lengths[rows])
+
+
+class GPT(nn.Module):
+    """Qwen2 or GPT-2, switched on cfg.arch. Parameter names follow nanoGPT; hf_layout maps them to HF's."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        assert cfg.arch in ('qwen2', 'gpt2'), cfg.arch
+        assert cfg.n_embd % cfg.n_head == 0 and cfg.n_head % cfg.n_kv_head == 0
+        assert cfg.arch == 'qwen2' or cfg.n_kv_head == cfg.n_head
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.arch == 'gpt2' else None
+        self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, rms=cfg.arch == 'qwen2')
+        # a tied head is not a module: one tensor, so loading with assign=True cannot untie it
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.grad_checkpoint = False  # training sets it: recompute activations in backward instead of storing them
+
+    @property
+    def lm_head_weight(self):
+        return self.wte.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, idx, kv_cache=None, input_lengths=None, last_only=False):
+        """idx (B, T) -> logits (B, T, vocab) in the model dtype.
+        No cache: causal LM at positions 0..T-1 (right padding is harmless to the real tokens).
+        With a cache: idx are new tokens; row b's sit at positions kv_cache.lengths[b] + arange(T), see all
+        earlier positions of their row, and are appended to the cache. input_lengths (B,): only the first
+        input_lengths[b] tokens of row b are real (right-padded prefill); lengths advance by that much.
+        last_only: logits (B, 1, vocab) of each row's last real token only (skips the rest of the head)."""
+        h = self.hidden(idx, kv_cache, input_lengths)
+        if last_only:
+            B, T = idx.shape
+            last = torch.full((B,), T - 1, device=h.device) if input_lengths is None else input_lengths.to(h.device) - 1
+            h = h[torch.arange(B, device=h.device), last][:, None]
+        return F.linear(h, self.lm_head_weight)
+
+    def hidden(self, idx, kv_cache=None, input_lengths=None):
+        """Final-normed hidden states (B, T, n_embd), for computing log-probs a chunk of the vocab at a time."""
+        cfg, cache = self.config, kv_cache
+        B, T = idx.shape
+        ar = torch.arange(T, device=idx.device)
+        if cache is None:
+            pos, mask, L = ar[None], None, T
+        else:
+            L = cache.extent + T
+            if L > cache.max_len:
+                raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > max_len {cache.max_len}')
+            pos = cache.lengths[:, None] + ar  # (B, T)
+            mask = (torch.arange(L, device=idx.device) <= pos[:, :, None])[:, None]  # (B, 1, T, L) causal per row
+            rows = torch.arange(B, device=idx.device)[:, None]
+        if self.wpe is not None and L > cfg.max_seq_len:
+            raise ValueError(f'sequence of {L} positions exceeds the model maximum {cfg.max_seq_len}')
+        x = self.wte(idx)
+        rope = None
+        if self.wpe is not None:
+            x = x + self.wpe(pos)
+        else:
+            rope = tuple(t[:, None] for t in rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype))
+        for i, block in enumerate(self.h):
+            if self.grad_checkpoint and self.training and cache is None and torch.is_grad_enabled():
+                # keep only each block's input; recompute its activations in backward (long completions)
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, mask, None, use_reentrant=False)
+            else:
+                x = block(x, rope, mask, None if cache is None else (cache.k[i], cache.v[i], rows, pos))
+        if cache is not None:
+            cache.lengths += T if input_lengths is None else input_lengths.to(cache.lengths)
+            cache.extent = L
+        return self.ln_f(x)
+
+    def num_params(self, non_embedding=False):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
+        return n
+
+    def estimate_flops_per_token(self, seq_len):
+        """Training (forward + backward) FLOPs per token: 6 per matmul weight (the head's included, the
+        embedding lookups not) plus attention scores, as in the PaLM paper's appendix B."""
+        cfg = self.config
+        n_matmul = self.num_params(non_embedding=True) + self.wte.weight.numel() * cfg.tie_word_embeddings
+        return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+
+
+def from_scratch(cfg, dtype=torch.float32, device='cpu', seed=0):
+    """Random init as nanoGPT: normal(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer), zero
+    biases, unit norms. Drawn on the CPU in fp32 so a seed gives the same weights on every device."""
+    with torch.device('meta'):
+        model = GPT(cfg)
+    model.to_empty(device='cpu')
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith('bias'):
+            nn.init.zeros_(p)
+        elif p.dim() == 1:  # norm gains
+            nn.init.ones_(p)
+        else:
+            std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith('c_proj.weight') else 0.02
+            nn.init.normal_(p, 0.0, std, generator=g)
+    return model.to(device=device, dtype=dtype)
+
+
+# -----------------------------------------------------------------------------
+# Hugging Face snapshots: config.json <-> ModelConfig, tensor names <-> ours
+
+def hf_layout(cfg, prefix):
+    """Our parameter name -> (HF tensor names, concatenated in this order along dim 0, and their row counts,
+    and whether HF stores it transposed: GPT-2's Conv1D keeps weights as (in, out))."""
+    lay = {}
+    if cfg.arch == 'qwen2':
+        hd, I = cfg.head_dim, cfg.intermediate_size
+        qkv = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
+        lay['wte.weight'] = ([prefix + 'embed_tokens.weight'], None, False)
+        for i in range(cfg.n_layer):
+            a, p = f'{prefix}layers.{i}.', f'h.{i}.'
+            lay[p + 'ln_1.weight'] = ([a + 'input_layernorm.weight'], None, False)
+            for s in ('weight', 'bias'):
+                lay[p + f'attn.c_attn.{s}'] = ([a + f'self_attn.{n}_proj.{s}' for n in 'qkv'], qkv, False)
+            lay[p + 'attn.c_proj.weight'] = ([a + 'self_attn.o_proj.weight'], None, False)
+            lay[p + 'ln_2.weight'] = ([a + 'post_attention_layernorm.weight'], None, False)
+            lay[p + 'mlp.c_fc.weight'] = ([a + 'mlp.gate_proj.weight', a + 'mlp.up_proj.weight'], [I, I], False)
+            lay[p + 'mlp.c_proj.weight'] = ([a + 'mlp.down_proj.weight'], None, False)
+        lay['ln_f.weight'] = ([prefix + 'norm.weight'], None, False)
+    else:
+        names = ['wte.weight', 'wpe.weight', 'ln_f.weight', 'ln_f.bias']
+        for i in range(cfg.n_layer):
+            names += [f'h.{i}.{m}.{s}' for m in ('ln_1', 'attn.c_attn', 'attn.c_proj', 'ln_2', 'mlp.c_fc', 'mlp.c_proj')
+                      for s in ('weight', 'bias')]
+        for n in names:
+            lay[n] = ([prefix + n], None, n.endswith('weight') and ('.c_' in n))
+    if not cfg.tie_word_embeddings:
+        lay['lm_head.weight'] = (['lm_head.weight'], None, False)
+    return lay
+
+
+def to_hf(state_dict, cfg, prefix=None):
+    """Our state dict -> HF-named tensors (views where possible; a tied head is left out, as HF does)."""
+    prefix = ('model.' if cfg.arch == 'qwen2' else 'transformer.') if prefix is None else prefix
+    out = {}
+    for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
+        t = state_dict[ours].t() if transpose else state_dict[ours]
+        out.update(zip(names, t.split(rows, dim=0) if rows else [t]))
+    return out
+
+
+# ModelConfig field -> (config.json key, default; ... = required)
+HF_KEYS = {
+    'qwen2': dict(vocab_size=('vocab_size', ...), n_layer=('num_hidden_layers', ...),
+                  n_head=('num_attention_heads', ...), n_kv_head=('num_key_value_heads', ...),
+                  n_embd=('hidden_size', ...), intermediate_size=('intermediate_size', ...),
+                  max_seq_len=('max_position_embeddings', 32768), rope_theta=('rope_theta', 10000.0),
+                  norm_eps=('rms_norm_eps', 1e-6), tie_word_embeddings=('tie_word_embeddings', False)),
+    'gpt2': dict(vocab_size=('vocab_size', ...), n_layer=('n_layer', ...), n_head=('n_head', ...),
+                 n_embd=('n_embd', ...), intermediate_size=('n_inner', None), max_seq_len=('n_positions', 1024),
+                 norm_eps=('layer_norm_epsilon', 1e-5), tie_word_embeddings=('tie_word_embeddings', True)),
+}
+HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
+           'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
+SUPPORTED = {  # config.json settings that change the math: the values we implement (save writes the first)
+    'qwen2': dict(hidden_act=['silu'], use_sliding_window=[False]),
+    'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
+                 scale_attn_by_inverse_layer_idx=[False]),
+}
+
+
+def config_from_hf(hf, file):
+    """HF config.json dict -> ModelConfig; refuses variants this model does not implement."""
+    arch = hf.get('model_type')
+    if arch not in HF_KEYS:
+        raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2 or gpt2)")
+    if arch == 'qwen2' and 'rope_theta' not in hf:  # transformers>=5 writes it inside rope_parameters
+        hf = {**hf, **(hf.get('rope_parameters') or {})}
+    kw = dict(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
+    for ours, (key, default) in HF_KEYS[arch].items():
+        v = default if hf.get(key) is None else hf[key]
+        if v is ...:
+            raise ModelLoadError(f"{file}: missing field '{key}'")
+        kind = type(getattr(ModelConfig, ours))
+        if v is not None and not (type(v) is kind or kind is float and type(v) is int):
+            raise ModelLoadError(f"{file}: field '{key}' should be {kind.__name__}, got {v!r}")
+        kw[ours] = v if v is None else kind(v)
+    if arch == 'gpt2':
+        kw.update(n_kv_head=kw['n_head'], intermediate_size=kw['intermediate_size'] or 4 * kw['n_embd'])
+    for key, ok in SUPPORTED[arch].items():
+        if key in hf and hf[key] not in ok:
+            raise ModelLoadError(f"{file}: {key}={hf[key]!r} is not supported")
+    rope = hf.get('rope_scaling') or hf.get('rope_parameters') or {}
+    if rope.get('rope_type', rope.get('type', 'default')) != 'default':
+        raise ModelLoadError(f"{file}: rope scaling {rope!r} is not supported")
+    cfg = ModelConfig(**kw)
+    if cfg.n_embd % cfg.n_head or cfg.n_head % cfg.n_kv_head or hf.get('head_dim', cfg.head_dim) != cfg.head_dim:
+        raise ModelLoadError(f"{file}: inconsistent head sizes (hidden {cfg.n_embd}, heads {cfg.n_head}, "
+                             f"kv heads {cfg.n_kv_head}, head_dim {hf.get('head_dim')})")
+    return cfg
+
+
+def config_to_hf(cfg, dtype):
+    return {**HF_ARCH[cfg.arch], **{k: ok[0] for k, ok in SUPPORTED[cfg.arch].items()},
+            **{key: getattr(cfg, ours) for ours, (key, _) in HF_KEYS[cfg.arch].items()},
+            'bos_token_id': cfg.bos_token_id, 'eos_token_id': cfg.eos_token_id,
+            'torch_dtype': str(dtype).removeprefix('torch.')}
+
+
+def _one_line(e):
+    lines = str(e).strip().splitlines()
+    return f'{type(e).__name__}: {lines[0] if lines else ""}'
+
+
+def resolve_snapshot(name_or_path):
+    """A local snapshot directory, or a hub id downloaded with huggingface_hub (its cache is reused offline)."""
+    path = os.path.expanduser(str(name_or_path))
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise ModelLoadError(f'{path}: not a directory (pass an HF snapshot directory or a hub id)')
+    if path.startswith(('/', '.', '~')) or not re.fullmatch(r'[\w.-]+(/[\w.-]+)?', path):
+        raise ModelLoadError(f'{path}: no such directory')
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(path, allow_patterns=[
+            'config.json', '*.safetensors', 'model.safetensors.index.json', 'generation_config.json',
+            'tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json'])
+    except Exception as e:
+        raise ModelLoadError(f"'{path}' is not a local directory and could not be downloaded from the Hugging "
+                             f"Face hub ({_one_line(e)}); pass a local snapshot directory instead") from None
+
+
+def _open_checkpoint(path):
+    """(HF tensor name -> open safetensors file holding it, the file or index to name when one is missing)"""
+    from safetensors import safe_open
+    index, single = os.path.join(path, 'model.safetensors.index.json'), os.path.join(path, 'model.safetensors')
+    if os.path.exists(index):
+        try:
+            with open(index) as f:
+                files = sorted({os.path.join(path, v) for v in json.load(f)['weight_map'].values()})
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+            raise ModelLoadError(f'{index}: not a valid safetensors index ({_one_line(e)})') from None
+    elif os.path.exists(single):
+        index, files = single, [single]
+    else:
+        raise ModelLoadError(f'{path}: no model.safetensors or model.safetensors.index.json')
+    where = {}
+    for file in files:
+        try:
+            f = safe_open(file, framework='pt', device='cpu')
+        except Exception as e:
+            raise ModelLoadError(f'{file}: cannot read as safetensors ({_one_line(e)})') from None
+        where.update({k: (f, file) for k in f.keys()})
+    return where, index
+
+
+def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
+    """Load an HF Qwen2/GPT-2 snapshot -> (GPT, Tokenizer or None when the snapshot has no tokenizer files).
+    Every problem with the input raises ModelLoadError with a one-line message."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    path = resolve_snapshot(name_or_path)
+    cfile = os.path.join(path, 'config.json')
+    try:
+        with open(cfile) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f'{cfile}: cannot read ({_one_line(e)})') from None
+    if not isinstance(hf, dict):
+        raise ModelLoadError(f'{cfile}: not a JSON object')
+    cfg = config_from_hf(hf, cfile)
+    with torch.device('meta'):
+        model = GPT(cfg)
+    where, ckpt = _open_checkpoint(path)
+    # GPT-2 checkpoints come with or without the 'transformer.' prefix
+    prefix = 'model.' if cfg.arch == 'qwen2' else 'transformer.' * any(k.startswith('transformer.') for k in where)
+    expected = to_hf(model.state_dict(), cfg, prefix)  # meta tensors: the names and shapes we need
+    missing = [k for k in expected if k not in where]
+    if missing:
+        more = f' (and {len(missing) - 1} more)' * (len(missing) > 1)
+        raise ModelLoadError(f"{ckpt}: missing tensor '{missing[0]}'{more}")
+    # checkpoints may also carry buffers (GPT-2's causal mask, old rotary inv_freq) or a copy of a tied head
+    ignorable = re.compile(r'.*(\.attn\.bias|\.attn\.masked_bias|\.rotary_emb\.inv_freq)$|lm_head\.weight$')
+    extra = [k for k in where if k not in expected and not ignorable.match(k)]
+    if extra:
+        raise ModelLoadError(f"{where[extra[0]][1]}: unexpected tensors {', '.join(map(repr, extra[:5]))}"
+                             + f' (and {len(extra) - 5} more)' * (len(extra) > 5))
+    for k, meta in expected.items():
+        f, file = where[k]
+        if tuple(f.get_slice(k).get_shape()) != meta.shape:
+            raise ModelLoadError(f"{file}: tensor '{k}' has shape {tuple(f.get_slice(k).get_shape())}, "
+                                 f"expected {tuple(meta.shape)}")
+    sd = {}
+    for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
+        t = torch.cat([where[n][0].get_tensor(n).to(device=device, dtype=dtype) for n in names])
+        sd[ours] = (t.t() if transpose else t).contiguous()
+    model.load_state_dict(sd, assign=True)
+    tok = None
+    if any(os.path.exists(os.path.join(path, f)) for f in ('tokenizer.json', 'vocab.json')):
+        from tokenizer import load_tokenizer  # imported here: the model alone needs no tokenizer
+        tok = load_tokenizer(path)
+    return model, tok
+
+
+def save_pretrained(model, tokenizer, out_dir):
+    """Write an HF snapshot (config.json + model.safetensors in the model's dtype + tokenizer files) that
+    from_pretrained and transformers both load. Written beside out_dir, then renamed into place, so a crash
+    never leaves a half-written snapshot where an old one was."""
+    from safetensors.torch import save_file
+    cfg, out_dir = model.config, os.path.abspath(out_dir)
+    dtype = model.wte.weight.dtype
+    tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with open(os.path.join(tmp, 'config.json'), 'w') as f:
+            json.dump(config_to_hf(cfg, dtype), f, indent=2)
+        # own, dense copies: safetensors refuses views that share storage (our fused q/k/v split apart)
+        tensors = {k: v.detach().to('cpu').clone(memory_format=torch.contiguous_format)
+                   for k, v in to_hf(model.state_dict(), cfg).items()}
+        save_file(tensors, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        if os.path.exists(out_dir):
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir

@@ -1,0 +1,136 @@
+"""generate(): cached = uncached, per-row randomness, stops, limits, batching and compaction change nothing."""
+import pytest
+import torch
+
+from model import ModelConfig, from_scratch
+from sample import evaluate, generate, majority_correct
+from tokenizer import byte_tokenizer
+
+TOK = byte_tokenizer()
+
+
+def tiny(arch='qwen2', seed=0):
+    cfg = ModelConfig(arch=arch, vocab_size=TOK.vocab_size, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4,
+                      n_embd=64, intermediate_size=128, max_seq_len=256, tie_word_embeddings=True)
+    m = from_scratch(cfg, dtype=torch.float32, device='cpu', seed=seed)
+    with torch.no_grad():  # sharper logits than init's, so greedy paths are not decided by float noise
+        m.lm_head_weight.mul_(8)
+    return m.eval()
+
+
+PROMPTS = [TOK.encode("Tom has 12 apples."), TOK.encode("Hi"), TOK.encode("What is 3+4? Think step by step.")]
+
+
+@torch.no_grad()
+def naive_greedy(model, prompt, n):
+    """No cache: the whole sequence again every step, argmax of the last position."""
+    ids, lps = list(prompt), []
+    for _ in range(n):
+        logits = model(torch.tensor([ids]))[0, -1].float()
+        nxt = int(logits.argmax())
+        lps.append(float(torch.log_softmax(logits, -1)[nxt]))
+        ids.append(nxt)
+        if nxt in TOK.stop_ids:
+            break
+    return ids[len(prompt):], lps
+
+
+@pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
+def test_greedy_cached_equals_uncached(arch):
+    model = tiny(arch)
+    out = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[])
+    for p, o in zip(PROMPTS, out):
+        ids, lps = naive_greedy(model, p, 20)
+        assert o['ids'] == ids, f"cached greedy diverged from uncached for prompt {TOK.decode(p)!r}"
+        assert torch.allclose(torch.tensor(o['logprobs']), torch.tensor(lps), atol=1e-4), "log-probs differ"
+
+
+def test_batched_prompts_of_different_lengths_equal_alone():
+    model = tiny()
+    together = generate(model, TOK, PROMPTS, 1, 16, temperature=0.0)
+    for i, p in enumerate(PROMPTS):
+        alone = generate(model, TOK, [p], 1, 16, temperature=0.0)
+        assert alone[0]['ids'] == together[i]['ids'], f"prompt {i}: batched with others != alone"
+
+
+def test_same_seed_same_completions_different_seed_different():
+    model = tiny()
+    a = generate(model, TOK, PROMPTS, 4, 16, temperature=1.0, seed=1)
+    b = generate(model, TOK, PROMPTS, 4, 16, temperature=1.0, seed=1)
+    c = generate(model, TOK, PROMPTS, 4, 16, temperature=1.0, seed=2)
+    assert [x['ids'] for x in a] == [x['ids'] for x in b], "same seed must give the same completions"
+    assert [x['ids'] for x in a] != [x['ids'] for x in c], "different seeds must give different completions"
+    assert len({tuple(x['ids']) for x in a[:4]}) > 1, "the G samples of one prompt must differ from each other"
+
+
+def test_randomness_is_per_row():
+    """A completion depends on (seed, prompt index, sample index) only: not on its batch-mates."""
+    model = tiny()
+    full = generate(model, TOK, PROMPTS, 3, 16, temperature=1.0, seed=7)
+    alone = generate(model, TOK, [PROMPTS[2]], 3, 16, temperature=1.0, seed=7, prompt_index=[2])
+    assert [x['ids'] for x in alone] == [x['ids'] for x in full[6:9]], "prompt 2's samples changed with its batch"
+    sub = generate(model, TOK, PROMPTS[1:], 3, 16, temperature=1.0, seed=7, prompt_index=[1, 2])
+    assert [x['ids'] for x in sub] == [x['ids'] for x in full[3:]]
+
+
+def test_compaction_changes_nothing():
+    model = tiny()
+    # stop on a few common bytes so rows finish at different times and compaction really happens
+    stops = [ord(c) for c in 'aeiou ']
+    a = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops, compact=True)
+    b = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops, compact=False)
+    assert sum(x['finished'] for x in a) >= 3, "test needs rows finishing early"
+    assert [x['ids'] for x in a] == [x['ids'] for x in b], "compaction changed the completions"
+    for x, y in zip(a, b):
+        assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-5), "compaction changed the log-probs"
+
+
+def test_stop_tokens_and_max_tokens():
+    model = tiny()
+    ref, _ = naive_greedy(model, PROMPTS[0], 12)
+    stop = ref[5]
+    first = ref.index(stop)
+    out = generate(model, TOK, [PROMPTS[0]], 1, 12, temperature=0.0, stop_ids=[stop])[0]
+    assert out['ids'] == ref[:first + 1] and out['finished'] and not out['truncated'], "must stop at the stop token"
+    long = generate(model, TOK, [PROMPTS[0]], 2, 7, temperature=1.0, stop_ids=[])
+    assert all(len(x['ids']) == 7 and x['truncated'] and not x['finished'] for x in long), "max_new_tokens ignored"
+
+
+def test_stop_strings_cut_the_text():
+    model = tiny()
+    ref, _ = naive_greedy(model, PROMPTS[1], 12)
+    text = TOK.decode(ref)
+    s = text[4:6]
+    out = generate(model, TOK, [PROMPTS[1]], 1, 12, temperature=0.0, stop_ids=[], stop_strings=[s])[0]
+    assert out['finished'] and s not in out['text'] and text.startswith(out['text']), (text, out['text'])
+    assert len(out['ids']) <= 6 + 1
+
+
+def test_eos_is_kept_in_ids_but_not_text():
+    model = tiny()
+    ref, _ = naive_greedy(model, PROMPTS[0], 10)
+    out = generate(model, TOK, [PROMPTS[0]], 1, 10, temperature=0.0, stop_ids=[ref[3]])[0]
+    assert out['ids'][-1] == ref[3] and out['text'] == TOK.decode(ref[:ref.index(ref[3])])
+
+
+def test_prompt_too_long_is_a_clear_error():
+    with pytest.raises(ValueError, match='max_seq_len'):
+        generate(tiny(), TOK, [[1] * 250], 1, 10)
+
+
+def test_majority_vote():
+    row = {'answers': ['x', '3', '4', '3', None], 'correct': [False, True, False, True, False]}
+    assert majority_correct(row)
+    row = {'answers': ['x', '4', '4', '3'], 'correct': [True, False, False, True]}
+    assert not majority_correct(row)
+
+
+def test_evaluate_writes_rows_and_summary(tmp_path):
+    model = tiny()
+    examples = [{'question': 'What is 1+1?', 'answer': '2', 'solution': '1+1=2\n#### 2'},
+                {'question': 'What is 2+2?', 'answer': '4', 'solution': '2+2=4\n#### 4'}]
+    s = evaluate(model, TOK, examples, '', '', n_samples=3, max_new_tokens=8, batch_size=1,
+                 out_path=str(tmp_path / 'eval.jsonl'), progress=False)
+    assert s['n'] == 2 and 0 <= s['pass@1'] <= 1 and {'pass@3', 'maj@3', 'mean@3'} <= set(s)
+    rows = (tmp_path / 'eval.jsonl').read_text().splitlines()
+    assert len(rows) == 2 and '"completions"' in rows[0]
