@@ -67,6 +67,8 @@ def save_checkpoint(out_dir, step, state, keep_last):
 
 def load_newest(out_dir, map_location='cpu'):
     """(path, state) of the newest checkpoint that loads; a broken one is reported and the next older one tried."""
+    for tmp in glob.glob(os.path.join(out_dir, '*.tmp.*')):  # left by a write that was killed: never complete
+        os.remove(tmp)
     for path in list_checkpoints(out_dir):
         try:
             state = torch.load(path, map_location=map_location, weights_only=False)

@@ -263,6 +263,7 @@ def completion_logprobs(net, rows):
 
 # ----------------------------------------------------------------------------- resume / fresh start
 step, cursor, lr_scale, rollbacks, metrics_path = 0, 0, 1.0, 0, os.path.join(out_dir, 'metrics.jsonl')
+guards = {'nan_streak': 0, 'zero_streak': 0, 'kl_hist': [], 'recent': [], 'warn_counts': {}}  # saved with checkpoints
 ckpt_path, state = load_newest(out_dir) if resume == 'auto' else (None, None)
 ref_model = None
 if state is not None:
@@ -270,6 +271,7 @@ if state is not None:
     optimizer.load_state_dict(state['optimizer'])
     step, cursor, lr_scale, rollbacks = state['step'], state['cursor'], state['lr_scale'], state['rollbacks']
     set_rng_state(state['rng'])
+    guards = state['guards']
     trim_metrics(metrics_path, step)
     print(f"resume: {ckpt_path} (step {step}, data cursor {cursor}, lr scale {lr_scale})")
 elif os.path.exists(metrics_path):
@@ -288,7 +290,8 @@ def save(step_done):
         return False
     save_checkpoint(out_dir, step_done, {'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
                                          'step': step_done, 'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks,
-                                         'rng': rng_state(), 'config': config, 'ref_source': init_from}, keep_last)
+                                         'rng': rng_state(), 'config': config, 'ref_source': init_from,
+                                         'guards': guards}, keep_last)
     if export_hf:
         save_pretrained(model, tok, os.path.join(out_dir, 'hf'))
     return True
@@ -374,7 +377,6 @@ P, G = batch_prompts, group_size
 print(f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens = <= {P * G * max_new_tokens:,} "
       f"generated tokens, then {num_iterations} update(s) in micro-batches of {micro_batch_size} rows. The first step also "
       f"warms up kernels/allocator; a progress line shows during generation.", flush=True)
-nan_streak, zero_streak, kl_hist, recent, warn_counts = 0, 0, [], [], {}
 while step < max_steps:
     t_step = time.time()
     timing, m = {}, {}
@@ -504,36 +506,36 @@ while step < max_steps:
     if m['response_len/clip_frac'] > 0.5:
         warns.append(('truncated', f"{m['response_len/clip_frac']:.0%} of completions hit max_new_tokens={max_new_tokens}: "
                       "raise max_new_tokens, or add the 'length' overlong penalty; their answers are likely missing"))
+    guards['kl_hist'] = (guards['kl_hist'] + [m['kl']])[-10:]
+    if ref_model is not None and m['kl'] > kl_warn:
+        warns.append(('kl', f"KL to the reference {m['kl']:.4f} > kl_warn={kl_warn} (last steps: "
+                      f"{[round(k, 4) for k in guards['kl_hist']]}); lower lr or raise beta"))
     for key, msg in warns:
-        warn_counts[key] = warn_counts.get(key, 0) + 1
+        guards['warn_counts'][key] = guards['warn_counts'].get(key, 0) + 1
         print(f"WARNING [{key}]: {msg}", flush=True)
-    m.update({f'warn/{k}': v for k, v in warn_counts.items()})
+    m.update({f'warn/{k}': v for k, v in guards['warn_counts'].items()})
     if eval_every > 0 and (step % eval_every == 0 or step == max_steps):
         m.update(run_eval(step))
     # guards
     finite = math.isfinite(m['loss']) and math.isfinite(grad_norm)
-    nan_streak = 0 if finite or skipped else nan_streak + 1
-    zero_streak = zero_streak + 1 if (m['reward/mean'] == 0.0 or sc['all_failed']) else 0
-    kl_hist = (kl_hist + [m['kl']])[-10:]
-    recent = (recent + [c['text'] for c in comps[:2]])[-6:]
+    guards['nan_streak'] = 0 if finite or skipped else guards['nan_streak'] + 1
+    guards['zero_streak'] = guards['zero_streak'] + 1 if (m['reward/mean'] == 0.0 or sc['all_failed']) else 0
+    guards['recent'] = (guards['recent'] + [c['text'] for c in comps[:2]])[-6:]
     action = None
     if not finite and not skipped:
         print(f"guard: non-finite loss/grad at step {step} (loss {m['loss']}, grad norm {grad_norm}); update skipped "
-              f"({nan_streak}/{nan_patience} in a row)", flush=True)
-        if nan_streak >= nan_patience:
-            action = f"{nan_streak} non-finite steps in a row"
+              f"({guards['nan_streak']}/{nan_patience} in a row)", flush=True)
+        if guards['nan_streak'] >= nan_patience:
+            action = f"{guards['nan_streak']} non-finite steps in a row"
     if sc['all_failed']:
         print(f"guard: every reward call failed at step {step}; no update applied. errors: {sc['error_msgs'][:3]}", flush=True)
-    if ref_model is not None and m['kl'] > kl_warn:
-        print(f"WARNING [kl]: KL to the reference {m['kl']:.4f} > kl_warn={kl_warn}; last steps: "
-              f"{[round(k, 4) for k in kl_hist]}", flush=True)
     if ref_model is not None and m['kl'] > kl_max:
-        msg = f"KL {m['kl']:.4f} > kl_max={kl_max} (trend over the last steps: {[round(k, 4) for k in kl_hist]})"
+        msg = f"KL {m['kl']:.4f} > kl_max={kl_max} (trend over the last steps: {[round(k, 4) for k in guards['kl_hist']]})"
         if on_kl_max == 'stop':
             log_metrics({**m, 'guard/kl_stop': 1})
             stop(msg + "; lower lr, raise beta, or raise kl_max if this KL is expected")
         action = msg
-    m.update({'guard/nan_streak': nan_streak, 'guard/zero_reward_streak': zero_streak, 'guard/rollbacks': rollbacks,
+    m.update({'guard/nan_streak': guards['nan_streak'], 'guard/zero_reward_streak': guards['zero_streak'], 'guard/rollbacks': rollbacks,
               'guard/skipped_update': int(skipped or not finite)})
     log_metrics(m)
     print(f"step {step:5d} | reward {m['reward/mean']:.3f}±{m['reward/std']:.3f} | zero_std {m['frac_zero_std']:.2f} | "
@@ -547,11 +549,11 @@ while step < max_steps:
                 f.write(json.dumps({'step': step, 'prompt': tok.decode(prompts[c['prompt_idx']]), 'completion': c['text'],
                                     'answer': extract_answer(c['text']), 'reference': batch[c['prompt_idx']]['answer'],
                                     'reward': sc['total'][comps.index(c)]}) + '\n')
-    if zero_streak >= zero_reward_patience:
+    if guards['zero_streak'] >= zero_reward_patience:
         errs = {k: v for k, v in sc['errors'].items() if v}
-        stop(f"reward mean has been 0 (or every reward failed) for {zero_streak} steps in a row "
+        stop(f"reward mean has been 0 (or every reward failed) for {guards['zero_streak']} steps in a row "
              f"(zero_reward_patience={zero_reward_patience}).\nReward errors this step: {errs or 'none'} "
-             f"{sc['error_msgs'][:3]}\nRecent completions:\n" + '\n---\n'.join(x[:300] for x in recent) +
+             f"{sc['error_msgs'][:3]}\nRecent completions:\n" + '\n---\n'.join(x[:300] for x in guards['recent']) +
              "\nCheck the reward function, the prompt format and max_new_tokens.")
     if action is not None:
         rollbacks += 1
@@ -562,7 +564,7 @@ while step < max_steps:
         model.load_state_dict(good['model'])
         optimizer.load_state_dict(good['optimizer'])
         lr_scale *= rollback_lr_scale
-        nan_streak = 0
+        guards['nan_streak'] = 0
         sync_gen_model()
         print(f"guard: {action} -> rolled back to {path} (step {good['step']}); lr scale now {lr_scale} "
               f"(rollback {rollbacks}/{max_rollbacks}); continuing with new data", flush=True)

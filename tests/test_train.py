@@ -1,0 +1,240 @@
+"""train_grpo.py end to end on CPU: it learns, it resumes exactly, and every guard fires within a step of its cause."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT.parent / 'shared' / 'gsm8k'
+# a tiny model and a tiny step: these tests are about the loop's behaviour, not its speed
+TINY = ['--init_from=scratch', '--data=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
+        '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4', '--batch_prompts=4',
+        '--micro_batch_size=8', '--max_new_tokens=8', '--arith_n_train=200', '--arith_n_test=8', '--eval_examples=4',
+        '--eval_every=0', '--device=cpu', '--dtype=float32', '--plot_every=0', '--export_hf=False', '--lr=1e-3',
+        '--warmup_steps=1', '--watchdog_s=0', "--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}]"]
+VOLATILE = ('timing_s/', 'mem/', 'perf/')  # wall-clock and memory: the only keys allowed to differ between runs
+
+
+def run(out_dir, *args, timeout=120, check=True):
+    env = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
+    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}', *args],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"train_grpo.py exited {p.returncode}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}")
+    return p
+
+
+def start(out_dir, *args):
+    env = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
+    return subprocess.Popen([sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}', *args],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def metrics(out_dir):
+    return [json.loads(l) for l in open(Path(out_dir) / 'metrics.jsonl')]
+
+
+def stable(row):
+    return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+
+
+def weights(out_dir, step):
+    return torch.load(Path(out_dir) / f'ckpt_{step:07d}.pt', weights_only=False)['model']
+
+
+def all_finite_on_disk(out_dir):
+    for p in Path(out_dir).glob('ckpt_*.pt'):
+        sd = torch.load(p, weights_only=False)['model']
+        assert all(torch.isfinite(t).all() for t in sd.values()), f"{p} holds non-finite weights"
+
+
+def test_grpo_raises_mean_reward(tmp_path):
+    """Regression test that the loop learns at all: reward = fraction of digits in the completion."""
+    run(tmp_path, '--max_steps=20', '--lr=2e-2', '--group_size=8', '--batch_prompts=8', '--micro_batch_size=64',
+        '--max_new_tokens=12', '--save_every=100')
+    r = [m['reward/mean'] for m in metrics(tmp_path) if 'reward/mean' in m]
+    first, last = sum(r[:5]) / 5, sum(r[-5:]) / 5
+    assert last > first + 0.3, f"mean reward did not rise: first 5 steps {first:.3f}, last 5 {last:.3f}: {r}"
+
+
+def test_metrics_keys_and_files(tmp_path):
+    run(tmp_path, '--max_steps=2', '--eval_every=2', '--log_samples_every=1', '--save_every=1', '--plot_every=2',
+        '--export_hf=True')
+    rows = metrics(tmp_path)
+    assert [r['step'] for r in rows] == [0, 1, 2]
+    need = ['step', 'lr', 'reward/mean', 'reward/std', 'reward/digit_fraction/mean', 'frac_zero_std', 'loss', 'pg_loss',
+            'kl', 'entropy', 'clip_frac', 'grad_norm', 'response_len/mean', 'response_len/clip_frac', 'timing_s/gen',
+            'timing_s/reward', 'timing_s/ref', 'timing_s/old_logprob', 'timing_s/update', 'timing_s/step',
+            'mem/allocated_gb', 'mem/reserved_gb', 'mem/peak_gb', 'perf/gen_tokens_per_s', 'perf/tokens_per_s']
+    missing = [k for k in need if k not in rows[1]]
+    assert not missing, f"metrics.jsonl lacks {missing}"
+    assert 'eval/pass@1' in rows[0] and 'eval/pass@1' in rows[2], "eval at start and every eval_every steps"
+    assert (tmp_path / 'samples.jsonl').exists() and (tmp_path / 'curves.png').exists()
+    assert json.load(open(tmp_path / 'config.json'))['max_steps'] == 2
+    from model import from_pretrained
+    model, tok = from_pretrained(str(tmp_path / 'hf'))
+    sd = weights(tmp_path, 2)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items()), "hf/ export != the step-2 weights"
+
+
+def test_all_zero_std_warning_names_cause_and_fix(tmp_path):
+    p = run(tmp_path, '--max_steps=1', "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]")
+    assert "all advantages are zero" in p.stdout and "raise temperature or group_size" in p.stdout
+    assert metrics(tmp_path)[-1]['warn/all_zero_std'] == 1
+
+
+def test_exact_resume_after_sigkill(tmp_path):
+    """6 steps straight vs. killed after step 3 and restarted with the same command: same metrics, same weights."""
+    a, b = tmp_path / 'straight', tmp_path / 'killed'
+    args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3']
+    run(a, *args)
+    proc = start(b, *args)
+    deadline = time.time() + 120
+    while not (b / 'ckpt_0000003.pt').exists():
+        assert time.time() < deadline and proc.poll() is None, "run B never reached step 3"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (b / 'ckpt_0000006.pt').exists(), "killed too late to test anything"
+    p = run(b, *args)
+    assert 'resume:' in p.stdout
+    ra, rb = metrics(a), metrics(b)
+    assert [r['step'] for r in rb] == [0, 1, 2, 3, 4, 5, 6], f"duplicate or missing steps: {[r['step'] for r in rb]}"
+    for x, y in zip(ra, rb):
+        assert stable(x) == stable(y), f"step {x['step']} differs after resume:\n{stable(x)}\n{stable(y)}"
+    wa, wb = weights(a, 6), weights(b, 6)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights are not bit-identical after resume"
+
+
+def test_kill_at_random_instants(tmp_path):
+    """20 SIGKILLs at random moments (startup, generation, update, checkpoint writing): every restart resumes from a
+    checkpoint that loads, and the finished run has every step exactly once."""
+    rng = random.Random(0)
+    args = ['--max_steps=150', '--save_every=1', '--keep_last=2']
+    resumed_from = []
+    for i in range(20):
+        proc = start(tmp_path, *args)
+        time.sleep(rng.uniform(0.5, 3.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for ck in tmp_path.glob('ckpt_*.pt'):  # every checkpoint on disk loads: none is ever half-written
+            state = torch.load(ck, weights_only=False)
+            assert state['step'] == int(ck.stem.split('_')[1])
+        ckpts = sorted(tmp_path.glob('ckpt_*.pt'))
+        resumed_from.append(int(ckpts[-1].stem.split('_')[1]) if ckpts else -1)
+    assert resumed_from == sorted(resumed_from), f"a restart went backwards: {resumed_from}"
+    assert 0 < resumed_from[-1] < 150, f"kills did not land mid-run: {resumed_from}"
+    p = run(tmp_path, *args, timeout=300)
+    assert f"resume: " in p.stdout
+    steps = [r['step'] for r in metrics(tmp_path)]
+    assert steps == list(range(151)), f"steps lost or duplicated across 20 kills: {steps}"
+
+
+def test_sigterm_saves_and_exits(tmp_path):
+    proc = start(tmp_path, '--max_steps=1000', '--save_every=1000')
+    deadline = time.time() + 60
+    while not (tmp_path / 'metrics.jsonl').exists() or len(metrics(tmp_path)) < 3:
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    saved = sorted(tmp_path.glob('ckpt_*.pt'))[-1]
+    assert int(saved.stem.split('_')[1]) >= 2, "SIGTERM must checkpoint the step it stopped at"
+
+
+def test_nan_at_one_step_is_skipped(tmp_path):
+    run(tmp_path, '--max_steps=3', '--save_every=1', '--keep_last=10', '--fault_nan_steps=[2]')
+    rows = metrics(tmp_path)
+    assert rows[2]['guard/skipped_update'] == 1 and rows[1]['guard/skipped_update'] == 0 and rows[3]['guard/skipped_update'] == 0
+    w1, w2, w3 = weights(tmp_path, 1), weights(tmp_path, 2), weights(tmp_path, 3)
+    assert all(torch.equal(w1[k], w2[k]) for k in w1), "a NaN step must leave the weights unchanged"
+    assert not all(torch.equal(w2[k], w3[k]) for k in w2), "training must go on after the NaN step"
+    all_finite_on_disk(tmp_path)
+
+
+def test_persistent_nan_rolls_back_then_stops(tmp_path):
+    p = run(tmp_path, '--max_steps=20', '--save_every=1', '--fault_nan_steps=' + str(list(range(3, 21))), '--nan_patience=2',
+            '--max_rollbacks=1', check=False)
+    assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-2000:]
+    assert 'rolled back to' in p.stdout and 'STOPPED' in p.stderr and 'non-finite' in p.stderr
+    rows = metrics(tmp_path)
+    # NaN from step 3: steps 3,4 -> rollback 1; steps 5,6 -> over max_rollbacks -> stop at step 6
+    assert rows[-1]['step'] == 6, f"stopped at step {rows[-1]['step']}, expected 6"
+    all_finite_on_disk(tmp_path)
+
+
+def test_zero_reward_stops_after_patience(tmp_path):
+    p = run(tmp_path, '--max_steps=20', "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]",
+            '--zero_reward_patience=3', check=False)
+    assert p.returncode == 3 and 'reward mean has been 0' in p.stderr and 'Recent completions' in p.stderr
+    assert metrics(tmp_path)[-1]['step'] == 3, "must stop at the step the patience runs out"
+
+
+def test_raising_reward_is_counted_and_stops(tmp_path):
+    p = run(tmp_path, '--max_steps=20', "--rewards=[{'name': 'grpo_test_rewards:always_raise'}]",
+            '--zero_reward_patience=2', '--save_every=1', '--keep_last=10', check=False)
+    assert p.returncode == 3 and 'reward server unreachable' in p.stderr, p.stderr[-2000:]
+    rows = metrics(tmp_path)
+    assert rows[1]['reward/always_raise/errors'] == 16 and rows[-1]['step'] == 2
+    assert rows[1]['guard/skipped_update'] == 1, "no update from a batch whose rewards all failed"
+    w0, w1 = weights(tmp_path, 0), weights(tmp_path, 1)
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.parametrize('mode', ['stop', 'rollback'])
+def test_kl_above_max(tmp_path, mode):
+    p = run(tmp_path, '--max_steps=10', '--beta=0.1', '--kl_max=1e-9', '--kl_warn=1e-10', f'--on_kl_max={mode}',
+            '--max_rollbacks=1', '--lr=1e-2', check=False)
+    assert p.returncode == 3 and 'kl_max' in p.stderr, p.stderr[-2000:]
+    rows = metrics(tmp_path)
+    # KL to the reference is 0 at step 1 (policy == reference) and > 0 at step 2. 'stop' ends there. 'rollback' goes
+    # back to the step-0 weights (== reference), so step 3 has KL 0 again and step 4 breaches once more: over
+    # max_rollbacks=1, it stops
+    assert rows[-1]['step'] == (2 if mode == 'stop' else 4), [r['step'] for r in rows]
+    assert rows[2]['kl'] > 1e-9 and rows[1]['kl'] == 0.0
+    if mode == 'rollback':
+        assert 'rolled back to' in p.stdout
+    assert 'WARNING [kl]' in p.stdout
+    all_finite_on_disk(tmp_path)
+
+
+def test_watchdog_dumps_the_stalled_stack(tmp_path):
+    p = run(tmp_path, '--max_steps=3', '--watchdog_s=1.0', '--fault_stall_step=1', '--fault_stall_s=30',
+            '--watchdog_exit=True', check=False, timeout=60)
+    assert p.returncode == 4, p.stderr[-2000:]
+    assert 'watchdog: no progress' in p.stderr and 'injected_stall' in p.stderr, p.stderr[-3000:]
+    assert 'injected_stall' in (tmp_path / 'watchdog_stacks.txt').read_text()
+
+
+def test_bad_config_is_one_line_and_exit_2(tmp_path):
+    p = run(tmp_path, '--loss_agg=mean', check=False)
+    assert p.returncode == 2 and '--loss_agg' in p.stderr
+    p = run(tmp_path, "--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]", check=False)
+    assert p.returncode == 2 and 'corect' in p.stderr
+
+
+@pytest.mark.skipif(not (GSM8K / 'train.jsonl').exists(), reason='../shared/gsm8k not present')
+def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tokenizer import byte_tokenizer
+    snap = tmp_path / 'tiny-qwen2'
+    cfg = Qwen2Config(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True)
+    Qwen2ForCausalLM(cfg).save_pretrained(snap)
+    byte_tokenizer().save(str(snap))
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+    p = subprocess.run([sys.executable, 'train_grpo.py', 'config/gsm8k.py', f'--init_from={snap}',
+                        f'--data_dir={GSM8K}', f'--out_dir={tmp_path / "out"}', '--max_steps=2', '--batch_prompts=2',
+                        '--group_size=2', '--max_new_tokens=8', '--eval_examples=2', '--eval_every=2',
+                        '--device=cpu', '--dtype=float32', '--save_every=2'],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = metrics(tmp_path / 'out')
+    assert [r['step'] for r in rows] == [0, 1, 2] and 'eval/pass@1' in rows[-1]
