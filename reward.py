@@ -1,0 +1,239 @@
+"""
+Answer extraction, grading and the reward functions GRPO optimises.
+
+Every reward function has one contract, fn(completion: str, example: dict, **kwargs) -> float, and the
+config says which run, with what weight and what keyword arguments:
+    rewards = [{'name': 'correct', 'weight': 1.0, 'kwargs': {'correct': 1.0}},
+               ('format', 0.1, {'pattern': 'boxed'}), ('length', 1.0)]
+check_reward_config() rejects unknown names and unknown kwargs up front, because a kwarg that is silently
+dropped looks exactly like a kwarg that works.
+"""
+import inspect
+import math
+import re
+from fractions import Fraction
+
+# A number as people write it: optional sign, digits with optional thousands commas, optional decimals,
+# optional "/denominator". ASCII digits only, so int-like parsing never meets exotic unicode digits.
+# Every piece is deterministic (no two ways to match the same char), so scanning stays linear.
+# The sign counts only where it cannot be a binary minus ("12-7" is 12 and 7, not 12 and -7).
+_NUM = re.compile(r"(?:(?<![0-9)}\]])-)?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?(?: ?/ ?[0-9]+)?")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s{0,8}\{")
+# \frac{3}{4}, \dfrac{3}{4}, \tfrac34 -> 3/4, so fractions take the same path as "3/4".
+_FRAC = re.compile(r"\\[dt]?frac\s{0,8}\{\s{0,8}(-?[0-9.,]+)\s{0,8}\}\s{0,8}\{\s{0,8}([0-9.,]+)\s{0,8}\}")
+_FRAC_SHORT = re.compile(r"\\[dt]?frac([0-9])([0-9])")
+_TEXT = re.compile(r"^\\(?:text|textbf|mathrm)\s{0,8}\{(.*)\}$", re.S)  # \boxed{\text{yes}} -> yes
+_MARKERS = [re.compile(r"####"), re.compile(r"answer is", re.I), re.compile(r"final answer", re.I)]
+_WINDOW = 80  # how far after a marker ("the answer is") the number may sit
+
+
+def _clean(text):
+    # LaTeX and currency noise that sits between a marker and its number: \$18, 1{,}234, 50\%, 1\,000, −3.
+    for a, b in (('\\$', ''), ('$', ''), ('{,}', ','), ('\\,', ''), ('\\!', ''), ('\\%', '%'), ('\u2212', '-')):
+        text = text.replace(a, b)
+    return _FRAC_SHORT.sub(r'\1/\2', _FRAC.sub(r'\1/\2', text))
+
+
+def _canon_decimal(s):
+    # String arithmetic, not int(): Python refuses int() on strings over 4,300 digits.
+    neg = s.startswith('-')
+    whole, _, frac = s.lstrip('-').replace(',', '').partition('.')
+    out = (whole.lstrip('0') or '0') + ('.' + frac.rstrip('0') if frac.rstrip('0') else '')
+    return '-' + out if neg and out != '0' else out
+
+
+def _canon(num):
+    """'1,234' -> '1234', '-3.50' -> '-3.5', '6 / 8' -> '6/8' (fractions are compared by value later)."""
+    num = num.replace(' ', '')
+    if '/' in num:
+        a, b = num.split('/')
+        return _canon_decimal(a) + '/' + _canon_decimal(b)
+    return _canon_decimal(num)
+
+
+def _boxed_spans(text):
+    """(start, end) of the contents of every closed \\boxed{...}, in order. One pass pairs all braces, so
+    nesting is free and a 100 kB run of unclosed '\\boxed{' costs one scan, not one scan per opener."""
+    openers = [m.end() - 1 for m in _BOXED.finditer(text)]
+    if not openers:
+        return []
+    close, stack = {}, []
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == '{':
+            stack.append(m.start())
+        elif stack:
+            close[stack.pop()] = m.start()
+    return [(i + 1, close[i]) for i in openers if i in close]  # spans, not slices: nested boxes would copy O(n^2)
+
+
+def _first_number(s):
+    m = _NUM.search(s)
+    return _canon(m.group()) if m else None
+
+
+def extract_answer(text):
+    """Final answer in canonical form ('1234', '-3.5', '3/4', or a non-numeric boxed string), else None.
+    Order of trust: last \\boxed{}, '####', 'the answer is', 'final answer', then the last number."""
+    try:
+        if not isinstance(text, str) or not text:
+            return None
+        text = _clean(text)
+        for a, b in reversed(_boxed_spans(text)):
+            content = text[a:b].strip()
+            if content:  # an empty \boxed{} is the instruction echoed back, not an answer
+                # "x = 5" and "12+7=19" -> the part after '='; then the first number ("25 m^2" -> 25).
+                ans = _first_number(content.rpartition('=')[2]) or _TEXT.sub(r'\1', content).strip()
+                if ans:
+                    return ans
+        for marker in _MARKERS:
+            last = None
+            for last in marker.finditer(text):
+                pass
+            if last is not None:
+                num = _first_number(text[last.end():last.end() + _WINDOW])
+                if num is not None:
+                    return num
+        last = None
+        for last in _NUM.finditer(text):
+            pass
+        return _canon(last.group()) if last else None
+    except Exception:  # a grader must never take the run down; an unparseable answer is just wrong
+        return None
+
+
+def _value(s):
+    """Exact rational value of a canonical number string, or None for non-numbers / absurd lengths."""
+    if len(s) > 200 or not re.fullmatch(r"-?[0-9.]+(?:/[0-9.]+)?", s):
+        return None
+    try:
+        a, _, b = s.partition('/')
+        return Fraction(a) / Fraction(b) if b else Fraction(a)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def is_correct(completion, reference, rel_tol=1e-6):
+    """Numeric equality (exact for integers, rel_tol otherwise; fractions evaluated), else string equality."""
+    pred = extract_answer(completion)
+    if pred is None:
+        return False
+    ref = extract_answer(str(reference)) or str(reference).strip()
+    if pred == ref:
+        return True
+    a, b = _value(pred), _value(ref)
+    if a is None or b is None:
+        return pred.strip().lower() == ref.strip().lower()
+    if a == b or (a.denominator == 1 and b.denominator == 1):
+        return a == b  # integers: exact, so 123456789012 never "equals" 123456789013
+    return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reward functions: fn(completion, example, **kwargs) -> float. Keyword defaults are the config defaults.
+
+def correctness_reward(completion, example, correct=1.0, incorrect=0.0):
+    """example['answer'] is the reference final answer."""
+    return correct if is_correct(completion, example['answer']) else incorrect
+
+
+def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0):
+    """Did the completion put a number where the prompt asked? pattern: 'boxed' (\\boxed{n}) or '####'."""
+    text = _clean(completion)
+    if pattern == 'boxed':
+        ok = any(_NUM.search(text, a, b) for a, b in _boxed_spans(text))
+    elif pattern == '####':
+        ok = any(_NUM.match(text[m.end():m.end() + _WINDOW].lstrip(' ')) for m in re.finditer('####', text))
+    else:
+        raise ValueError(f"format_reward: pattern must be 'boxed' or '####', got {pattern!r}")
+    return reward if ok else missing
+
+
+def length_penalty(completion, example, max_len=1024, cache_len=256, penalty=1.0, n_tokens=None):
+    """DAPO soft overlong penalty: 0 up to max_len - cache_len, then linear down to -penalty at max_len.
+    Length is n_tokens when the caller passes it (per sample, through score's extra_kwargs), else characters
+    (the same thing for the byte tokenizer)."""
+    n = len(completion) if n_tokens is None else n_tokens
+    soft = max_len - cache_len
+    if n <= soft:
+        return 0.0
+    return -penalty * min(1.0, (n - soft) / max(cache_len, 1))
+
+
+REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty}
+
+
+def check_reward_config(rewards):
+    """Normalise the reward config to [(name, fn, weight, kwargs)], raising on anything that would be ignored.
+    Entries: {'name', 'weight'=1.0, 'kwargs'={}} dicts, or (name, weight[, kwargs]) tuples; name is a key of
+    REWARD_FNS or a callable."""
+    out = []
+    for entry in rewards:
+        if isinstance(entry, dict):
+            unknown = set(entry) - {'name', 'weight', 'kwargs'}
+            if unknown:
+                raise ValueError(f"reward config {entry!r}: unknown keys {sorted(unknown)}")
+            name, weight, kwargs = entry['name'], entry.get('weight', 1.0), entry.get('kwargs') or {}
+        else:
+            entry = (entry,) if isinstance(entry, str) or callable(entry) else tuple(entry)
+            if not 1 <= len(entry) <= 3:
+                raise ValueError(f"reward config {entry!r}: expected (name, weight, kwargs)")
+            name, weight, kwargs = (entry + (1.0, {})[len(entry) - 1:])[:3]  # defaults fill what is missing
+        fn = name if callable(name) else REWARD_FNS.get(name)
+        if fn is None:
+            raise ValueError(f"reward config: unknown reward {name!r}; known: {sorted(REWARD_FNS)}")
+        name = getattr(fn, '__name__', str(fn)) if callable(name) else name
+        params = inspect.signature(fn).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            bad = sorted(set(kwargs) - (set(params) - {'completion', 'example'}))
+            if bad:
+                raise ValueError(f"reward config: {name!r} has no keyword argument(s) {bad}; "
+                                 f"it accepts {sorted(set(params) - {'completion', 'example'})}")
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"reward config: weight of {name!r} must be a finite number, got {weight!r}")
+        if name in [o[0] for o in out]:
+            raise ValueError(f"reward config: {name!r} listed twice")
+        if fn in REWARD_FNS.values():  # a dry run, so a bad value (pattern='boxd') fails now, not every step
+            try:
+                float(fn('', {'question': '', 'answer': '0', 'solution': ''}, **kwargs))
+            except Exception as e:
+                raise ValueError(f"reward config: {name!r} rejects kwargs {kwargs}: {e}") from e
+        out.append((name, fn, float(weight), dict(kwargs)))
+    return out
+
+
+def _accepts(fn):
+    # Per-sample facts (n_tokens, truncated, ...) are offered to every fn; each gets the ones it declares.
+    params = inspect.signature(fn).parameters
+    return None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else set(params)
+
+
+def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None, max_msgs=5):
+    """Weighted sum of the configured rewards per sample.
+    extra_kwargs: None or one dict per sample (e.g. {'n_tokens': 87}), passed to the fns that accept them.
+    A fn that raises (or returns a non-finite value) scores failure_reward for that sample, weighted like a
+    normal value; it is counted in errors[name], and the first max_msgs messages are kept.
+    Returns dict(total=[float], per_fn={name: [float]} (unweighted), errors={name: int}, error_msgs=[str],
+    all_failed=bool: every sample had at least one failing fn, which the training loop's guards watch)."""
+    assert len(completions) == len(examples), (len(completions), len(examples))
+    extra_kwargs = extra_kwargs or [{}] * len(completions)
+    assert len(extra_kwargs) == len(completions), (len(extra_kwargs), len(completions))
+    config = check_reward_config(rewards)
+    total = [0.0] * len(completions)
+    per_fn, errors, msgs, failed = {}, {}, [], [False] * len(completions)
+    for name, fn, weight, kwargs in config:
+        per_fn[name], errors[name], accepts = [], 0, _accepts(fn)
+        for i, (c, ex, extra) in enumerate(zip(completions, examples, extra_kwargs)):
+            try:
+                facts = {k: x for k, x in extra.items() if accepts is None or k in accepts}  # override config
+                v = float(fn(c, ex, **{**kwargs, **facts}))
+                if not math.isfinite(v):
+                    raise ValueError(f"returned non-finite {v}")
+            except Exception as e:
+                v, failed[i] = float(failure_reward), True
+                errors[name] += 1
+                if len(msgs) < max_msgs:
+                    msgs.append(f"{name} on sample {i}: {type(e).__name__}: {e}")
+            per_fn[name].append(v)
+            total[i] += weight * v
+    return dict(total=total, per_fn=per_fn, errors=errors, error_msgs=msgs,
+                all_failed=bool(failed) and all(failed))

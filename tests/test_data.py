@@ -1,0 +1,218 @@
+"""Specification of data loading, ordering, prompts and the synthetic task (data.py)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import data
+from data import arith_splits, batch_at, build_messages, epoch_order, load_gsm8k, make_arith
+from reward import is_correct
+
+GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k'
+needs_gsm8k = pytest.mark.skipif(not (GSM8K / 'train.jsonl').exists(),
+                                 reason=f'GSM8K not found at {GSM8K} (CI keeps it beside the clone)')
+GOOD = {'question': 'Tom has 2 apples and gets 3 more. How many?', 'answer': 'Tom has 2+3=<<2+3=5>>5.\n#### 5'}
+
+
+@needs_gsm8k
+@pytest.mark.parametrize('split, n', [('train', 7473), ('test', 1319)])
+def test_load_local_gsm8k(split, n):
+    rows = load_gsm8k(split, data_dir=GSM8K)
+    assert len(rows) == n
+    raw = [json.loads(line) for line in open(GSM8K / f'{split}.jsonl')]
+    for row, r in zip(rows, raw):
+        assert set(row) == {'question', 'answer', 'solution'}
+        assert row['solution'] == r['answer'].strip() and row['question'] == r['question'].strip()
+        assert re.fullmatch(r'-?[0-9]+', row['answer']), f'final answer {row["answer"]!r} is not a plain integer'
+    if split == 'train':  # the first row, read by hand: "... #### 72"
+        assert rows[0]['answer'] == '72'
+
+
+def _write(tmp_path, lines):
+    path = tmp_path / 'train.jsonl'
+    path.write_text('\n'.join(lines) + '\n')
+    return path
+
+
+@pytest.mark.parametrize('bad, reason', [
+    ('{"question": "q?"}', "'answer'"),
+    ('{"answer": "#### 5"}', "'question'"),
+    ('{"question": "q?", "answer": "reasoning #### "}', 'empty final answer'),
+    ('{"question": "q?", "answer": "reasoning, no marker 5"}', "no '####'"),
+    ('{"question": "q?", "answer": ', 'bad JSON'),
+    ('[1, 2]', 'JSON object'),
+])
+def test_malformed_row_names_file_and_line(tmp_path, bad, reason):
+    path = _write(tmp_path, [json.dumps(GOOD), '', bad, json.dumps(GOOD)])   # bad row on line 3
+    with pytest.raises(ValueError) as err:
+        load_gsm8k('train', data_dir=tmp_path)
+    assert f'{path}:3' in str(err.value) and reason in str(err.value), str(err.value)
+
+
+def test_skip_bad_rows_skips_and_counts(tmp_path, capsys):
+    _write(tmp_path, [json.dumps(GOOD), '{"question": "q?"}', 'not json', json.dumps(GOOD)])
+    stats = {}
+    rows = load_gsm8k('train', data_dir=tmp_path, skip_bad_rows=True, stats=stats)
+    assert len(rows) == 2 and stats['skipped'] == 2 and ':2:' in stats['first_bad']
+    assert 'skipped 2 malformed rows' in capsys.readouterr().out
+    load_gsm8k('train', data_dir=tmp_path, skip_bad_rows=True, stats=stats)
+    assert stats['skipped'] == 4, 'one stats dict must add up the counts of several loads'
+
+
+def test_answer_is_the_text_after_the_marker_without_commas(tmp_path):
+    _write(tmp_path, [json.dumps({'question': ' q? ', 'answer': 'It is 1,000+234.\n####  1,234 '})])
+    assert load_gsm8k('train', data_dir=tmp_path) == [
+        {'question': 'q?', 'answer': '1234', 'solution': 'It is 1,000+234.\n####  1,234'}]
+
+
+def test_parquet_directory_reads_like_jsonl(tmp_path):
+    pa, pq = pytest.importorskip('pyarrow'), pytest.importorskip('pyarrow.parquet')
+    (tmp_path / 'main').mkdir()
+    pq.write_table(pa.Table.from_pylist([GOOD, GOOD]), tmp_path / 'main' / 'test-00000-of-00001.parquet')
+    rows = load_gsm8k('test', data_dir=tmp_path)
+    assert rows == [{'question': GOOD['question'], 'answer': '5', 'solution': GOOD['answer']}] * 2
+
+
+def test_missing_local_split_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match='test.jsonl'):
+        load_gsm8k('test', data_dir=tmp_path)
+
+
+def test_offline_hub_failure_says_to_pass_data_dir(monkeypatch):
+    datasets = pytest.importorskip('datasets')
+    def offline(*args, **kwargs):
+        raise ConnectionError('no route to huggingface.co')
+    monkeypatch.setattr(datasets, 'load_dataset', offline)
+    with pytest.raises(RuntimeError, match='--data_dir=../shared/gsm8k'):
+        load_gsm8k('train')
+
+
+# ---------------------------------------------------------------------------------------------------------
+# order
+
+def test_epoch_order_is_a_deterministic_permutation():
+    a = epoch_order(1000, seed=1, epoch=0)
+    assert sorted(a) == list(range(1000)) and a != list(range(1000))
+    assert a == epoch_order(1000, seed=1, epoch=0), 'same seed and epoch must give the same order'
+    assert a != epoch_order(1000, seed=1, epoch=1), 'a new epoch must reshuffle'
+    assert a != epoch_order(1000, seed=2, epoch=0), 'a new seed must reshuffle'
+
+
+def test_batch_at_resumes_mid_stream_across_epochs():
+    examples = [{'i': i} for i in range(10)]
+    stream = [examples[i] for e in range(3) for i in epoch_order(10, 7, e)]   # independent reference
+    cursor, served = 0, []
+    for _ in range(7):   # batches of 4 straddle the epoch boundaries at 10 and 20
+        batch, cursor = batch_at(examples, 7, cursor, 4)
+        served += batch
+    assert served == stream[:28] and cursor == 28
+    assert batch_at(examples, 7, 12, 4)[0] == stream[12:16], 'resuming from a cursor must give the same batch'
+
+
+# ---------------------------------------------------------------------------------------------------------
+# prompts
+
+EX = {'question': 'Tom has 12 apples and gets 7 more. How many apples does Tom have?', 'answer': '19',
+      'solution': '12+7=19\n#### 19'}
+
+
+def test_default_prompt_asks_for_steps_and_a_box():
+    msgs = build_messages(EX)
+    assert [m['role'] for m in msgs] == ['system', 'user']
+    assert msgs[1]['content'].startswith(EX['question']) and '\\boxed{}' in msgs[1]['content']
+    assert 'step by step' in msgs[1]['content']
+
+
+def test_prompt_parts_are_configurable_and_omittable():
+    msgs = build_messages(EX, system_prompt='Be terse.', instruction='End with #### n.')
+    assert msgs == [{'role': 'system', 'content': 'Be terse.'},
+                    {'role': 'user', 'content': EX['question'] + '\nEnd with #### n.'}]
+    assert build_messages(EX, system_prompt=None, instruction='') == [{'role': 'user', 'content': EX['question']}]
+
+
+def test_few_shot_turns_come_first_in_the_asked_format():
+    shot = {'question': 'Ann has 5 pens and loses 2. How many pens does Ann have?', 'answer': '3',
+            'solution': '5-2=3\n#### 3'}
+    msgs = build_messages(EX, few_shot=[shot])
+    assert [m['role'] for m in msgs] == ['system', 'user', 'assistant', 'user']
+    assert msgs[2]['content'] == '5-2=3\nThe final answer is \\boxed{3}.'
+    plain = build_messages(EX, system_prompt=None, instruction='', few_shot=[shot])
+    assert plain[1] == {'role': 'assistant', 'content': '5-2=3\n#### 3'}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# synthetic arithmetic
+
+def _check_solution(ex):
+    """Recompute the chain of equations independently of the generator."""
+    lines = ex['solution'].split('\n')
+    assert lines[-1] == f"#### {ex['answer']}"
+    value, operands = None, []
+    for line in lines[:-1]:
+        a, op, b, c = re.fullmatch(r'(\d+)([-+*/])(\d+)=(\d+)', line).groups()
+        operands += [a, b] if value is None else [b]
+        assert value is None or int(a) == value, f'step does not continue the chain: {ex}'
+        value = {'+': int(a) + int(b), '-': int(a) - int(b), '*': int(a) * int(b), '/': int(a) / int(b)}[op]
+        assert value == int(c) and value > 0, f'wrong or non-positive step {line!r} in {ex}'
+    assert value == int(ex['answer'])
+    assert re.findall(r'\d+', ex['question']) == operands, f'question and solution use different numbers: {ex}'
+
+
+@pytest.mark.parametrize('difficulty', sorted(data.DIFFICULTY))
+def test_arith_solutions_are_right_and_grade_correct(difficulty):
+    for ex in make_arith(300, seed=3, difficulty=difficulty):
+        _check_solution(ex)
+        assert is_correct(ex['solution'], ex['answer']) and is_correct(f"\\boxed{{{ex['answer']}}}", ex['answer'])
+
+
+def test_arith_is_deterministic_from_its_seed():
+    assert make_arith(50, seed=5) == make_arith(50, seed=5)
+    assert make_arith(50, seed=5) != make_arith(50, seed=6)
+    assert make_arith(20, seed=5) == make_arith(50, seed=5)[:20], 'asking for more must not change the first ones'
+
+
+def test_easy_arith_is_short_enough_for_a_byte_model():
+    for ex in make_arith(200, seed=0, difficulty='easy'):
+        assert len(ex['question']) <= 80 and len(ex['solution']) <= 20, ex
+        assert re.fullmatch(r'\d{1,2}[-+]\d{1,2}=\d+\n#### \d+', ex['solution']), ex
+
+
+@pytest.mark.parametrize('knobs, check', [
+    (dict(digits=1), lambda ex: all(int(n) < 10 for n in re.findall(r'\d+', ex['question']))),
+    (dict(digits=3, steps=1), lambda ex: True),
+    (dict(ops='+'), lambda ex: '-' not in ex['solution'] and '+' in ex['solution']),
+    (dict(ops='*', steps=2), lambda ex: ex['solution'].count('*') == 2),
+    (dict(ops='/', digits=3), lambda ex: '/' in ex['solution'] or '+' in ex['solution']),  # '+' when no divisor
+    (dict(steps=3), lambda ex: ex['solution'].count('\n') == 3),
+])
+def test_difficulty_knobs_shape_the_problems(knobs, check):
+    exs = make_arith(200, seed=1, **knobs)
+    for ex in exs:
+        _check_solution(ex)
+        assert check(ex), f'{knobs}: {ex}'
+    if knobs.get('digits') == 3:
+        numbers = [n for ex in exs for n in re.findall(r'\d+', ex['question'])]
+        assert any(len(n) == 3 for n in numbers), 'digits=3 never drew a 3-digit number'
+
+
+def test_bad_difficulty_is_an_error():
+    with pytest.raises(ValueError):
+        make_arith(1, difficulty='impossible')
+    with pytest.raises(ValueError):
+        make_arith(1, ops='^')
+
+
+def test_arith_splits_are_disjoint_and_the_test_split_is_fixed():
+    train, test = arith_splits(2000, 200, seed=0)
+    assert len(train) == 2000 and len(test) == 200
+    leaked = {ex['solution'] for ex in test} & {ex['solution'] for ex in train}
+    assert not leaked, f'test arithmetic leaked into train: {sorted(leaked)[:3]}'
+    assert len({ex['solution'] for ex in test}) == 200, 'test problems repeat'
+    assert arith_splits(500, 200, seed=0)[1] == test, 'the test split must not depend on n_train'
+    assert arith_splits(500, 200, seed=0, steps=2)[1] != test
+
+
+def test_arith_splits_too_small_a_space_is_an_error():
+    with pytest.raises(ValueError, match='too small'):
+        arith_splits(10, 200, seed=0, digits=1, ops='+')   # 9 * 9 = 81 distinct problems

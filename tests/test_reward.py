@@ -1,0 +1,310 @@
+"""Specification of answer extraction, grading and the reward config (reward.py)."""
+import json
+import math
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+from reward import REWARD_FNS, check_reward_config, extract_answer, is_correct, length_penalty, score
+
+GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k'
+
+# (completion, expected canonical answer): one row per format the grader must read.
+FORMATS = [
+    ('\\boxed{72}', '72'),
+    ('\\boxed{\\frac{3}{4}}', '3/4'),
+    ('\\boxed{\\dfrac{3}{4}}', '3/4'),
+    ('\\boxed{\\tfrac34}', '3/4'),
+    ('\\boxed{-\\frac{1}{2}}', '-1/2'),
+    ('\\boxed{\\$1,234.50}', '1234.5'),
+    ('\\boxed{18 \\text{ dollars}}', '18'),
+    ('\\boxed{\\text{18}}', '18'),
+    ('\\boxed{x = -5}', '-5'),
+    ('\\boxed{12+7=19}', '19'),
+    ('\\boxed{{{42}}}', '42'),                       # nested braces
+    ('\\boxed{50\\%}', '50'),
+    ('\\boxed{1{,}000}', '1000'),
+    ('\\fbox{9}', '9'),
+    ('\\boxed{B}', 'B'),                             # non-numeric answers are kept as strings
+    ('#### 72', '72'),
+    ('#### $1,234', '1234'),
+    ('#### -3', '-3'),
+    ('The answer is 18.', '18'),
+    ('The answer is $18.00 per day.', '18'),
+    ('the answer is: 3/4 of a cup', '3/4'),
+    ('So the answer is -0.5', '-0.5'),
+    ('Final answer: 1,000,000', '1000000'),
+    ('FINAL ANSWER: 25%', '25'),
+    ('She has 5 apples', '5'),
+    ('It costs $2.50.', '2.5'),
+    ('It costs \\$7 in total.', '7'),
+    ('The speed is 60km per hour', '60'),
+    ('Temperature drops to −4 degrees', '-4'),       # unicode minus
+    ('12-7=5', '5'),                                 # binary minus is not a sign
+    ('007', '7'),
+    ('-0', '0'),
+    ('3.1400', '3.14'),
+]
+PREFIX = 'Let me think. First 3 + 4 = 7, then 7 * 2 = 14 and 100/4 = 25.\n'   # numbers that are not the answer
+SUFFIX = ' That is all.'                                                     # trailing text without numbers
+
+
+@pytest.mark.parametrize('text, expected', FORMATS)
+def test_extract_each_format_bare(text, expected):
+    assert extract_answer(text) == expected, f'{text!r} should extract as {expected!r}'
+
+
+@pytest.mark.parametrize('text, expected', FORMATS)
+def test_extract_each_format_with_noise_around(text, expected):
+    noisy = PREFIX + text + SUFFIX
+    assert extract_answer(noisy) == expected, f'{noisy!r} should extract as {expected!r}'
+
+
+MARKED = ('\\boxed', '\\fbox', '####', 'The answer', 'the answer', 'So the', 'Final', 'FINAL')
+
+
+@pytest.mark.parametrize('text, expected', [(t, e) for t, e in FORMATS if t.startswith(MARKED)])
+def test_marked_answers_survive_numbers_after_them(text, expected):
+    # The trusted formats win over numbers that follow, e.g. a model checking its work after answering.
+    noisy = PREFIX + text + '\nCheck: 1 + 2 = 3, and 99 is not it.'
+    assert extract_answer(noisy) == expected, f'{noisy!r} should extract as {expected!r}'
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('#### 1 ... the answer is 2 ... \\boxed{3} final answer: 4. 5', '3'),   # boxed beats everything
+    ('the answer is 2, final answer: 4 #### 1. Also 5', '1'),                # #### beats the phrases
+    ('final answer: 4. So the answer is 2. Then 5', '2'),                    # "the answer is" beats "final answer"
+    ('final answer: 4, then 5', '4'),                                        # "final answer" beats last number
+    ('\\boxed{1} and later \\boxed{2}', '2'),                               # the last box
+    ('\\boxed{1} then an unclosed \\boxed{2', '1'),                         # truncated box is not an answer
+    ('Put it in \\boxed{}. I get 8.', '8'),                                  # echoed empty box is ignored
+    ('#### no number here, but 6 later', '6'),                               # marker without number falls through
+])
+def test_order_of_trust(text, expected):
+    assert extract_answer(text) == expected, f'{text!r} should extract as {expected!r}'
+
+
+@pytest.mark.parametrize('text', ['', 'no digits at all', '\\boxed{}', None, 12])
+def test_no_answer_is_none(text):
+    assert extract_answer(text) is None
+
+
+@pytest.mark.parametrize('completion, reference, want', [
+    ('\\boxed{72}', '72', True),
+    ('\\boxed{73}', '72', False),
+    ('#### 1,234', '1234', True),
+    ('The answer is 72.0', '72', True),
+    ('\\boxed{\\frac{6}{8}}', '0.75', True),          # fractions are evaluated
+    ('\\boxed{1/3}', '0.333333333', True),            # float tolerance
+    ('\\boxed{1/3}', '0.33', False),                  # ... which is tight
+    ('\\boxed{123456789012}', '123456789013', False),  # integers are exact, however large
+    ('\\boxed{5/0}', '5/0', True),                    # undefined values fall back to string equality
+    ('\\boxed{B}', 'B', True),
+    ('\\boxed{b}', 'B', True),
+    ('\\boxed{A}', 'B', False),
+    ('I do not know', '0', False),
+])
+def test_is_correct(completion, reference, want):
+    assert is_correct(completion, reference) is want, f'is_correct({completion!r}, {reference!r}) should be {want}'
+
+
+def _gsm8k_rows(split):
+    path = GSM8K / f'{split}.jsonl'
+    if not path.exists():
+        pytest.skip(f'GSM8K not found at {path} (CI keeps it beside the clone in ../shared/gsm8k)')
+    return [json.loads(line) for line in open(path)]
+
+
+def _after_marker(solution):
+    return solution.split('####')[-1].replace(',', '').strip()
+
+
+@pytest.mark.parametrize('split, n', [('train', 7473), ('test', 1319)])
+def test_gsm8k_reference_solutions_grade_correct(split, n):
+    rows = _gsm8k_rows(split)
+    assert len(rows) == n
+    # The reference answer read independently: the text after '####', thousands commas dropped.
+    wrong = [r['answer'] for r in rows if not is_correct(r['answer'], _after_marker(r['answer']))]
+    assert not wrong, f'{len(wrong)}/{n} {split} solutions fail against their own #### value, e.g. {wrong[:2]}'
+
+
+@pytest.mark.parametrize('split', ['train', 'test'])
+def test_gsm8k_solutions_do_not_grade_correct_against_a_wrong_answer(split):
+    # The control for the test above: the grader is not simply saying yes.
+    rows = _gsm8k_rows(split)
+    fooled = [r['answer'] for r in rows if is_correct(r['answer'], str(int(_after_marker(r['answer'])) + 1))]
+    assert not fooled, f'{len(fooled)} {split} solutions graded correct against answer+1, e.g. {fooled[:2]}'
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fuzz: no exception and no regex blow-up on random and adversarial strings
+
+ADVERSARIAL = [
+    '1' * 100_000,                                    # a huge number (int() refuses > 4,300 digits)
+    '1,' * 50_000, '1,234' * 20_000, '1.' * 50_000, '1/' * 50_000, '-' * 100_000,
+    '\\boxed{' * 14_000,                              # 100 kB of unclosed boxes
+    '\\boxed{' * 5_000 + '7' + '}' * 5_000,           # deeply nested boxes
+    '{' * 50_000 + '}' * 50_000,
+    '\\frac{1' * 15_000, '\\frac{' + '1 ' * 50_000, '\\frac{' + ' ' * 100_000,
+    '#### ' + '1 , ' * 25_000, '1 ' * 50_000, 'the answer is ' * 7_000, '#### ' * 20_000,
+    '\u0663' * 100_000,                               # Arabic-Indic digits
+    '\uff15' * 50_000 + ' \\boxed{\U0001d7d3}',       # fullwidth / mathematical digits
+    ('word 12 \\boxed{ $ 3/4 , final answer: ' * 3_000)[:100_000],
+]
+PIECES = ['\\boxed{', '\\fbox{', '{', '}', '####', 'the answer is', 'Final Answer:', '\\frac{', '\\dfrac', '\\$',
+          '$', '%', ',', '.', '/', '-', '\u2212', ' ', '\n', '=', '<<', '>>', 'x', '\u0663', '\uff15', '\U0001d7d3',
+          '0', '7', '123', '1,234', '3.14', '9' * 5000, '{,}', '\\text{']
+pieces = st.lists(st.sampled_from(PIECES) | st.text(max_size=8), max_size=40).map(''.join)
+big = st.tuples(pieces, st.integers(1, 3000)).map(lambda t: (t[0] * t[1])[:100_000])
+strings = st.one_of(st.text(max_size=200), pieces, pieces, big, st.sampled_from(ADVERSARIAL))
+
+
+@contextmanager
+def _time_limit(seconds):
+    # hypothesis' deadline only judges an example after it returns; a catastrophically backtracking regex
+    # never returns, so interrupt it (the re engine checks signals) and fail with a message instead of hanging.
+    if not hasattr(signal, 'setitimer') or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    class Slow(BaseException):  # not an Exception, so extract_answer's catch-all cannot swallow it
+        pass
+    def interrupt(*_):
+        raise Slow
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except Slow:
+        raise AssertionError(f'extraction ran over {seconds} s: regex blow-up?') from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _examples(cases):
+    def decorate(f):
+        for c in cases:
+            f = example(c)(f)
+        return f
+    return decorate
+
+
+@_examples(ADVERSARIAL)
+@settings(max_examples=10_000, deadline=1000, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(strings)
+def test_fuzz_extraction_never_raises_and_stays_fast(text):
+    # deadline=1000 ms per example: linear-time extraction of 100 kB takes ~tens of ms, a backtracking
+    # regex would take minutes.
+    with _time_limit(5.0):
+        ans = extract_answer(text)
+        correct = is_correct(text, '5')
+        formatted = REWARD_FNS['format'](text, {'answer': '5'})
+    assert ans is None or (isinstance(ans, str) and ans), f'extract_answer returned {ans!r}'
+    assert correct in (True, False) and formatted in (0.0, 1.0)
+
+
+@settings(max_examples=2000, deadline=None, database=None)
+@given(st.integers(-10**30, 10**30), st.sampled_from(PIECES[:12]) | st.text(max_size=30))
+def test_fuzz_boxed_integer_round_trips(n, noise):
+    # Whatever precedes it, a boxed integer is read back exactly.
+    text = noise + f' \\boxed{{{n}}}'
+    assert extract_answer(text) == str(n), f'{text!r}'
+    assert is_correct(text, str(n)) and not is_correct(text, str(n + 1))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reward functions and the config
+
+EX = {'question': 'q', 'answer': '19', 'solution': '12+7=19\n#### 19'}
+
+
+def test_weighted_sum_by_hand():
+    out = score(['\\boxed{19}', '#### 19', 'no idea'], [EX] * 3,
+                [('correct', 2.0), ('format', 0.5, {'pattern': 'boxed'})])
+    assert out['per_fn'] == {'correct': [1.0, 1.0, 0.0], 'format': [1.0, 0.0, 0.0]}
+    assert out['total'] == [2.5, 2.0, 0.0]
+    assert out['errors'] == {'correct': 0, 'format': 0} and not out['all_failed']
+
+
+@pytest.mark.parametrize('reward, a, b, completion', [
+    ('correct', {'correct': 1.0}, {'correct': 3.0}, '\\boxed{19}'),
+    ('correct', {'incorrect': 0.0}, {'incorrect': -1.0}, '\\boxed{18}'),
+    ('format', {'pattern': 'boxed'}, {'pattern': '####'}, '#### 19'),
+    ('format', {'reward': 1.0}, {'reward': 0.2}, '\\boxed{19}'),
+    ('format', {'missing': 0.0}, {'missing': -0.5}, '19'),
+    ('length', {'max_len': 100, 'cache_len': 20}, {'max_len': 40, 'cache_len': 20}, 'x' * 60),
+    ('length', {'max_len': 40, 'cache_len': 20}, {'max_len': 40, 'cache_len': 20, 'penalty': 2.0}, 'x' * 60),
+])
+def test_every_config_kwarg_reaches_the_function(reward, a, b, completion):
+    ra = score([completion], [EX], [{'name': reward, 'kwargs': a}])['total']
+    rb = score([completion], [EX], [{'name': reward, 'kwargs': b}])['total']
+    assert ra != rb, f'{reward}: changing kwargs {a} -> {b} left the reward at {ra}'
+
+
+@pytest.mark.parametrize('n_tokens, want', [(50, 0.0), (80, 0.0), (90, -0.5), (100, -1.0), (130, -1.0)])
+def test_dapo_overlong_penalty_by_hand(n_tokens, want):
+    # max_len 100, cache 20: free up to 80 tokens, then linear to -penalty at 100, clamped beyond.
+    got = score(['short'], [EX], [('length', 1.0, {'max_len': 100, 'cache_len': 20})],
+                extra_kwargs=[{'n_tokens': n_tokens, 'truncated': False}])['total'][0]
+    assert math.isclose(got, want), f'n_tokens={n_tokens}: penalty {got}, want {want}'
+
+
+def test_length_counts_characters_without_n_tokens():
+    assert length_penalty('x' * 90, EX, max_len=100, cache_len=20) == -0.5
+
+
+@pytest.mark.parametrize('rewards, needle', [
+    ([('correct', 1.0, {'corect': 2.0})], 'corect'),            # typo in a kwarg
+    ([('length', 1.0, {'max_tokens': 10})], 'max_tokens'),
+    ([('nonsense', 1.0)], 'nonsense'),
+    ([{'name': 'correct', 'wieght': 1.0}], 'wieght'),
+    ([('correct', float('nan'))], 'weight'),
+    ([('correct', 1.0), ('correct', 2.0)], 'twice'),
+    ([('format', 1.0, {'pattern': 'boxd'})], 'boxd'),           # a bad value, caught by a dry run
+    ([('length', 1.0, {'max_len': '100'})], 'max_len'),
+    ([('correct', 1.0, {}, 'extra')], 'expected'),
+])
+def test_bad_reward_config_is_an_error_at_setup(rewards, needle):
+    with pytest.raises(ValueError, match=needle):
+        check_reward_config(rewards)
+
+
+def test_config_forms_normalise_alike():
+    a = check_reward_config([{'name': 'correct', 'weight': 1.0, 'kwargs': {}}, {'name': 'format'}])
+    b = check_reward_config([('correct', 1.0), 'format'])
+    assert a == b
+
+
+def test_custom_fn_with_var_kwargs_receives_config_and_per_sample_kwargs():
+    seen = []
+    def spy(completion, example, **kw):
+        seen.append(kw)
+        return 0.0
+    score(['a', 'b'], [EX, EX], [(spy, 1.0, {'alpha': 3})], extra_kwargs=[{'n_tokens': 1}, {'n_tokens': 2}])
+    assert seen == [{'alpha': 3, 'n_tokens': 1}, {'alpha': 3, 'n_tokens': 2}]
+
+
+def test_raising_fn_gets_failure_reward_and_is_counted():
+    def flaky(completion, example):
+        if completion == 'bad':
+            raise RuntimeError('boom')
+        return 1.0
+    out = score(['ok', 'bad', 'ok'], [EX] * 3, [(flaky, 2.0), ('correct', 1.0)], failure_reward=-1.0)
+    assert out['per_fn']['flaky'] == [1.0, -1.0, 1.0]
+    assert out['total'] == [2.0, -2.0, 2.0]
+    assert out['errors'] == {'flaky': 1, 'correct': 0}
+    assert len(out['error_msgs']) == 1 and 'boom' in out['error_msgs'][0] and 'sample 1' in out['error_msgs'][0]
+    assert out['all_failed'] is False
+
+
+def test_all_failed_flags_a_batch_where_every_sample_errored():
+    def nan(completion, example):
+        return float('nan')  # a non-finite reward is an error too, not a number to train on
+    out = score(['a'] * 7, [EX] * 7, [(nan, 1.0), ('correct', 1.0)], max_msgs=3)
+    assert out['all_failed'] is True and out['errors']['nan'] == 7 and len(out['error_msgs']) == 3
+    assert out['total'] == [0.0] * 7
