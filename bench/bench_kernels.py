@@ -1,0 +1,192 @@
+"""
+Time and peak memory of kernels.py next to the torch ways of doing the same, on the same inputs, in one run.
+
+  log-prob + entropy, forward and forward+backward:
+    ours            token_logprobs (Triton on GPU; on CPU the torch reference path)
+    log_softmax     log_softmax(logits / T) + gather, entropy from the same log-softmax
+    trl_loop        a per-row loop like TRL's selective_log_softmax (log-probs only, no entropy)
+  sampler, temperature + top-p:
+    ours            sample_tokens (Triton on GPU; on CPU the torch reference path)
+    torch_sort      sort-based top-p as in HF/TRL: sort, softmax, cumsum, mask, multinomial
+
+On a GPU it also reports the fraction of peak HBM bandwidth the log-prob kernel reaches. The last line
+printed is JSON. Usage: python bench/bench_kernels.py [--tokens=N] [--vocab=V] [--dtype=bfloat16] [--rows=B]
+"""
+import argparse
+import ctypes
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kernels import sample_tokens, token_logprobs  # noqa: E402
+
+GPU = torch.cuda.is_available()
+parser = argparse.ArgumentParser()
+parser.add_argument('--tokens', type=int, default=8 * 1024 if GPU else 2048)  # rows of logits (batch x seq)
+parser.add_argument('--vocab', type=int, default=151_936 if GPU else 32_768)  # Qwen2's vocab on GPU
+parser.add_argument('--dtype', default='bfloat16' if GPU else 'float32')  # logits dtype
+parser.add_argument('--rows', type=int, default=256 if GPU else 64)  # sampler batch
+parser.add_argument('--temperature', type=float, default=1.0)
+parser.add_argument('--top_p', type=float, default=0.9)
+parser.add_argument('--reps', type=int, default=3)  # CPU timing repeats (GPU uses triton.testing.do_bench)
+parser.add_argument('--peak_gbps', type=float, default=0.0)  # HBM peak; 0 = look the GPU up
+args = parser.parse_args()
+device = 'cuda' if GPU else 'cpu'
+dtype = getattr(torch, args.dtype)
+
+if not GPU:  # large frees go straight back to the OS, so the resident-set high-water mark measures peak use
+    try:
+        ctypes.CDLL('libc.so.6').mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB, fixed
+    except OSError:
+        pass
+
+
+def _status_kb(field):
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def measure(fn):
+    """(median ms, peak MiB above what was allocated before the call)."""
+    gc.collect()
+    if GPU:
+        import triton.testing
+        ms = triton.testing.do_bench(fn, return_mode='median')
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
+    fn()  # warm up
+    times = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    gc.collect()
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')  # resets the high-water mark to the current RSS
+        base = _status_kb('VmRSS:')
+        fn()
+        peak = (_status_kb('VmHWM:') - base) / 1024
+    except OSError:
+        peak = None
+    return statistics.median(times), peak
+
+
+def peak_hbm_gbps():
+    if args.peak_gbps:
+        return args.peak_gbps
+    p = torch.cuda.get_device_properties(0)
+    clock, bus = getattr(p, 'memory_clock_rate', 0), getattr(p, 'memory_bus_width', 0)  # kHz, bits
+    if clock and bus:
+        return 2 * clock * 1e3 * bus / 8 / 1e9
+    table = {'H200': 4800, 'H100 PCIe': 2000, 'H100': 3350, 'A100-SXM4-80GB': 2039, 'A100': 1555}
+    return next((v for k, v in table.items() if k in p.name), None)
+
+
+# ----------------------------------------------------------------------------- log-prob + entropy
+N, V, T = args.tokens, args.vocab, args.temperature
+g = torch.Generator(device=device).manual_seed(0)
+logits = (2 * torch.randn(N, V, device=device, generator=g)).to(dtype)
+targets = torch.randint(0, V, (N,), device=device, generator=g)
+
+
+def ours(x):
+    return token_logprobs(x, targets, T)
+
+
+def log_softmax_gather(x):
+    logq = torch.log_softmax(x.float() / T, -1)
+    entropy = -(logq.exp() * logq).sum(-1)
+    return logq.gather(-1, targets[:, None]).squeeze(-1), entropy
+
+
+def trl_loop(x):  # TRL's selective_log_softmax: per-row log_softmax to bound peak memory
+    return torch.stack([torch.log_softmax(r.float() / T, -1)[t] for r, t in zip(x, targets)]), None
+
+
+def fwd(method):
+    def run():
+        with torch.no_grad():
+            method(logits)
+    return run
+
+
+x_grad = logits.clone().requires_grad_()
+
+
+def fwd_bwd(method):
+    def run():
+        x_grad.grad = None
+        lp, ent = method(x_grad)
+        (lp.sum() + (ent.sum() if ent is not None else 0)).backward()
+        x_grad.grad = None
+    return run
+
+
+results = {}
+for name, method in [('ours', ours), ('log_softmax', log_softmax_gather), ('trl_loop', trl_loop)]:
+    for mode, wrap in [('fwd', fwd), ('fwd_bwd', fwd_bwd)]:
+        ms, peak = measure(wrap(method))
+        results[f'{name}_{mode}'] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
+        print(f'logprob {name:12s} {mode:8s} {ms:9.3f} ms  peak {peak} MiB', flush=True)
+with torch.no_grad():
+    (lp, ent), (ref_lp, ref_ent) = ours(logits), log_softmax_gather(logits)
+results['max_abs_diff_vs_log_softmax'] = {'logp': (lp - ref_lp).abs().max().item(),
+                                          'entropy': (ent - ref_ent).abs().max().item()}
+if GPU:  # the kernel's floor is reading the logits once (forward) or twice and writing dlogits once
+    bw, nbytes = peak_hbm_gbps(), N * V * logits.element_size()
+    for mode, passes in [('fwd', 1), ('fwd_bwd', 3)]:
+        gbps = passes * nbytes / (results[f'ours_{mode}']['ms'] * 1e-3) / 1e9
+        results[f'ours_{mode}'].update(gbps=round(gbps, 1), hbm_frac=round(gbps / bw, 3) if bw else None)
+del logits, x_grad
+
+# ----------------------------------------------------------------------------- sampler
+B = args.rows
+s_logits = (2 * torch.randn(B, V, device=device, generator=g)).to(dtype)
+seeds = torch.arange(B, device=device) + 12345
+
+
+def ours_sample():
+    return sample_tokens(s_logits, seeds, 0, temperature=T, top_p=args.top_p)
+
+
+def torch_sort_sample():  # the usual top-p: full sort of every row
+    z = s_logits.float() / T
+    sorted_z, order = z.sort(-1, descending=True)
+    probs = sorted_z.softmax(-1)
+    drop = probs.cumsum(-1) - probs > args.top_p  # mass before the token already reaches top_p
+    sorted_z = sorted_z.masked_fill(drop, float('-inf'))
+    z = torch.empty_like(z).scatter_(-1, order, sorted_z)
+    ids = torch.multinomial(z.softmax(-1), 1).squeeze(-1)
+    return ids, torch.log_softmax(s_logits.float() / T, -1).gather(-1, ids[:, None]).squeeze(-1)
+
+
+sampler = {}
+for name, fn in [('ours', ours_sample), ('torch_sort', torch_sort_sample)]:
+    ms, peak = measure(fn)
+    sampler[name] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
+    print(f'sampler {name:12s} {ms:9.3f} ms  peak {peak} MiB', flush=True)
+sampler['speedup_vs_sort'] = round(sampler['torch_sort']['ms'] / sampler['ours']['ms'], 2)
+
+out = {
+    'device': torch.cuda.get_device_name(0) if GPU else 'cpu',
+    'note': 'GPU: Triton kernels' if GPU else 'no GPU: torch paths only (ours = the torch reference path, not Triton)',
+    'peak_mib_means': ('torch.cuda.max_memory_allocated above baseline' if GPU else
+                       'process RSS high-water mark above baseline'),
+    'logprob': {'tokens': N, 'vocab': V, 'dtype': args.dtype, 'temperature': T, **results},
+    'sampler': {'rows': B, 'vocab': V, 'dtype': args.dtype, 'top_p': args.top_p, **sampler},
+}
+if GPU:
+    out['peak_hbm_gbps'] = peak_hbm_gbps()
+print(json.dumps(out))

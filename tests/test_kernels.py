@@ -1,0 +1,359 @@
+"""Specification of the fused log-prob/entropy kernel, its chunked form and the sampler (kernels.py).
+
+Every log-prob test runs twice: through the Triton kernels (forced, under TRITON_INTERPRET=1) and through the
+torch path that CPU training uses. The oracle is an fp64 log_softmax written here, independent of kernels.py.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels import chunked_token_logprobs, sample_tokens, sample_tokens_ref, token_logprobs
+
+# padding rows and -inf lanes compute inf/nan in branches that tl.where then discards; numpy (the interpreter)
+# warns about them, the GPU does not
+pytestmark = pytest.mark.filterwarnings('ignore::RuntimeWarning:triton.runtime.interpreter')
+
+# block 128 with V = 300: three blocks per row, the last one ragged
+IMPLS = [pytest.param(dict(use_triton=True, block_size=128), id='triton'),
+         pytest.param(dict(use_triton=False), id='torch')]
+V = 300
+
+
+def oracle(logits, targets, temperature=1.0):
+    """fp64 log p(target) and entropy; p = 0 entries (logit -inf) contribute 0 to the entropy."""
+    logq = torch.log_softmax(logits.double() / temperature, -1)
+    p = logq.exp()
+    entropy = -(p * logq.masked_fill(p == 0, 0.0)).sum(-1)
+    return logq.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+def grads(fn, logits, targets, a, b, temperature=1.0, **kw):
+    """Gradient w.r.t. logits of sum(a * logp + b * entropy): both outputs get a gradient."""
+    x = logits.detach().clone().requires_grad_()
+    lp, ent = fn(x, targets, temperature, **kw)
+    (a * lp + b * ent).sum().backward()
+    return x.grad
+
+
+def data(shape=(3, 5), dtype=torch.float32, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (scale * torch.randn(*shape, V, generator=g, dtype=torch.float64)).to(dtype)
+    targets = torch.randint(0, V, shape, generator=g)
+    a, b = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    return logits, targets, a, b
+
+
+def close(actual, expected, what, tol=1e-5):
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol, msg=lambda m: f'{what}: {m}')
+
+
+# ----------------------------------------------------------------------------- log-prob + entropy
+
+@pytest.mark.parametrize('kw', IMPLS)
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_logprob_and_entropy_match_fp64(kw, temperature):
+    logits, targets, a, b = data()
+    lp, ent = token_logprobs(logits, targets, temperature, **kw)
+    assert lp.dtype == ent.dtype == torch.float32 and lp.shape == ent.shape == targets.shape
+    ref_lp, ref_ent = oracle(logits, targets, temperature)
+    close(lp, ref_lp, 'log p(target)')
+    close(ent, ref_ent, 'entropy')
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_gradients_of_both_outputs_match_fp64(kw, temperature):
+    logits, targets, a, b = data()
+    g = grads(token_logprobs, logits, targets, a, b, temperature, **kw)
+    ref = grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b, temperature)
+    assert g.dtype == logits.dtype
+    close(g, ref, 'd(a*logp + b*entropy)/dlogits')
+    g_lp = grads(token_logprobs, logits, targets, a, 0 * b, temperature, **kw)  # one output only
+    close(g_lp, grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, 0 * b, temperature), 'dlogp alone')
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+def test_bf16_input(kw):
+    """Upcast inside: outputs are as exact as for fp32 input; the gradient comes back in bf16."""
+    logits, targets, a, b = data(dtype=torch.bfloat16)
+    lp, ent = token_logprobs(logits, targets, 0.8, **kw)
+    ref_lp, ref_ent = oracle(logits, targets, 0.8)
+    close(lp, ref_lp, 'bf16 log p(target)')
+    close(ent, ref_ent, 'bf16 entropy')
+    g = grads(token_logprobs, logits, targets, a, b, 0.8, **kw)
+    assert g.dtype == torch.bfloat16, 'dlogits must be written in the input dtype'
+    ref = grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b, 0.8)
+    torch.testing.assert_close(g.double(), ref, rtol=2e-2, atol=1e-4, msg=lambda m: f'bf16 dlogits: {m}')
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+def test_minus_inf_logits(kw):
+    """Banned tokens (logit -inf) have p = 0: entropy stays finite and they get exactly zero gradient."""
+    logits, targets, a, b = data()
+    banned = torch.rand(logits.shape, generator=torch.Generator().manual_seed(1)) < 0.3
+    banned.scatter_(-1, targets.unsqueeze(-1), False)
+    banned[0, 0, :128] = True  # a whole block of -inf: the online max must survive it
+    banned[0, 0, targets[0, 0]] = False
+    logits = logits.masked_fill(banned, float('-inf'))
+    lp, ent = token_logprobs(logits, targets, 1.0, **kw)
+    ref_lp, ref_ent = oracle(logits, targets)
+    close(lp, ref_lp, 'log p with -inf logits')
+    close(ent, ref_ent, 'entropy with -inf logits')
+    g = grads(token_logprobs, logits, targets, a, b, **kw)
+    assert torch.isfinite(g).all(), 'gradient has NaN/inf where logits are -inf'
+    assert (g[banned] == 0).all(), 'tokens with logit -inf must get zero gradient'
+    close(g, grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b), 'dlogits with -inf logits')
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+def test_logits_of_1e4(kw):
+    """Logits of +-1e4 with near-ties at the top: fp32 needs the max subtracted before anything else."""
+    logits, targets, a, b = data(scale=1.0)
+    sign = torch.where(torch.rand(logits.shape, generator=torch.Generator().manual_seed(2)) < 0.5, -1.0, 1.0)
+    logits = (1e4 * sign + logits).float()
+    lp, ent = token_logprobs(logits, targets, 1.0, **kw)
+    ref_lp, ref_ent = oracle(logits, targets)
+    close(lp, ref_lp, 'log p at +-1e4')
+    close(ent, ref_ent, 'entropy at +-1e4')
+    close(grads(token_logprobs, logits, targets, a, b, **kw),
+          grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b), 'dlogits at +-1e4')
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+def test_single_row(kw):
+    logits, targets, a, b = data(shape=(1,))
+    lp, ent = token_logprobs(logits[0], targets[0], 1.3, **kw)  # (V,) logits, scalar target
+    assert lp.shape == ent.shape == ()
+    ref_lp, ref_ent = oracle(logits[0], targets[0], 1.3)
+    close(lp, ref_lp, 'single-row log p')
+    close(ent, ref_ent, 'single-row entropy')
+    close(grads(token_logprobs, logits, targets, a, b, 1.3, **kw),
+          grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b, 1.3), 'single-row dlogits')
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+def test_masked_rows_are_zero_and_get_zero_gradient(kw):
+    logits, targets, a, b = data()
+    mask = torch.rand(targets.shape, generator=torch.Generator().manual_seed(3)) < 0.6
+    mask[0, 0], mask[0, 1] = True, False
+    targets = targets.masked_fill(~mask, -100)  # padding ids may be anything, even out of range
+    lp, ent = token_logprobs(logits, targets, 0.9, mask, **kw)
+    assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all(), 'masked rows must output 0'
+    ref_lp, ref_ent = oracle(logits[mask], targets[mask], 0.9)
+    close(lp[mask], ref_lp, 'unmasked log p')
+    close(ent[mask], ref_ent, 'unmasked entropy')
+    g = grads(token_logprobs, logits, targets, a, b, 0.9, mask=mask, **kw)
+    assert (g[~mask] == 0).all(), 'masked rows must get exactly zero gradient'
+    ref = grads(lambda x, t, T: oracle(x, t, T), logits[mask].double(), targets[mask], a[mask], b[mask], 0.9)
+    close(g[mask], ref, 'unmasked dlogits')
+
+
+def test_sliced_logits_are_read_in_place():
+    """logits[:, :-1] (the usual next-token shift) is a strided view; the kernel reads it without a copy."""
+    logits, targets, a, b = data(shape=(2, 6))
+    full = logits.clone().requires_grad_()
+    lp, ent = token_logprobs(full[:, :-1], targets[:, :-1], 1.0, use_triton=True, block_size=128)
+    ref_lp, ref_ent = oracle(logits[:, :-1], targets[:, :-1])
+    close(lp, ref_lp, 'sliced log p')
+    close(ent, ref_ent, 'sliced entropy')
+    (a[:, :-1] * lp + b[:, :-1] * ent).sum().backward()
+    ref = grads(lambda x, t, T: oracle(x, t, T), logits[:, :-1].double(), targets[:, :-1], a[:, :-1], b[:, :-1])
+    close(full.grad[:, :-1], ref, 'sliced dlogits')
+    assert (full.grad[:, -1] == 0).all()
+
+
+# ----------------------------------------------------------------------------- chunked hidden-state path
+
+def chunk_data():
+    g = torch.Generator().manual_seed(4)
+    # 27 tokens (chunks of 4 leave a ragged last one); the full logits (27 x 130) outsize every other tensor
+    hidden = torch.randn(3, 9, 8, generator=g)
+    weight = torch.randn(130, 8, generator=g) / 3
+    targets = torch.randint(0, 130, (3, 9), generator=g)
+    mask = torch.rand(3, 9, generator=g) < 0.7
+    return hidden, weight, targets, mask
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+def test_chunked_equals_full(kw):
+    hidden, weight, targets, mask = chunk_data()
+    a, b = torch.randn(3, 9), torch.randn(3, 9)
+    outs = []
+    for chunked in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if chunked:
+            lp, ent = chunked_token_logprobs(h, w, targets, 0.8, mask, chunk_size=4, **kw)
+        else:
+            lp, ent = token_logprobs(h @ w.t(), targets, 0.8, mask, **kw)
+        (a * lp + b * ent).sum().backward()
+        outs.append((lp, ent, h.grad, w.grad))
+    for name, c, f in zip(('log p', 'entropy', 'dhidden', 'dweight'), *outs):
+        close(c, f, f'chunked vs full {name}')
+
+
+class MaxNumel(TorchDispatchMode):
+    """Records the largest tensor any op creates (forward and, on CPU, backward run in this thread)."""
+    def __init__(self):
+        super().__init__()
+        self.max = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor):
+                self.max = max(self.max, t.numel())
+        return out
+
+
+@pytest.mark.parametrize('kw', IMPLS)
+def test_chunked_never_materialises_full_logits(kw):
+    hidden, weight, targets, mask = chunk_data()
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    with MaxNumel() as mode:
+        lp, ent = chunked_token_logprobs(h, w, targets, 1.0, mask, chunk_size=4, **kw)
+        (lp + ent).sum().backward()
+    n_tokens, vocab = targets.numel(), weight.shape[0]
+    assert mode.max >= 4 * vocab, 'the op tracker saw no chunk of logits: it is not observing the computation'
+    assert mode.max < n_tokens * vocab, f'a tensor of {mode.max} elements: more than one chunk of logits is alive'
+
+
+# ----------------------------------------------------------------------------- sampler
+
+def exact_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """fp64 sampling distribution of one row, written out the textbook way: top-k, then top-p on the
+    renormalised top-k distribution (a token is kept if the mass before it is < top_p), then min-p."""
+    p = torch.softmax(logits.double() / (temperature or 1.0), -1)
+    order = torch.argsort(p, descending=True).tolist()
+    keep = torch.ones_like(p, dtype=torch.bool)
+    if top_k:
+        keep[order[top_k:]] = False
+    if top_p < 1.0:
+        q, before = p * keep / (p * keep).sum(), 0.0
+        for i in order:
+            if keep[i]:
+                keep[i] = before < top_p
+                before += q[i].item()
+    keep &= p >= min_p * p.max()
+    return p * keep / (p * keep).sum()
+
+
+SAMPLER_CONFIGS = [dict(temperature=1.0), dict(temperature=0.6), dict(top_k=5, temperature=1.3), dict(top_p=0.7),
+                   dict(top_k=10, top_p=0.8, temperature=0.8), dict(min_p=0.2)]
+
+
+@pytest.mark.parametrize('cfg', SAMPLER_CONFIGS, ids=str)
+def test_sampler_distribution_matches_exact(cfg):
+    """20,000 draws (one row per draw, each with its own seed) from the torch sampler against the exact
+    renormalised distribution: Pearson chi-square. A correct sampler fails with probability 1e-6 over the
+    choice of seeds (the seeds are fixed, so the test is deterministic). Tokens outside the kept set: never."""
+    n, vocab = 20_000, 16
+    row = torch.linspace(-1.5, 1.5, vocab)[torch.randperm(vocab, generator=torch.Generator().manual_seed(5))]
+    ids, _ = sample_tokens_ref(row.expand(n, vocab), torch.arange(n) + 1000, 7, **cfg)
+    counts = torch.bincount(ids, minlength=vocab).double()
+    p = exact_probs(row, **cfg)
+    assert counts[p == 0].sum() == 0, f'drew tokens outside the kept set: {counts[p == 0].tolist()}'
+    expected = n * p[p > 0]
+    chi2 = ((counts[p > 0] - expected) ** 2 / expected).sum()
+    dof = (p > 0).sum() - 1
+    p_value = torch.special.gammaincc(dof / 2, chi2 / 2).item() if dof > 0 else 1.0
+    assert p_value > 1e-6, f'draws do not follow the exact distribution: chi2={chi2:.1f}, dof={dof}, p={p_value:.2e}'
+
+
+def random_rows(B=32, vocab=37, seed=6):
+    g = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(B, vocab, generator=g)
+    logits[torch.rand(B, vocab, generator=g) < 0.1] = float('-inf')  # banned tokens must never be drawn
+    logits[:, 0] = logits[:, 0].clamp(min=0)  # every row keeps at least one finite logit
+    return logits, torch.randint(0, 2 ** 40, (B,), generator=g)
+
+
+@pytest.mark.parametrize('cfg', SAMPLER_CONFIGS + [dict(temperature=0.0)], ids=str)
+def test_triton_sampler_draws_the_same_ids_as_torch(cfg):
+    """Same counter-based hash in both: the kernel (vocab split in 1 or 2 tiles) equals the torch reference id
+    for id, so the 20,000-draw distribution test above transfers to it. Ids lie in the kept set, and logp is
+    the log-prob under the full softmax at that temperature (1 for greedy)."""
+    logits, seeds = random_rows()
+    ref_ids, ref_lp = sample_tokens_ref(logits, seeds, 3, **cfg)
+    for n_split in (1, 2):
+        ids, lp = sample_tokens(logits, seeds, 3, **cfg, use_triton=True, n_split=n_split, block_size=32)
+        assert ids.dtype == torch.int64 and lp.dtype == torch.float32
+        assert torch.equal(ids, ref_ids), f'n_split={n_split}: {(ids != ref_ids).sum()} of {len(ids)} ids differ'
+        close(lp, ref_lp, 'sampled log p (triton vs torch)')
+    for row, i in zip(logits, ids):
+        assert exact_probs(row, **cfg)[i] > 0, 'drew a token outside the kept set'
+    full = torch.log_softmax(logits.double() / (cfg.get('temperature') or 1.0), -1)
+    close(lp, full.gather(1, ids[:, None]).squeeze(1), 'sampled log p (vs fp64 full softmax)')
+
+
+@pytest.mark.parametrize('use_triton', [True, False])
+@pytest.mark.parametrize('cfg', [dict(temperature=0.0), dict(top_k=1, temperature=0.7)], ids=str)
+def test_greedy_is_argmax(use_triton, cfg):
+    logits, seeds = random_rows(B=8)
+    ids, _ = sample_tokens(logits, seeds, 0, **cfg, use_triton=use_triton, block_size=32)
+    assert torch.equal(ids, logits.argmax(-1)), 'greedy decoding must return the argmax'
+
+
+@pytest.mark.parametrize('use_triton', [True, False])
+def test_same_seed_same_draws_new_step_new_draws(use_triton):
+    logits, seeds = random_rows(B=16)
+    draw = lambda step: sample_tokens(logits, seeds, step, top_p=0.95, use_triton=use_triton, block_size=32)[0]
+    assert torch.equal(draw(4), draw(4)), 'same (seed, step) must give the same ids'
+    assert not torch.equal(draw(4), draw(5)), 'a new step must give new draws'
+
+
+@pytest.mark.parametrize('use_triton', [True, False])
+def test_row_draw_does_not_depend_on_batch(use_triton):
+    logits, seeds = random_rows(B=8)
+    cfg = dict(top_k=6, top_p=0.9, temperature=1.1, use_triton=use_triton, block_size=32)
+    batch_ids, _ = sample_tokens(logits, seeds, 2, **cfg)
+    flipped, _ = sample_tokens(logits.flip(0), seeds.flip(0), torch.full((8,), 2), **cfg)  # step as a tensor
+    assert torch.equal(flipped.flip(0), batch_ids), 'reordering the batch changed some rows\' draws'
+    for b in (0, 5):
+        alone, _ = sample_tokens(logits[b:b + 1], seeds[b:b + 1], 2, **cfg)
+        assert alone.item() == batch_ids[b].item(), f'row {b} drew differently alone than inside the batch'
+
+
+# ----------------------------------------------------------------------------- GPU lowering, without a GPU
+
+def test_kernels_compile_for_hopper():
+    """The interpreter runs kernels as numpy and forgives what the compiler will not (loop-carried type
+    changes, unsupported ops). Compile every kernel variant to sm_90 machine code, in a process without
+    TRITON_INTERPRET."""
+    script = textwrap.dedent('''
+        import triton, kernels as K
+        from triton.compiler import ASTSource
+        from triton.backends.compiler import GPUTarget
+
+        def build(fn, sig, **consts):
+            sig = {k: 'constexpr' if k in consts else v for k, v in sig.items()}
+            triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget('cuda', 90, 32),
+                           options=dict(num_warps=8))
+
+        rows = dict(x_ptr='*bf16', stride_b='i64', stride_t='i64', T1='i32', tgt_ptr='*i64', mask_ptr='*i8')
+        fwd = dict(rows, logp_ptr='*fp32', ent_ptr='*fp32', m_ptr='*fp32', logs_ptr='*fp32', V='i32',
+                   inv_temp='fp32', HAS_MASK=0, BLOCK=0)
+        bwd = dict(rows, m_ptr='*fp32', logs_ptr='*fp32', ent_ptr='*fp32', g_lp_ptr='*fp32', g_ent_ptr='*fp32',
+                   dx_ptr='*bf16', V='i32', inv_temp='fp32', HAS_MASK=0, BLOCK=0)
+        for has_mask in (True, False):
+            build(K._logprob_fwd_kernel, fwd, HAS_MASK=has_mask, BLOCK=4096)
+            build(K._logprob_bwd_kernel, bwd, HAS_MASK=has_mask, BLOCK=4096)
+        sp = dict(x_ptr='*bf16', stride_row='i32', V='i32', inv_temp='fp32', tile='i32', t_ptr='*fp32',
+                  r1_ptr='*i64', r2_ptr='*i64', m_ptr='*fp32', s_ptr='*fp32', bv_ptr='*fp32', bi_ptr='*i32',
+                  HAS_THRESH=0, DRAW=0, GREEDY=0, BLOCK=0)
+        for thresh, draw, greedy in [(False, False, False), (True, True, False), (False, True, True)]:
+            build(K._sample_pass_kernel, sp, HAS_THRESH=thresh, DRAW=draw, GREEDY=greedy, BLOCK=4096)
+        th = dict(x_ptr='*bf16', stride_row='i32', V='i32', inv_temp='fp32', m_ptr='*fp32', s_ptr='*fp32',
+                  t_ptr='*fp32', top_k='i32', top_p='fp32', KEY_NEG_INF=0, DO_TOPK=0, DO_TOPP=0, NC=0, NPASS=0,
+                  BLOCK=0)
+        build(K._threshold_kernel, th, KEY_NEG_INF=K._KEY_NEG_INF, DO_TOPK=True, DO_TOPP=True, NC=K._NC,
+                NPASS=K._NPASS, BLOCK=1024)
+    ''')
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, '-c', script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f'a kernel does not compile for sm_90:\n{out.stderr[-3000:]}'
