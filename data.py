@@ -137,10 +137,11 @@ def build_messages(example, system_prompt=SYSTEM_PROMPT, instruction=INSTRUCTION
 # million parameters learns in minutes on a CPU, so the easy end is genuinely easy and every character is
 # short (one byte = one token).
 
-DIFFICULTY = {
-    'easy': dict(digits=2, ops='+-', steps=1),     # "Tom has 12 apples and gets 7 more. ..." -> "12+7=19"
-    'medium': dict(digits=2, ops='+-', steps=2),
-    'hard': dict(digits=3, ops='+-*/', steps=3),
+DIFFICULTY = {  # operand_digits: digits of the amount added/removed (None = digits)
+    'starter': dict(digits=2, ops='+-', steps=1, operand_digits=1),  # "Tom has 46 pens and gets 7 more." -> "46+7=53"
+    'easy': dict(digits=2, ops='+-', steps=1, operand_digits=None),  # "Tom has 12 apples and gets 79 more. ..."
+    'medium': dict(digits=2, ops='+-', steps=2, operand_digits=None),
+    'hard': dict(digits=3, ops='+-*/', steps=3, operand_digits=None),
 }
 _NAMES = ['Tom', 'Ann', 'Bob', 'Mia', 'Sam', 'Liz', 'Max', 'Eva']
 _THINGS = ['apples', 'coins', 'books', 'cards', 'pens', 'eggs', 'shells', 'stamps']
@@ -150,8 +151,8 @@ _PHRASES = {'+': ['gets {b} more', 'buys {b} more', 'finds {b} more'],
             '/': ['splits them into {b} equal piles and keeps one']}
 
 
-def _arith_problem(rng, digits, ops, steps):
-    top = 10 ** digits - 1
+def _arith_problem(rng, digits, ops, steps, operand_digits=None):
+    top, top_b = 10 ** digits - 1, 10 ** (operand_digits or digits) - 1
     value = start = rng.randint(1, top)
     name, thing = rng.choice(_NAMES), rng.choice(_THINGS)
     phrases, lines = [], []
@@ -160,7 +161,7 @@ def _arith_problem(rng, digits, ops, steps):
         divisors = [d for d in range(2, 10) if value % d == 0]
         allowed = [op for op in ops if (op != '-' or value > 1) and (op != '/' or divisors)]
         op = rng.choice(allowed or ['+'])
-        b = {'+': lambda: rng.randint(1, top), '-': lambda: rng.randint(1, min(top, value - 1)),
+        b = {'+': lambda: rng.randint(1, top_b), '-': lambda: rng.randint(1, min(top_b, value - 1)),
              '*': lambda: rng.randint(2, 9), '/': lambda: rng.choice(divisors)}[op]()
         new = {'+': value + b, '-': value - b, '*': value * b, '/': value // b}[op]
         phrases.append(rng.choice(_PHRASES[op]).format(b=b))
@@ -173,29 +174,32 @@ def _arith_problem(rng, digits, ops, steps):
     return {'question': question, 'answer': str(value), 'solution': '\n'.join(lines) + f"\n#### {value}"}
 
 
-def _arith_stream(seed, difficulty='easy', digits=None, ops=None, steps=None):
+def _arith_stream(seed, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
     if difficulty not in DIFFICULTY:
         raise ValueError(f"difficulty must be one of {sorted(DIFFICULTY)}, got {difficulty!r}")
-    given = dict(digits=digits, ops=ops, steps=steps)
+    given = dict(digits=digits, ops=ops, steps=steps, operand_digits=operand_digits)
     knobs = {**DIFFICULTY[difficulty], **{k: v for k, v in given.items() if v is not None}}
-    if not (knobs['digits'] >= 1 and knobs['steps'] >= 1 and knobs['ops'] and set(knobs['ops']) <= set('+-*/')):
-        raise ValueError(f"bad arithmetic difficulty {knobs}: need digits >= 1, steps >= 1, ops from '+-*/'")
+    if not (knobs['digits'] >= 1 and knobs['steps'] >= 1 and knobs['ops'] and set(knobs['ops']) <= set('+-*/')
+            and (knobs['operand_digits'] or 1) >= 1):
+        raise ValueError(f"bad arithmetic difficulty {knobs}: need digits >= 1, operand_digits >= 1, steps >= 1, "
+                         "ops from '+-*/'")
     rng = random.Random(seed)
     while True:
-        yield _arith_problem(rng, knobs['digits'], knobs['ops'], knobs['steps'])
+        yield _arith_problem(rng, knobs['digits'], knobs['ops'], knobs['steps'], knobs['operand_digits'])
 
 
-def make_arith(n, seed=0, difficulty='easy', digits=None, ops=None, steps=None):
+def make_arith(n, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
     """n synthetic problems, a pure function of the arguments. digits: max digits of the numbers drawn;
-    ops: which of '+-*/' may appear; steps: operations per problem; None takes the `difficulty` preset."""
-    stream = _arith_stream(seed, difficulty, digits, ops, steps)
+    operand_digits: max digits of the amounts added/removed (default digits); ops: which of '+-*/' may appear;
+    steps: operations per problem; None takes the `difficulty` preset."""
+    stream = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits)
     return [next(stream) for _ in range(n)]
 
 
-def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None):
+def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
     """(train, test) with no arithmetic shared between them (keyed by the solution, so renaming Tom to Ann does
     not leak a test problem). The test split comes first from the stream, so it does not depend on n_train."""
-    stream, tries = _arith_stream(seed, difficulty, digits, ops, steps), 0
+    stream, tries = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits), 0
     test, seen, train = [], set(), []
     # bounded, so a problem space too small for the request ends in an error rather than a hang
     while (len(test) < n_test or len(train) < n_train) and tries < 100 * (n_train + n_test) + 1000:

@@ -199,19 +199,24 @@ class GPT(nn.Module):
     def lm_head_weight(self):
         return self.wte.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, idx, kv_cache=None, input_lengths=None, last_only=False):
+    def forward(self, idx, kv_cache=None, input_lengths=None, last_only=False, select=None, head=None):
         """idx (B, T) -> logits (B, T, vocab) in the model dtype.
         No cache: causal LM at positions 0..T-1 (right padding is harmless to the real tokens).
         With a cache: idx are new tokens; row b's sit at positions kv_cache.lengths[b] + arange(T), see all
         earlier positions of their row, and are appended to the cache. input_lengths (B,): only the first
         input_lengths[b] tokens of row b are real (right-padded prefill); lengths advance by that much.
-        last_only: logits (B, 1, vocab) of each row's last real token only (skips the rest of the head)."""
+        last_only: logits (B, 1, vocab) of each row's last real token only (skips the rest of the head).
+        select (B, T) bool: only these positions reach the head, flattened to (N, ...) (training: completion
+        tokens). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob kernel; it runs
+        in here so that a DDP or FSDP wrapper sees every use of the weights (FSDP only gathers them in forward)."""
         h = self.hidden(idx, kv_cache, input_lengths)
         if last_only:
             B, T = idx.shape
             last = torch.full((B,), T - 1, device=h.device) if input_lengths is None else input_lengths.to(h.device) - 1
             h = h[torch.arange(B, device=h.device), last][:, None]
-        return F.linear(h, self.lm_head_weight)
+        if select is not None:
+            h = h[select]
+        return F.linear(h, self.lm_head_weight) if head is None else head(h, self.lm_head_weight)
 
     def hidden(self, idx, kv_cache=None, input_lengths=None):
         """Final-normed hidden states (B, T, n_embd), for computing log-probs a chunk of the vocab at a time."""
@@ -474,13 +479,15 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
     return model, tok
 
 
-def save_pretrained(model, tokenizer, out_dir):
+def save_pretrained(model, tokenizer, out_dir, state_dict=None):
     """Write an HF snapshot (config.json + model.safetensors in the model's dtype + tokenizer files) that
     from_pretrained and transformers both load. Written beside out_dir, then renamed into place, so a crash
-    never leaves a half-written snapshot where an old one was."""
+    never leaves a half-written snapshot where an old one was. state_dict: the weights to write instead of
+    model's own (e.g. gathered whole from FSDP shards)."""
     from safetensors.torch import save_file
     cfg, out_dir = model.config, os.path.abspath(out_dir)
-    dtype = model.wte.weight.dtype
+    state_dict = model.state_dict() if state_dict is None else state_dict
+    dtype = state_dict['wte.weight'].dtype
     tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -489,7 +496,7 @@ def save_pretrained(model, tokenizer, out_dir):
             json.dump(config_to_hf(cfg, dtype), f, indent=2)
         # own, dense copies: safetensors refuses views that share storage (our fused q/k/v split apart)
         tensors = {k: v.detach().to('cpu').clone(memory_format=torch.contiguous_format)
-                   for k, v in to_hf(model.state_dict(), cfg).items()}
+                   for k, v in to_hf(state_dict, cfg).items()}
         save_file(tensors, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
         if tokenizer is not None:
             tokenizer.save(tmp)

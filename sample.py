@@ -160,12 +160,12 @@ def majority_correct(row):
     return row['correct'][1:][row['answers'][1:].index(best)]
 
 
-def load_examples(data, data_dir, split, num_examples, seed):
+def load_examples(data, data_dir, split, num_examples, seed, arith_difficulty='easy'):
     from data import arith_splits, load_gsm8k
     if data == 'gsm8k':
         examples = load_gsm8k(split, data_dir)
-    elif data == 'arith':
-        train, test = arith_splits(5000, 200, seed=seed)  # train_grpo.py's defaults: the same held-out split
+    elif data == 'arith':  # with train_grpo.py's seed, n_test and difficulty: the same held-out split it evaluates on
+        train, test = arith_splits(5000, 200, seed=seed, difficulty=arith_difficulty)
         examples = train if split == 'train' else test
     else:
         raise ValueError(f"unknown data {data!r}: expected 'gsm8k' or 'arith'")
@@ -193,6 +193,7 @@ if __name__ == '__main__':
     init_from = 'scratch'  # HF snapshot dir or hub id; 'scratch' = tiny random model + byte tokenizer (smoke test)
     prompt = ''  # if set: print completions for this prompt (chat-formatted) and exit
     data = 'gsm8k'  # 'gsm8k' or 'arith' (the built-in offline task)
+    arith_difficulty = 'starter'  # arith preset (data.DIFFICULTY), as trained with
     data_dir = ''  # local dir with train.jsonl/test.jsonl, e.g. ../shared/gsm8k; '' = download openai/gsm8k
     split = 'test'  # which split to evaluate
     num_examples = 0  # evaluate the first N problems; 0 = all
@@ -226,7 +227,7 @@ if __name__ == '__main__':
             print(c['text'])
         sys.exit(0)
     save_config(config, out_dir)
-    examples = load_examples(data, data_dir or None, split, num_examples, seed)
+    examples = load_examples(data, data_dir or None, split, num_examples, seed, arith_difficulty)
     summary = evaluate(model, tok, examples, system_prompt, instruction, n_samples, temperature, top_k, top_p,
                        max_new_tokens, batch_size, seed, out_path=os.path.join(out_dir, 'eval.jsonl'))
     print(json.dumps(summary))

@@ -8,6 +8,7 @@ old/reference log-probs -> clipped policy-gradient update in micro-batches -> gr
     python train_grpo.py config/gsm8k.py --lr=2e-6 --group_size=16
     python train_grpo.py --plot=out/gsm8k           # redraw curves.png from metrics.jsonl
 """
+import contextlib
 import copy
 import faulthandler
 import importlib
@@ -33,7 +34,11 @@ plot = ''  # --plot=OUT_DIR: redraw OUT_DIR/curves.png from its metrics.jsonl an
 data = 'gsm8k'  # 'gsm8k' or 'arith' (built-in offline task)
 data_dir = ''  # local dir with train.jsonl/test.jsonl (e.g. ../shared/gsm8k); '' = download openai/gsm8k
 skip_bad_rows = False  # malformed data rows: False = stop with file:line, True = skip and count them
-arith_difficulty = 'easy'  # arith task preset: 'easy', 'medium', 'hard'
+arith_difficulty = 'easy'  # arith task preset: 'starter', 'easy', 'medium', 'hard' (data.DIFFICULTY)
+arith_digits = 0  # arith: max digits per number (0 = the preset's)
+arith_ops = ''  # arith: operations drawn from '+-*/' ('' = the preset's)
+arith_steps = 0  # arith: operations per problem (0 = the preset's)
+arith_operand_digits = 0  # arith: max digits of the amounts added/removed (0 = the preset's)
 arith_n_train = 5000  # arith training problems
 arith_n_test = 200  # arith held-out problems (fixed split)
 system_prompt = "You are a helpful assistant that solves math problems."  # system turn; '' = none
@@ -111,6 +116,7 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32 for AdamW)
 compile = False  # torch.compile the training forward
 grad_checkpoint = False  # recompute activations in backward (long completions)
+fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2), for models that do not fit one GPU
 seed = 1337  # data order, sampling and init: the whole run is a function of it
 # -----------------------------------------------------------------------------
 from configurator import configure, save_config  # noqa: E402
@@ -121,7 +127,8 @@ if plot:
     plot_metrics(os.path.join(plot, 'metrics.jsonl'), os.path.join(plot, 'curves.png'))
     sys.exit(0)
 
-from checkpoint import load_newest, rng_state, save_checkpoint, set_rng_state, trim_metrics  # noqa: E402
+from checkpoint import (atomic_write, list_checkpoints, load_newest, rng_state, save_checkpoint, set_rng_state,  # noqa: E402
+                        trim_metrics)
 from data import arith_splits, batch_at, build_messages, load_gsm8k  # noqa: E402
 from kernels import chunked_token_logprobs, token_logprobs  # noqa: E402
 from loss import group_advantages, policy_loss, token_weights  # noqa: E402
@@ -139,7 +146,8 @@ def die(msg, code=1):
 
 def stop(msg, code=3):
     """A guard decided the run cannot go on: say why in plain words, leave the last good checkpoint, exit non-zero."""
-    print(f"\n{'=' * 100}\nSTOPPED: {msg}\n{'=' * 100}", file=sys.stderr, flush=True)
+    if master:  # (every rank stops here: guards decide from numbers all ranks share; one says why)
+        print(f"\n{'=' * 100}\nSTOPPED: {msg}\n{'=' * 100}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 
@@ -161,10 +169,45 @@ try:
     check_reward_config(rewards)
 except ValueError as e:
     die(str(e), 2)
-save_config(config, out_dir)
+# torchrun sets RANK: one process per GPU (or CPU core group), each sampling and training on its share of the prompts
+ddp = int(os.environ.get('RANK', -1)) != -1
+rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if ddp else (0, 1)
+master = rank == 0  # the one rank that prints, logs, plots and writes checkpoints
+if ddp:
+    import torch.distributed as dist
+    if batch_prompts % world:
+        die(f"--batch_prompts={batch_prompts} must be divisible by the number of ranks ({world}): each rank samples "
+            "whole groups", 2)
+    if device.startswith('cuda'):
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.cuda.set_device(device)
+    dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    if not master:
+        sys.stdout = open(os.devnull, 'w')  # one voice: the other ranks' lines would repeat rank 0's
+elif fsdp:
+    die("--fsdp=True shards the model across ranks: launch with torchrun (see README)", 2)
+
+
+def all_reduce(values, op='sum'):
+    """A list of floats summed (or maxed) over ranks; unchanged in one process."""
+    if not ddp:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, dist.ReduceOp.SUM if op == 'sum' else dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def barrier():
+    if ddp:
+        dist.barrier()
+
+
+if master:
+    save_config(config, out_dir)
 torch.manual_seed(seed)
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 autocast = torch.autocast(device.split(':')[0], dtype=ptdtype, enabled=ptdtype != torch.float32)
+no_autocast = torch.autocast(device.split(':')[0], enabled=False)  # the log-prob kernels do their own fp32 math
 
 # ----------------------------------------------------------------------------- data
 try:
@@ -175,7 +218,9 @@ try:
         if stats.get('skipped'):
             print(f"data: skipped {stats['skipped']} malformed rows (skip_bad_rows=True)")
     else:
-        train_set, test_set = arith_splits(arith_n_train, arith_n_test, seed=seed, difficulty=arith_difficulty)
+        train_set, test_set = arith_splits(arith_n_train, arith_n_test, seed=seed, difficulty=arith_difficulty,
+                                           digits=arith_digits or None, ops=arith_ops or None, steps=arith_steps or None,
+                                           operand_digits=arith_operand_digits or None)
 except (ValueError, RuntimeError, FileNotFoundError) as e:
     die(str(e))
 eval_set = test_set[:eval_examples] if eval_examples > 0 else test_set
@@ -197,21 +242,70 @@ except (ValueError, OSError) as e:
 model.grad_checkpoint = grad_checkpoint
 print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on {device}")
 # the sampler reads a low-precision copy (weights cast once per step, not once per decode step), synced after updates
-gen_model = model if ptdtype == torch.float32 else copy.deepcopy(model).to(ptdtype).eval()
-train_forward = torch.compile(model.hidden) if compile else model.hidden
+# (with FSDP always a copy: the trained model holds only this rank's shard)
+gen_model = model if ptdtype == torch.float32 and not fsdp else copy.deepcopy(model).to(ptdtype).eval()
+if fsdp:  # each block's weights are gathered for its forward and backward, then freed; gradients are reduce-scattered
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.fsdp import fully_shard
+    for block in model.h:
+        fully_shard(block)
+    fully_shard(model)
+train_model = torch.compile(model) if compile else model  # the training forward; sampler and reference stay eager
+if ddp and not fsdp:  # gradients all-reduced (averaged over ranks) in backward
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    train_model = DDP(train_model, device_ids=[torch.device(device).index] if device.startswith('cuda') else None,
+                      broadcast_buffers=False)
 
 
 def sync_gen_model():
     if gen_model is not model:
         with torch.no_grad():
             for p, q in zip(gen_model.parameters(), model.parameters()):
-                p.copy_(q)
+                p.copy_(q.full_tensor() if fsdp else q)  # FSDP: gathers each weight (every rank takes part)
 
 
 decay = [p for p in model.parameters() if p.dim() >= 2]
 no_decay = [p for p in model.parameters() if p.dim() < 2]
 optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
                               lr=lr, betas=adam_betas, fused=device.startswith('cuda'))
+
+
+def full_state():
+    """(model, optimizer) state dicts of whole tensors in the one-process format, so that any checkpoint resumes on
+    any number of ranks, FSDP or not. FSDP gathers them onto rank 0, in CPU memory; the other ranks get {}."""
+    osd = optimizer.state_dict()
+    if not fsdp:
+        return model.state_dict(), osd
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if osd['state']:  # (an empty state is already whole; the DCP call would fill it with a dummy AdamW step)
+        pos = {n: i for i, n in enumerate(param_names())}
+        osd = get_optimizer_state_dict(model, optimizer, options=opts)
+        osd = osd and {'state': {pos[n]: s for n, s in osd['state'].items()},
+                       'param_groups': [{**g, 'params': [pos[n] for n in g['params']]} for g in osd['param_groups']]}
+    return get_model_state_dict(model, options=opts), osd
+
+
+def load_state(msd, osd):
+    """Every rank loads the same whole state dicts (FSDP keeps its shard of each)."""
+    if not fsdp:
+        model.load_state_dict(msd)
+        optimizer.load_state_dict(osd)
+        return
+    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True))
+    if not osd['state']:
+        optimizer.load_state_dict(osd)
+        return
+    names = param_names()
+    set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True), optim_state_dict={
+        'state': {names[i]: s for i, s in osd['state'].items()},
+        'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in osd['param_groups']]})
+
+
+def param_names():
+    """The optimizer's parameters in its own order (what optimizer.state_dict() numbers), by name (what DCP uses)."""
+    name = {id(p): n for n, p in model.named_parameters()}
+    return [name[id(p)] for g in optimizer.param_groups for p in g['params']]
 
 
 def lr_at(step, peak, total, warmup):
@@ -223,6 +317,19 @@ def lr_at(step, peak, total, warmup):
 
 def prompt_ids(examples):
     return [tok.render_chat(build_messages(ex, system_prompt, instruction)) for ex in examples]
+
+
+def gather_step(comps, sc):
+    """Every rank's completions (less their per-token log-probs, needed only where they are trained on) and reward
+    scores, on every rank, in prompt order: the whole step as one process sees it."""
+    parts = [None] * world
+    dist.all_gather_object(parts, ([{k: v for k, v in c.items() if k != 'logprobs'} for c in comps], sc))
+    parts[rank] = (comps, sc)
+    scs = [s for _, s in parts]
+    return [c for cs, _ in parts for c in cs], {
+        'total': [x for s in scs for x in s['total']], 'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in sc['per_fn']},
+        'errors': {k: sum(s['errors'][k] for s in scs) for k in sc['errors']},
+        'error_msgs': [msg for s in scs for msg in s['error_msgs']][:5], 'all_failed': all(s['all_failed'] for s in scs)}
 
 
 def mem_stats():
@@ -247,65 +354,90 @@ def pack(rows, pad_id):
     return x.to(device), mask.to(device)
 
 
-def completion_logprobs(net, rows):
+def completion_logprobs(net, rows, temp=None):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major), at the sampling
-    temperature, through the fused kernel (or its chunked hidden-state form)."""
+    temperature unless told otherwise, through the fused kernel (or its chunked hidden-state form)."""
+    temp = temperature if temp is None else temp
     x, mask = pack(rows, tok.pad_id)
-    with autocast:
-        h = (train_forward if net is model else net.hidden)(x[:, :-1])[mask]
     targets = x[:, 1:][mask]
-    if logprob_chunk > 0:
-        return chunked_token_logprobs(h, net.lm_head_weight, targets, temperature, chunk_size=logprob_chunk)
+
+    def head(h, weight):  # runs inside net's forward: a DDP/FSDP wrapper sees (FSDP has gathered) the LM head weight
+        if logprob_chunk > 0:
+            with no_autocast:
+                return chunked_token_logprobs(h, weight, targets, temp, chunk_size=logprob_chunk)
+        logits = F.linear(h, weight)
+        with no_autocast:
+            return token_logprobs(logits, targets, temp)
+
+    if compile:  # torch.compile the trunk only; the kernels run as they are
+        head = torch.compiler.disable(head)
     with autocast:
-        logits = F.linear(h, net.lm_head_weight)
-    return token_logprobs(logits, targets, temperature)
+        return net(x[:, :-1], select=mask, head=head)
 
 
 # ----------------------------------------------------------------------------- resume / fresh start
 step, cursor, lr_scale, rollbacks, metrics_path = 0, 0, 1.0, 0, os.path.join(out_dir, 'metrics.jsonl')
 guards = {'nan_streak': 0, 'zero_streak': 0, 'kl_hist': [], 'recent': [], 'warn_counts': {}}  # saved with checkpoints
-ckpt_path, state = load_newest(out_dir) if resume == 'auto' else (None, None)
-ref_model = None
+
+
+def load_newest_everywhere():
+    """The newest checkpoint that loads, on every rank; rank 0 looks first, as it also deletes half-written files."""
+    found = load_newest(out_dir) if master else None
+    barrier()
+    return found if master else load_newest(out_dir)
+
+
+ckpt_path, state = load_newest_everywhere() if resume == 'auto' else (None, None)
+if resume == 'never' and list_checkpoints(out_dir):
+    die(f"resume='never' but {out_dir} holds checkpoints; pick a new --out_dir (nothing is overwritten)", 2)
+barrier()  # every rank has chosen before rank 0 writes anything
 if state is not None:
-    model.load_state_dict(state['model'])
-    optimizer.load_state_dict(state['optimizer'])
+    load_state(state['model'], state['optimizer'])
     step, cursor, lr_scale, rollbacks = state['step'], state['cursor'], state['lr_scale'], state['rollbacks']
     set_rng_state(state['rng'])
     guards = state['guards']
-    trim_metrics(metrics_path, step)
+    if master:
+        trim_metrics(metrics_path, step)
+    sync_gen_model()
     print(f"resume: {ckpt_path} (step {step}, data cursor {cursor}, lr scale {lr_scale})")
-elif os.path.exists(metrics_path):
+elif master and os.path.exists(metrics_path):
     os.replace(metrics_path, metrics_path + f'.old.{int(time.time())}')  # never overwrite what the user had
-if beta > 0:  # frozen reference: the policy we start GRPO from (after SFT, if any), saved once beside the checkpoints
-    ref_path = os.path.join(out_dir, 'ref.pt')
-    ref_model = copy.deepcopy(model).to(ptdtype).eval().requires_grad_(False)
-    if os.path.exists(ref_path):
-        ref_model.load_state_dict(torch.load(ref_path, map_location=device))
 
 
 def save(step_done):
-    """Checkpoint + HF export, only from finite weights: a bad model is never written over a good one."""
-    if not all(torch.isfinite(p).all() for p in model.parameters()):
+    """Checkpoint + HF export, only from finite weights: a bad model is never written over a good one. Rank 0 writes
+    (FSDP first gathers the weights onto it); the others wait, so no rank reads a checkpoint still being written.
+    Every rank restores the one RNG state saved: they all seed alike and draw no rank-specific random numbers."""
+    msd, osd = full_state()
+    ok = all(torch.isfinite(t).all() for t in msd.values())
+    if master and not ok:
         print(f"guard: weights are not finite at step {step_done}; NOT saving (the last good checkpoint stays)", flush=True)
-        return False
-    save_checkpoint(out_dir, step_done, {'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
-                                         'step': step_done, 'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks,
-                                         'rng': rng_state(), 'config': config, 'ref_source': init_from,
-                                         'guards': guards}, keep_last)
-    if export_hf:
-        save_pretrained(model, tok, os.path.join(out_dir, 'hf'))
-    return True
+    elif master:
+        save_checkpoint(out_dir, step_done, {'model': msd, 'optimizer': osd,
+                                             'step': step_done, 'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks,
+                                             'rng': rng_state(), 'config': config, 'ref_source': init_from,
+                                             'guards': guards}, keep_last)
+        if export_hf:
+            save_pretrained(model, tok, os.path.join(out_dir, 'hf'), state_dict=msd)
+    barrier()
+    return ok
 
 
 def log_metrics(row):
+    if not master:
+        return
     with open(metrics_path, 'a') as f:
         f.write(json.dumps(row) + '\n')
 
 
 def run_eval(at_step):
     t = time.time()
-    s = evaluate(gen_model, tok, eval_set, system_prompt, instruction, max_new_tokens=eval_max_new_tokens or max_new_tokens,
-                 batch_size=eval_batch_size, progress=verbose)
+    lo, hi = len(eval_set) * rank // world, len(eval_set) * (rank + 1) // world  # each rank its share
+    s = evaluate(gen_model, tok, eval_set[lo:hi], system_prompt, instruction,
+                 max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size, progress=verbose and master)
+    if ddp:
+        n, hits, trunc = all_reduce([s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']])
+        s = {'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
     print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f} on {s['n']} problems ({time.time() - t:.1f}s)", flush=True)
     return {'eval/pass@1': s['pass@1'], 'eval/truncated': s['truncated'], 'timing_s/eval': time.time() - t}
 
@@ -317,7 +449,7 @@ if state is None and sft_steps > 0:
     for it in range(sft_steps):
         batch, sft_cursor = batch_at(train_set, seed + 1, sft_cursor, sft_batch_size)
         rows = [{'prompt': p, 'ids': tok.encode(ex['solution']) + [tok.eos_id]} for p, ex in zip(prompt_ids(batch), batch)]
-        logp, _ = completion_logprobs(model, rows)
+        logp, _ = completion_logprobs(train_model, rows, temp=1.0)  # plain cross-entropy, whatever GRPO samples at
         loss = -logp.mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -329,10 +461,15 @@ if state is None and sft_steps > 0:
             print(f"sft {it:4d} | loss {loss.item():.4f} | {time.time() - t0:.1f}s", flush=True)
     optimizer.state.clear()  # fresh Adam moments for GRPO
     sync_gen_model()
-    if ref_model is not None:
-        ref_model.load_state_dict(model.state_dict())
-if ref_model is not None and not os.path.exists(os.path.join(out_dir, 'ref.pt')):
-    torch.save(ref_model.state_dict(), os.path.join(out_dir, 'ref.pt'))
+# frozen reference (beta > 0): the policy GRPO starts from (after SFT, if any), kept beside the checkpoints, since a
+# resumed run cannot rebuild it from init_from when SFT made it
+ref_model, ref_path = None, os.path.join(out_dir, 'ref.pt')
+if beta > 0:
+    ref_model = copy.deepcopy(gen_model if fsdp else model).to(ptdtype).eval().requires_grad_(False)
+    if state is not None:
+        ref_model.load_state_dict(torch.load(ref_path, map_location=device))
+    elif master:
+        atomic_write(ref_path, lambda f: torch.save(ref_model.state_dict(), f))
 if state is None:
     row = {'step': 0, **(run_eval(0) if eval_every > 0 else {})}
     log_metrics(row)
@@ -390,12 +527,15 @@ while step < max_steps:
             print(f"  [{step + 1}.{stage[0]}] {name}: {time.time() - t_step:.2f}s, mem {mg['mem/allocated_gb']:.2f} GB "
                   f"(peak {mg['mem/peak_gb']:.2f})", flush=True)
 
-    # 1. prompts and completions
+    # 1. prompts and completions: each rank samples whole groups for its share of the prompts; a row's randomness
+    #    comes from its global prompt index, so completions do not depend on the number of ranks
     batch, next_cursor = batch_at(train_set, seed, cursor, P)
     prompts = prompt_ids(batch)
+    mine = range(rank * P // world, (rank + 1) * P // world)
     t = time.time()
-    comps = generate(gen_model, tok, prompts, G, max_new_tokens, temperature, top_k, top_p, seed=seed * 100_003 + step,
-                     progress=True if step == 0 else verbose, on_step=lambda: last_progress.__setitem__(0, time.time()))
+    comps = generate(gen_model, tok, [prompts[i] for i in mine], G, max_new_tokens, temperature, top_k, top_p,
+                     seed=seed * 100_003 + step, prompt_index=mine, progress=master and (step == 0 or verbose),
+                     on_step=lambda: last_progress.__setitem__(0, time.time()))
     timing['gen'] = time.time() - t
     mark(f"generated {len(comps)} completions")
     # 2. rewards
@@ -404,26 +544,32 @@ while step < max_steps:
     sc = score([c['text'] for c in comps], examples, rewards, failure_reward,
                [{'n_tokens': len(c['ids']), 'truncated': c['truncated']} for c in comps])
     timing['reward'] = time.time() - t
+    if ddp:  # the whole step's completions and rewards on every rank: advantages, loss normalisers, guards and
+        comps, sc = gather_step(comps, sc)  # metrics are then the numbers one process computes
     mark("rewards scored")
     # 3. group-relative advantages
     r = torch.tensor(sc['total'], dtype=torch.float32).view(P, G)
     adv, zero_std = group_advantages(r, adv_std_scale, adv_eps)
-    rows = []
+    rows, n_tok, n_seq = [], 0, 0
     for i, c in enumerate(comps):
         if (filter_zero_std and zero_std[i // G]) or (mask_truncated and c['truncated']) or not c['ids']:
             continue
-        rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv.view(-1)[i]),
-                     'gen_logp': c['logprobs']})
+        n_tok, n_seq = n_tok + len(c['ids']), n_seq + 1  # the whole step's (every rank's): the loss normalisers
+        if c['prompt_idx'] in mine:  # each rank trains on its own prompts' completions
+            rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv.view(-1)[i]),
+                         'gen_logp': c['logprobs']})
     rows.sort(key=lambda rw: len(rw['prompt']) + len(rw['ids']))  # similar lengths share micro-batches: less padding
     micro = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
-    n_tok = sum(len(rw['ids']) for rw in rows)
-    n_seq = len(rows)
+    n_real = len(micro)
+    if ddp:  # every rank runs as many forward/backward passes, so their collectives pair up: pad with zero-weight ones
+        pad = {'prompt': [tok.pad_id], 'ids': [tok.pad_id], 'adv': 0.0, 'gen_logp': [0.0]}
+        micro += [[pad]] * int(all_reduce([n_real], 'max')[0] - n_real)
     # 4. old (mu > 1) and reference (beta > 0) log-probs, no grad
     t = time.time()
     old_lp = None
     if num_iterations > 1:
         with torch.no_grad():
-            old_lp = [completion_logprobs(model, mb)[0] for mb in micro]
+            old_lp = [completion_logprobs(train_model, mb)[0] for mb in micro]
     timing['old_logprob'] = time.time() - t
     t = time.time()
     ref_lp = None
@@ -442,20 +588,22 @@ while step < max_steps:
     if fault_stall_step == step + 1:
         injected_stall(fault_stall_s)
     acc = {k: 0.0 for k in ('loss', 'pg_loss', 'kl', 'entropy', 'clip_frac', 'logprob/mean', 'gen_diff')}
-    grad_norm, skipped = float('nan'), n_tok == 0 or sc['all_failed']
+    grad_norm, skipped = 0.0, n_tok == 0 or sc['all_failed']  # skipped: no update attempted, gradient 0
     for it in range(num_iterations if not skipped else 0):
         for j, mb in enumerate(micro):
-            logp, ent = completion_logprobs(model, mb)
+            # DDP all-reduces the gradients once, in the last micro-batch's backward (FSDP reduce-scatters each)
+            with train_model.no_sync() if ddp and not fsdp and j < len(micro) - 1 else contextlib.nullcontext():
+                logp, ent = completion_logprobs(train_model, mb)
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
             A = torch.repeat_interleave(torch.tensor([rw['adv'] for rw in mb], device=logp.device), lens)
-            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens)
+            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens) * (j < n_real)  # padding weighs 0
             loss, st = policy_loss(logp, old_lp[j] if old_lp is not None else logp.detach(), A, w, eps_low, eps_high,
                                    ref_lp[j] if ref_lp is not None else None, beta_now, kl_estimator, kl_clamp,
                                    ent, entropy_coef)
             if step + 1 in fault_nan_steps:
                 loss = loss * float('nan')
-            loss.backward()
-            if it == 0:  # metrics describe the rollout batch as the policy first saw it
+            (loss * world).backward()  # DDP/FSDP average the ranks' gradients: the step's gradient is their sum
+            if it == 0 and j < n_real:  # metrics describe the rollout batch as the policy first saw it
                 tw = 1.0 / n_tok
                 acc['loss'] += loss.item()
                 acc['pg_loss'] += (st['pg'] * w).sum().item()
@@ -465,6 +613,8 @@ while step < max_steps:
                 acc['logprob/mean'] += logp.sum().item() * tw
                 gen = torch.tensor([x for rw in mb for x in rw['gen_logp']], device=logp.device)
                 acc['gen_diff'] += (gen - logp.detach()).abs().sum().item() * tw
+        if it == 0 and ddp:  # each rank summed its own tokens' shares of the step's loss and metrics
+            acc = dict(zip(acc, all_reduce(list(acc.values()))))
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float('inf')).item()
         if not (math.isfinite(grad_norm) and math.isfinite(acc['loss'])):
             break
@@ -478,6 +628,8 @@ while step < max_steps:
     cursor = next_cursor
     # 6. metrics, warnings, guards
     timing['step'] = time.time() - t_step
+    if ddp:  # the slowest rank's: the step waits for it
+        timing = dict(zip(timing, all_reduce(list(timing.values()), 'max')))
     lens_all = [len(c['ids']) for c in comps]
     m = {'step': step, 'lr': lr_now, 'reward/mean': r.mean().item(), 'reward/std': r.std().item(),
          **{f'reward/{k}/mean': sum(v) / len(v) for k, v in sc['per_fn'].items()},
@@ -500,7 +652,7 @@ while step < max_steps:
     if n_tok > 0 and abs(m['logprob/mean']) < 1e-3:
         warns.append(('logp_zero', "sampled tokens have log-prob ~0: the policy is near-deterministic at this temperature, "
                       "so groups barely differ; raise temperature"))
-    if n_tok > 0 and m['loss'] == 0.0 and grad_norm == 0.0:
+    if not skipped and m['loss'] == 0.0 and grad_norm == 0.0:
         warns.append(('zero_loss_and_grad', "loss and grad norm are exactly 0: nothing is being learned; check rewards "
                       "and advantages (see reward/std, frac_zero_std)"))
     if m['response_len/clip_frac'] > 0.5:
@@ -543,7 +695,7 @@ while step < max_steps:
           f"gnorm {grad_norm:.3f} | len {m['response_len/mean']:.0f} | {timing['step']:.1f}s (gen {timing['gen']:.1f} "
           f"rew {timing['reward']:.1f} ref {timing['ref']:.1f} old {timing['old_logprob']:.1f} upd {timing['update']:.1f}) | "
           f"mem {m['mem/peak_gb']:.2f}GB", flush=True)
-    if log_samples_every > 0 and step % log_samples_every == 0:
+    if master and log_samples_every > 0 and step % log_samples_every == 0:
         with open(os.path.join(out_dir, 'samples.jsonl'), 'a') as f:
             for c in comps[:: max(1, len(comps) // 4)][:4]:
                 f.write(json.dumps({'step': step, 'prompt': tok.decode(prompts[c['prompt_idx']]), 'completion': c['text'],
@@ -560,9 +712,8 @@ while step < max_steps:
         if rollbacks > max_rollbacks:
             stop(f"{action}; already rolled back {max_rollbacks} times (max_rollbacks). Lower lr, check the data "
                  "and the reward; the last good checkpoint is in out_dir.")
-        path, good = load_newest(out_dir)
-        model.load_state_dict(good['model'])
-        optimizer.load_state_dict(good['optimizer'])
+        path, good = load_newest_everywhere()
+        load_state(good['model'], good['optimizer'])
         lr_scale *= rollback_lr_scale
         guards['nan_streak'] = 0
         sync_gen_model()
@@ -570,11 +721,15 @@ while step < max_steps:
               f"(rollback {rollbacks}/{max_rollbacks}); continuing with new data", flush=True)
         continue
     last_progress[0] = time.time()
-    if stop_signal or step % save_every == 0 or step == max_steps:
+    stopping = all_reduce([float(bool(stop_signal))], 'max')[0] > 0  # a signal to any rank stops all at this step
+    if stopping or step % save_every == 0 or step == max_steps:
         save(step)
-    if plot_every > 0 and (step % plot_every == 0 or step == max_steps):
+    if master and plot_every > 0 and (step % plot_every == 0 or step == max_steps):
         plot_metrics(metrics_path, os.path.join(out_dir, 'curves.png'))
-    if stop_signal:
-        print(f"signal {stop_signal[0]}: checkpoint saved at step {step}; exiting. Rerun the same command to resume.")
-        sys.exit(128 + stop_signal[0])
+    if stopping:
+        sig = stop_signal[0] if stop_signal else int(signal.SIGTERM)
+        print(f"signal {sig}: checkpoint saved at step {step}; exiting. Rerun the same command to resume.")
+        sys.exit(128 + sig)
 print(f"done: {step} steps. metrics: {metrics_path}, curves: {os.path.join(out_dir, 'curves.png')}")
+if ddp:
+    dist.destroy_process_group()
