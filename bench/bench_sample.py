@@ -1,0 +1,232 @@
+"""
+Generated tokens/s of our sample.generate next to transformers' model.generate, on the same weights, prompts,
+batch and number of new tokens, measured side by side in one run.
+
+Both decode greedily for exactly --new_tokens steps, so they do the same work: ours with temperature 0 and no
+stop ids; transformers with do_sample=False, min_new_tokens = max_new_tokens and no eos token (so nothing stops
+early and no logits processor touches the logits). The weights are a random Qwen2 built by transformers, every
+parameter (biases and norm gains too) perturbed from a fixed seed so that a wrongly loaded tensor shows up as a
+token mismatch; it is saved with the byte tokenizer and loaded into ours with model.from_pretrained. Prompts are
+random bytes of different lengths: ours takes them as they are (per-row lengths), transformers left-padded with
+an attention mask. The greedy tokens of the two are compared to show that the work is the same.
+
+  CPU: tiny Qwen2 (hidden 128, 4 layers, 4/2 heads, vocab 260) in fp32, batch 32 x 64 new tokens, 2 threads.
+  GPU: Qwen2.5-0.5B's exact shape, random init, bf16, batch 64 x 256 new tokens, and the fraction of the HBM
+       roofline: every forward reads all weights and the KV cache held at that step; bytes over time over peak.
+
+Timed runs alternate ours / transformers so a change in machine load hits both. On CPU the process CPU time is
+reported next to wall time: on a shared machine it is the steadier of the two.
+
+Usage: python bench/bench_sample.py [--batch=B] [--new_tokens=N] [--prompt_len=L] [--reps=R] [--threads=T]
+                                   [--gen_kwargs='{"compact": false}']   (passed on to sample.generate)
+The last line printed is JSON.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model as M  # noqa: E402
+from sample import generate  # noqa: E402
+from tokenizer import byte_tokenizer  # noqa: E402
+
+GPU = torch.cuda.is_available()
+parser = argparse.ArgumentParser()
+parser.add_argument('--shape', default='qwen25_05b' if GPU else 'tiny')  # 'tiny' or 'qwen25_05b' (exact shape)
+parser.add_argument('--dtype', default='bfloat16' if GPU else 'float32')  # weights and activations, both sides
+parser.add_argument('--batch', type=int, default=64 if GPU else 32)  # prompts decoded together
+parser.add_argument('--group_size', type=int, default=1)  # samples per prompt (GRPO's G): ours prefills each prompt
+# once and shares its cache; transformers gets every prompt repeated G times, as TRL feeds it
+parser.add_argument('--prompt_len', type=int, default=40)  # mean prompt length; each is within +-20% of it
+parser.add_argument('--new_tokens', type=int, default=256 if GPU else 64)  # generated per prompt, no early stop
+parser.add_argument('--reps', type=int, default=3 if GPU else 5)  # timed runs of each after one warm-up; median
+parser.add_argument('--match_tokens', type=int, default=8)  # a row matches when its first this-many tokens agree
+parser.add_argument('--init_std', type=float, default=0.05)  # noise added to every HF-initialised parameter
+parser.add_argument('--threads', type=int, default=2)  # CPU threads (torch.set_num_threads)
+parser.add_argument('--seed', type=int, default=0)  # weights and prompts
+parser.add_argument('--peak_bw', type=float, default=0.0)  # HBM bytes/s; 0 = look the GPU's name up in PEAK_BW
+parser.add_argument('--gen_kwargs', type=json.loads, default={})  # extra sample.generate kwargs, a JSON object
+args = parser.parse_args()
+device = 'cuda' if GPU else 'cpu'
+dtype = getattr(torch, args.dtype)
+if not GPU:
+    torch.set_num_threads(args.threads)
+
+# peak HBM bandwidth in bytes/s by a substring of torch.cuda.get_device_name(); the first match wins
+PEAK_BW = [('H200', 4.8e12), ('H100 PCIe', 2.0e12), ('H100', 3.35e12), ('A100', 2.0e12)]
+
+
+def hf_config():
+    import transformers
+    if args.shape == 'qwen25_05b':
+        c = M.qwen25_05b_config()
+    elif args.shape == 'tiny':
+        c = M.ModelConfig(arch='qwen2', vocab_size=260, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
+                          intermediate_size=384, max_seq_len=1024, tie_word_embeddings=True)
+    else:
+        raise ValueError(f"unknown --shape {args.shape!r}: expected 'tiny' or 'qwen25_05b'")
+    # no bos/eos: transformers must neither stop early nor mask eos for min_new_tokens (ours gets stop_ids=[])
+    return transformers.Qwen2Config(
+        vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
+        max_position_embeddings=c.max_seq_len, rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps,
+        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=None, eos_token_id=None)
+
+
+def build(path):
+    """(transformers model, our model, tokenizer) with the same random weights, passed through a snapshot."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(args.seed)
+    hf = transformers.Qwen2ForCausalLM(hf_config())  # built and perturbed on the CPU: same weights on any device
+    g = torch.Generator().manual_seed(args.seed)
+    with torch.no_grad():
+        for p in hf.parameters():  # HF zeroes biases and sets norms to 1: make every tensor random
+            p.add_(torch.randn(p.shape, generator=g) * args.init_std)
+    hf = hf.to(device=device, dtype=dtype).eval()
+    tok = byte_tokenizer()
+    hf.generation_config.eos_token_id = hf.generation_config.bos_token_id = None
+    hf.generation_config.pad_token_id = tok.pad_id
+    hf.save_pretrained(path)
+    tok.save(path)
+    ours, tok = M.from_pretrained(path, dtype=dtype, device=device)
+    return hf, ours.eval(), tok
+
+
+def make_prompts():
+    g = torch.Generator().manual_seed(args.seed + 1)
+    lo, hi = max(1, args.prompt_len * 4 // 5), max(1, args.prompt_len * 6 // 5)
+    lens = torch.randint(lo, hi + 1, (args.batch,), generator=g).tolist()
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lens]  # byte ids: no special tokens
+
+
+def left_pad(prompts, pad_id):
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), T), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):], mask[i, T - len(p):] = torch.tensor(p), 1
+    return ids.to(device), mask.to(device)
+
+
+def sync():
+    if GPU:
+        torch.cuda.synchronize()
+
+
+def run_timed(fns, reps):
+    """Warm each fn up once, then time reps rounds, each round running every fn once in turn.
+    -> {name: dict(wall=[s], cpu=[s], extra_gb=peak GPU memory above what was allocated at the call, out=...)}"""
+    res = {}
+    for name, fn in fns.items():
+        res[name] = dict(wall=[], cpu=[], extra_gb=0.0, out=fn())
+        sync()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            sync()
+            if GPU:
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            w, c = time.perf_counter(), time.process_time()
+            fn()
+            sync()
+            res[name]['wall'].append(time.perf_counter() - w)
+            res[name]['cpu'].append(time.process_time() - c)
+            if GPU:
+                res[name]['extra_gb'] = max(res[name]['extra_gb'], (torch.cuda.max_memory_allocated() - base) / 1e9)
+    return res
+
+
+def decode_bytes(cfg, weight_bytes, prompts, N, elem):
+    """HBM bytes a greedy decode of N tokens must read at the least: all weights once per forward (the tied head
+    reads the whole embedding matrix), plus every row's KV cache as held at that forward (its real length; the
+    padding up to the longest row is not counted). N forwards: the prefill that yields token 1, then N - 1 steps;
+    the prefill is counted like a step that holds the prompt, which it writes rather than reads (a small overcount)."""
+    kv_per_pos = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * elem
+    P, B = sum(len(p) for p in prompts), len(prompts)
+    return N * weight_bytes + kv_per_pos * sum(P + t * B for t in range(N))
+
+
+def main():
+    N, G = args.new_tokens, args.group_size
+    B = args.batch * G  # rows decoded together
+    with tempfile.TemporaryDirectory() as path:
+        hf, ours, tok = build(path)
+    prompts = make_prompts()
+    ids, mask = left_pad([p for p in prompts for _ in range(G)], tok.pad_id)
+    if GPU:
+        dev_name = torch.cuda.get_device_name()
+    else:
+        load = os.getloadavg()[0]
+        dev_name = f'cpu ({torch.get_num_threads()} threads, load average {load:.1f} on {os.cpu_count()} cores)'
+    print(f"device {dev_name}; {args.shape} Qwen2 in {args.dtype}, {ours.num_params() / 1e6:.2f}M params; "
+          f"batch {args.batch} prompts x {G} samples, prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, {N} new tokens each")
+    if not GPU and load > os.cpu_count() - 0.5:
+        print(f"warning: the machine is busy (load average {load:.1f}, {os.cpu_count()} cores): wall times are "
+              f"inflated, and with more than one thread each op can wait a scheduler slice for its second thread "
+              f"(try --threads=1; the CPU-time ratio is the steadier number)")
+
+    def run_ours():
+        return generate(ours, tok, prompts, group_size=G, max_new_tokens=N, temperature=0.0, stop_ids=[],
+                        **args.gen_kwargs)
+
+    def run_hf():
+        with torch.no_grad():
+            return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=N,
+                               min_new_tokens=N, pad_token_id=tok.pad_id, eos_token_id=None)
+
+    res = run_timed({'ours': run_ours, 'hf': run_hf}, args.reps)
+    ours_ids = [r['ids'] for r in res['ours']['out']]
+    hf_ids = res['hf']['out'][:, ids.shape[1]:].tolist()
+    assert all(len(r) == N for r in ours_ids), 'ours stopped early: the two did not do the same work'
+    assert all(len(r) == N for r in hf_ids), 'transformers stopped early: the two did not do the same work'
+    k = min(args.match_tokens, N)
+    match_frac = sum(a[:k] == b[:k] for a, b in zip(ours_ids, hf_ids)) / B
+    match_all = sum(a == b for a, b in zip(ours_ids, hf_ids)) / B
+    agree = sum(sum(x == y for x, y in zip(a, b)) for a, b in zip(ours_ids, hf_ids)) / (B * N)
+
+    med = {n: {t: statistics.median(r[t]) for t in ('wall', 'cpu')} for n, r in res.items()}
+    ours_tps, hf_tps = B * N / med['ours']['wall'], B * N / med['hf']['wall']
+    for name, label in (('ours', 'ours'), ('hf', 'transformers')):
+        print(f"{label:13s} {B * N / med[name]['wall']:9.0f} tok/s  wall {[round(t, 3) for t in res[name]['wall']]} s, "
+              f"cpu {[round(t, 3) for t in res[name]['cpu']]} s")
+    print(f"ratio {ours_tps / hf_tps:.2f}x by wall time ({med['hf']['cpu'] / med['ours']['cpu']:.2f}x by CPU time); "
+          f"greedy tokens: the first {k} agree in {match_frac:.1%} of rows, all {N} in {match_all:.1%}, "
+          f"{agree:.1%} of positions")
+    out = dict(device=dev_name, config=dict(shape=args.shape, dtype=args.dtype, n_layer=ours.config.n_layer,
+                                            n_embd=ours.config.n_embd, n_head=ours.config.n_head,
+                                            n_kv_head=ours.config.n_kv_head, vocab_size=ours.config.vocab_size,
+                                            params=ours.num_params()),
+               batch=args.batch, group_size=G, prompt_len=args.prompt_len, new_tokens=N, ours_tok_s=round(ours_tps, 1),
+               hf_tok_s=round(hf_tps, 1), ratio=round(ours_tps / hf_tps, 3), match_frac=round(match_frac, 4),
+               match_frac_all_tokens=round(match_all, 4), ours_s=round(med['ours']['wall'], 4),
+               hf_s=round(med['hf']['wall'], 4), gen_kwargs=args.gen_kwargs)
+    if GPU:
+        cfg = ours.config
+        weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
+        achieved = decode_bytes(cfg, weight_bytes, [p for p in prompts for _ in range(G)], N, dtype.itemsize) / med['ours']['wall']
+        peak_bw = args.peak_bw or next((bw for name, bw in PEAK_BW if name in dev_name), None)
+        roofline = None if peak_bw is None else achieved / peak_bw
+        # each side's own weights plus the most its generate call held above what was allocated before it
+        # (both models sit on the GPU together, so the raw high-water mark would count the other's weights too)
+        hf_weights = sum(p.numel() * p.element_size() for p in hf.parameters()) / 1e9
+        peak_ours, peak_hf = weight_bytes / 1e9 + res['ours']['extra_gb'], hf_weights + res['hf']['extra_gb']
+        print(f"ours reads {achieved / 1e9:.0f} GB/s = {'?' if roofline is None else f'{roofline:.1%}'} of peak HBM "
+              f"bandwidth; peak memory ours {peak_ours:.2f} GB, transformers {peak_hf:.2f} GB")
+        out.update(roofline_frac=None if roofline is None else round(roofline, 4),
+                   achieved_gb_s=round(achieved / 1e9, 1), peak_bw_gb_s=peak_bw and peak_bw / 1e9,
+                   peak_mem_gb=round(peak_ours, 3), hf_peak_mem_gb=round(peak_hf, 3))
+    else:
+        out.update(ratio_cpu_time=round(med['hf']['cpu'] / med['ours']['cpu'], 3), threads=torch.get_num_threads(),
+                   load_avg=round(load, 2))
+    print(json.dumps(out))
+
+
+if __name__ == '__main__':
+    main()
