@@ -13,6 +13,7 @@ import tempfile
 import matplotlib
 matplotlib.use('Agg')  # training machines have no display; only matters if pyplot gets imported later
 from matplotlib.figure import Figure  # noqa: E402  (no pyplot: no global figure list to leak from a long run)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 PHASES = ['gen', 'reward', 'ref', 'old_logprob', 'update']  # timing_s/<phase>, stacked bottom to top
 
@@ -101,6 +102,7 @@ def plot_metrics(metrics_path, out_png=None):
         if not drew:
             empty.append(title)
             ax.text(0.5, 0.5, none, ha='center', va='center', color='gray', transform=ax.transAxes)
+            ax.set_yticks([])
         elif ax.get_legend() is None and len(ax.get_legend_handles_labels()[0]) > 1:
             ax.legend(fontsize=6)
 
@@ -112,6 +114,7 @@ def plot_metrics(metrics_path, out_png=None):
     fns = [k for k in keys if k.startswith('reward/') and k.endswith('/mean') and k.count('/') == 2]
     panel(ax, 'reward', lines(ax, rows, ['reward/mean'] + fns, nonfinite))
     evals = [k for k in keys if k.startswith(('eval/pass@', 'eval/maj@'))]  # only eval steps carry these
+    evals.sort(key=lambda k: ('maj@' in k, len(k), k))  # pass@1, pass@8, pass@16, then maj@k
     panel(axs[1], 'eval', lines(axs[1], rows, evals, nonfinite, marker='o', ms=3))
     for ax, (title, ks, unit) in zip(axs[2:8], simple):
         panel(ax, title, lines(ax, rows, ks, nonfinite), unit)
@@ -129,6 +132,7 @@ def plot_metrics(metrics_path, out_png=None):
           none='none fired')
     for ax in axs[8:]:
         ax.set_xlabel('step', fontsize=7)
+    axs[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # shared by all panels: whole steps only
     last = rows[-1]['step'] if rows else 'none'
     fig.suptitle(f'{os.path.basename(run_dir)} - step {last}   ({len(rows)} rows, {bad} bad lines skipped, '
                  f'{dup} duplicate steps replaced)', fontsize=11)
