@@ -40,7 +40,8 @@ def atomic_write(path, write_fn):
 def rng_state():
     state = {'python': random.getstate(), 'numpy': np.random.get_state(), 'torch': torch.get_rng_state()}
     if torch.cuda.is_available():
-        state['cuda'] = torch.cuda.get_rng_state_all()
+        state['cuda'] = torch.cuda.get_rng_state()  # this rank's device only: touching every GPU from every rank
+        # would create a CUDA context on each of them
     return state
 
 
@@ -49,7 +50,7 @@ def set_rng_state(state):
     np.random.set_state(state['numpy'])
     torch.set_rng_state(state['torch'])
     if 'cuda' in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state['cuda'])
+        torch.cuda.set_rng_state(state['cuda'])
 
 
 def list_checkpoints(out_dir):
@@ -95,3 +96,46 @@ def trim_metrics(path, last_step):
             if row.get('step', 0) <= last_step:
                 keep.append(json.dumps(row) + '\n')
     atomic_write(path, lambda f: f.write(''.join(keep).encode()))
+
+
+# ----------------------------------------------------------------------------- whole state under FSDP
+# Checkpoints always hold whole tensors in the one-process format, so any checkpoint resumes on any number of ranks,
+# FSDP or not. Under FSDP the weights and Adam moments live as shards and are gathered (DCP's state_dict helpers).
+
+def full_state(model, optimizer, fsdp):
+    """(model, optimizer) state dicts of whole tensors. FSDP gathers them onto rank 0, in CPU memory; the other
+    ranks get {}."""
+    osd = optimizer.state_dict()
+    if not fsdp:
+        return model.state_dict(), osd
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if osd['state']:  # (an empty state is already whole; the DCP call would fill it with a dummy AdamW step)
+        pos = {n: i for i, n in enumerate(param_names(model, optimizer))}
+        osd = get_optimizer_state_dict(model, optimizer, options=opts)
+        osd = osd and {'state': {pos[n]: s for n, s in osd['state'].items()},
+                       'param_groups': [{**g, 'params': [pos[n] for n in g['params']]} for g in osd['param_groups']]}
+    return get_model_state_dict(model, options=opts), osd
+
+
+def load_state(model, optimizer, msd, osd, fsdp):
+    """Every rank loads the same whole state dicts (FSDP keeps its shard of each)."""
+    if not fsdp:
+        model.load_state_dict(msd)
+        optimizer.load_state_dict(osd)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True))
+    if not osd['state']:
+        optimizer.load_state_dict(osd)
+        return
+    names = param_names(model, optimizer)
+    set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True), optim_state_dict={
+        'state': {names[i]: s for i, s in osd['state'].items()},
+        'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in osd['param_groups']]})
+
+
+def param_names(model, optimizer):
+    """The optimizer's parameters in its own order (what optimizer.state_dict() numbers), by name (what DCP uses)."""
+    name = {id(p): n for n, p in model.named_parameters()}
+    return [name[id(p)] for g in optimizer.param_groups for p in g['params']]

@@ -127,8 +127,8 @@ if plot:
     plot_metrics(os.path.join(plot, 'metrics.jsonl'), os.path.join(plot, 'curves.png'))
     sys.exit(0)
 
-from checkpoint import (atomic_write, list_checkpoints, load_newest, rng_state, save_checkpoint, set_rng_state,  # noqa: E402
-                        trim_metrics)
+from checkpoint import (atomic_write, full_state, list_checkpoints, load_newest, load_state, rng_state,  # noqa: E402
+                        save_checkpoint, set_rng_state, trim_metrics)
 from data import arith_splits, batch_at, build_messages, load_gsm8k  # noqa: E402
 from kernels import chunked_token_logprobs, token_logprobs  # noqa: E402
 from loss import group_advantages, policy_loss, token_weights  # noqa: E402
@@ -158,15 +158,17 @@ for key, allowed in [('loss_agg', ('token_mean', 'seq_mean_token_mean', 'seq_sum
         die(f"--{key}={config[key]!r}: expected one of {allowed}", 2)
 if group_size < 2:
     die(f"--group_size={group_size}: GRPO needs at least 2 samples per prompt to compare them", 2)
-for entry in rewards:  # 'module:function' names a user's reward function
+reward_fns = []  # the config's rewards with 'module:function' names (a user's reward function) imported
+for entry in rewards:
     if isinstance(entry, dict) and ':' in str(entry.get('name', '')):
         mod, _, fn = entry['name'].partition(':')
         try:
-            entry['name'] = getattr(importlib.import_module(mod), fn)
+            entry = {**entry, 'name': getattr(importlib.import_module(mod), fn)}
         except (ImportError, AttributeError) as e:
             die(f"rewards: cannot import {mod}:{fn} ({e})", 2)
+    reward_fns.append(entry)
 try:
-    check_reward_config(rewards)
+    check_reward_config(reward_fns)
 except ValueError as e:
     die(str(e), 2)
 # torchrun sets RANK: one process per GPU (or CPU core group), each sampling and training on its share of the prompts
@@ -245,8 +247,6 @@ print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute 
 # (with FSDP always a copy: the trained model holds only this rank's shard)
 gen_model = model if ptdtype == torch.float32 and not fsdp else copy.deepcopy(model).to(ptdtype).eval()
 if fsdp:  # each block's weights are gathered for its forward and backward, then freed; gradients are reduce-scattered
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
     from torch.distributed.fsdp import fully_shard
     for block in model.h:
         fully_shard(block)
@@ -269,43 +269,6 @@ decay = [p for p in model.parameters() if p.dim() >= 2]
 no_decay = [p for p in model.parameters() if p.dim() < 2]
 optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
                               lr=lr, betas=adam_betas, fused=device.startswith('cuda'))
-
-
-def full_state():
-    """(model, optimizer) state dicts of whole tensors in the one-process format, so that any checkpoint resumes on
-    any number of ranks, FSDP or not. FSDP gathers them onto rank 0, in CPU memory; the other ranks get {}."""
-    osd = optimizer.state_dict()
-    if not fsdp:
-        return model.state_dict(), osd
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    if osd['state']:  # (an empty state is already whole; the DCP call would fill it with a dummy AdamW step)
-        pos = {n: i for i, n in enumerate(param_names())}
-        osd = get_optimizer_state_dict(model, optimizer, options=opts)
-        osd = osd and {'state': {pos[n]: s for n, s in osd['state'].items()},
-                       'param_groups': [{**g, 'params': [pos[n] for n in g['params']]} for g in osd['param_groups']]}
-    return get_model_state_dict(model, options=opts), osd
-
-
-def load_state(msd, osd):
-    """Every rank loads the same whole state dicts (FSDP keeps its shard of each)."""
-    if not fsdp:
-        model.load_state_dict(msd)
-        optimizer.load_state_dict(osd)
-        return
-    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True))
-    if not osd['state']:
-        optimizer.load_state_dict(osd)
-        return
-    names = param_names()
-    set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True), optim_state_dict={
-        'state': {names[i]: s for i, s in osd['state'].items()},
-        'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in osd['param_groups']]})
-
-
-def param_names():
-    """The optimizer's parameters in its own order (what optimizer.state_dict() numbers), by name (what DCP uses)."""
-    name = {id(p): n for n, p in model.named_parameters()}
-    return [name[id(p)] for g in optimizer.param_groups for p in g['params']]
 
 
 def lr_at(step, peak, total, warmup):
@@ -392,7 +355,7 @@ if resume == 'never' and list_checkpoints(out_dir):
     die(f"resume='never' but {out_dir} holds checkpoints; pick a new --out_dir (nothing is overwritten)", 2)
 barrier()  # every rank has chosen before rank 0 writes anything
 if state is not None:
-    load_state(state['model'], state['optimizer'])
+    load_state(model, optimizer, state['model'], state['optimizer'], fsdp)
     step, cursor, lr_scale, rollbacks = state['step'], state['cursor'], state['lr_scale'], state['rollbacks']
     set_rng_state(state['rng'])
     guards = state['guards']
@@ -408,7 +371,7 @@ def save(step_done):
     """Checkpoint + HF export, only from finite weights: a bad model is never written over a good one. Rank 0 writes
     (FSDP first gathers the weights onto it); the others wait, so no rank reads a checkpoint still being written.
     Every rank restores the one RNG state saved: they all seed alike and draw no rank-specific random numbers."""
-    msd, osd = full_state()
+    msd, osd = full_state(model, optimizer, fsdp)
     ok = all(torch.isfinite(t).all() for t in msd.values())
     if master and not ok:
         print(f"guard: weights are not finite at step {step_done}; NOT saving (the last good checkpoint stays)", flush=True)
@@ -541,7 +504,7 @@ while step < max_steps:
     # 2. rewards
     t = time.time()
     examples = [batch[c['prompt_idx']] for c in comps]
-    sc = score([c['text'] for c in comps], examples, rewards, failure_reward,
+    sc = score([c['text'] for c in comps], examples, reward_fns, failure_reward,
                [{'n_tokens': len(c['ids']), 'truncated': c['truncated']} for c in comps])
     timing['reward'] = time.time() - t
     if ddp:  # the whole step's completions and rewards on every rank: advantages, loss normalisers, guards and
@@ -713,7 +676,7 @@ while step < max_steps:
             stop(f"{action}; already rolled back {max_rollbacks} times (max_rollbacks). Lower lr, check the data "
                  "and the reward; the last good checkpoint is in out_dir.")
         path, good = load_newest_everywhere()
-        load_state(good['model'], good['optimizer'])
+        load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
         lr_scale *= rollback_lr_scale
         guards['nan_streak'] = 0
         sync_gen_model()

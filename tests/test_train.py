@@ -77,7 +77,9 @@ def test_metrics_keys_and_files(tmp_path):
     assert not missing, f"metrics.jsonl lacks {missing}"
     assert 'eval/pass@1' in rows[0] and 'eval/pass@1' in rows[2], "eval at start and every eval_every steps"
     assert (tmp_path / 'samples.jsonl').exists() and (tmp_path / 'curves.png').exists()
-    assert json.load(open(tmp_path / 'config.json'))['max_steps'] == 2
+    saved = json.load(open(tmp_path / 'config.json'))
+    assert saved['max_steps'] == 2
+    assert saved['rewards'] == [{'name': 'grpo_test_rewards:digit_fraction'}], "config.json must keep the reward's name"
     from model import from_pretrained
     model, tok = from_pretrained(str(tmp_path / 'hf'))
     sd = weights(tmp_path, 2)
