@@ -220,9 +220,8 @@ if __name__ == '__main__':
         sys.exit(1)
     model.eval()
     if prompt:
-        from data import build_messages
-        ids = tok.render_chat(build_messages({'question': prompt}, system_prompt=system_prompt, instruction=''))
-        for c in generate(model, tok, [ids], num_completions, max_new_tokens, temperature, top_k, top_p, seed=seed):
+        ids = encode_prompts(tok, [{'question': prompt}], system_prompt, instruction='')
+        for c in generate(model, tok, ids, num_completions, max_new_tokens, temperature, top_k, top_p, seed=seed):
             print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {'finished' if c['finished'] else 'truncated'})")
             print(c['text'])
         sys.exit(0)

@@ -129,13 +129,13 @@ if plot:
 
 from checkpoint import (atomic_write, full_state, list_checkpoints, load_newest, load_state, rng_state,  # noqa: E402
                         save_checkpoint, set_rng_state, trim_metrics)
-from data import arith_splits, batch_at, build_messages, load_gsm8k  # noqa: E402
+from data import arith_splits, batch_at, load_gsm8k  # noqa: E402
 from kernels import chunked_token_logprobs, token_logprobs  # noqa: E402
 from loss import group_advantages, policy_loss, token_weights  # noqa: E402
 from model import ModelConfig, from_pretrained, from_scratch, save_pretrained  # noqa: E402
 from plot import plot_metrics  # noqa: E402
 from reward import check_reward_config, extract_answer, score  # noqa: E402
-from sample import evaluate, generate  # noqa: E402
+from sample import encode_prompts, evaluate, generate  # noqa: E402
 from tokenizer import byte_tokenizer  # noqa: E402
 
 
@@ -278,10 +278,6 @@ def lr_at(step, peak, total, warmup):
     return peak * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def prompt_ids(examples):
-    return [tok.render_chat(build_messages(ex, system_prompt, instruction)) for ex in examples]
-
-
 def gather_step(comps, sc):
     """Every rank's completions (less their per-token log-probs, needed only where they are trained on) and reward
     scores, on every rank, in prompt order: the whole step as one process sees it."""
@@ -411,7 +407,7 @@ if state is None and sft_steps > 0:
     t0, sft_cursor = time.time(), 0
     for it in range(sft_steps):
         batch, sft_cursor = batch_at(train_set, seed + 1, sft_cursor, sft_batch_size)
-        rows = [{'prompt': p, 'ids': tok.encode(ex['solution']) + [tok.eos_id]} for p, ex in zip(prompt_ids(batch), batch)]
+        rows = [{'prompt': p, 'ids': tok.encode(ex['solution']) + [tok.eos_id]} for p, ex in zip(encode_prompts(tok, batch, system_prompt, instruction), batch)]
         logp, _ = completion_logprobs(train_model, rows, temp=1.0)  # plain cross-entropy, whatever GRPO samples at
         loss = -logp.mean()
         loss.backward()
@@ -493,7 +489,7 @@ while step < max_steps:
     # 1. prompts and completions: each rank samples whole groups for its share of the prompts; a row's randomness
     #    comes from its global prompt index, so completions do not depend on the number of ranks
     batch, next_cursor = batch_at(train_set, seed, cursor, P)
-    prompts = prompt_ids(batch)
+    prompts = encode_prompts(tok, batch, system_prompt, instruction)
     mine = range(rank * P // world, (rank + 1) * P // world)
     t = time.time()
     comps = generate(gen_model, tok, [prompts[i] for i in mine], G, max_new_tokens, temperature, top_k, top_p,
@@ -550,7 +546,7 @@ while step < max_steps:
         g['lr'] = lr_now
     if fault_stall_step == step + 1:
         injected_stall(fault_stall_s)
-    acc = {k: 0.0 for k in ('loss', 'pg_loss', 'kl', 'entropy', 'clip_frac', 'logprob/mean', 'gen_diff')}
+    acc = {k: 0.0 for k in ('loss', 'pg_loss', 'kl', 'entropy', 'clip_frac', 'logprob/mean', 'logprob_gen_vs_train')}
     grad_norm, skipped = 0.0, n_tok == 0 or sc['all_failed']  # skipped: no update attempted, gradient 0
     for it in range(num_iterations if not skipped else 0):
         for j, mb in enumerate(micro):
@@ -575,7 +571,7 @@ while step < max_steps:
                 acc['clip_frac'] += st['clipped'].float().sum().item() * tw
                 acc['logprob/mean'] += logp.sum().item() * tw
                 gen = torch.tensor([x for rw in mb for x in rw['gen_logp']], device=logp.device)
-                acc['gen_diff'] += (gen - logp.detach()).abs().sum().item() * tw
+                acc['logprob_gen_vs_train'] += (gen - logp.detach()).abs().sum().item() * tw
         if it == 0 and ddp:  # each rank summed its own tokens' shares of the step's loss and metrics
             acc = dict(zip(acc, all_reduce(list(acc.values()))))
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float('inf')).item()
@@ -604,7 +600,6 @@ while step < max_steps:
          **{f'timing_s/{k}': v for k, v in timing.items()}, **mem_stats(),
          'perf/gen_tokens_per_s': sum(lens_all) / max(timing['gen'], 1e-9),
          'perf/tokens_per_s': sum(len(p) for p in prompts) * G / max(timing['step'], 1e-9) + sum(lens_all) / max(timing['step'], 1e-9)}
-    m['logprob_gen_vs_train'] = m.pop('gen_diff')
     warns = []
     if m['frac_zero_std'] == 1.0:
         warns.append(('all_zero_std', "every group got identical rewards: all advantages are zero, so the loss is zero "
