@@ -104,8 +104,12 @@ class Attention(nn.Module):
         v = v.view(B, T, nkv, hd).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if kv is None:  # plain causal LM: the fused kernels' fast path
+        if kv is None and mask is None:  # plain causal LM: the fused kernels' fast path
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
+        elif kv is None:  # packed sequences (training): an explicit mask, broadcast over heads, so K/V are repeated
+            g = nh // nkv
+            k, v = (k, v) if g == 1 else (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             kc, vc, rows, pos = kv  # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
             kc[rows, :, pos] = k.transpose(1, 2)
@@ -114,8 +118,13 @@ class Attention(nn.Module):
             # fold each kv head's group of query heads into the query axis: attention then reads the
             # shared K/V as they are (no expanded copy) and any SDPA backend can take the mask
             g = nh // nkv
-            q = q.reshape(B, nkv, g * T, hd)
-            y = F.scaled_dot_product_attention(q, kc[:, :, :L], vc[:, :, :L], attn_mask=mask.repeat(1, 1, g, 1))
+            q, kc, vc = q.reshape(B, nkv, g * T, hd), kc[:, :, :L], vc[:, :, :L]
+            if T == 1 and q.device.type == 'cpu':
+                # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x what these take
+                scores = (q @ kc.transpose(-1, -2)) * hd ** -0.5
+                y = torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1) @ vc
+            else:
+                y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask.repeat(1, 1, g, 1))
             y = y.reshape(B, nh, T, hd)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
 
@@ -199,7 +208,8 @@ class GPT(nn.Module):
     def lm_head_weight(self):
         return self.wte.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, idx, kv_cache=None, input_lengths=None, last_only=False, select=None, head=None):
+    def forward(self, idx, kv_cache=None, input_lengths=None, last_only=False, select=None, head=None, pos=None,
+                attn_mask=None):
         """idx (B, T) -> logits (B, T, vocab) in the model dtype.
         No cache: causal LM at positions 0..T-1 (right padding is harmless to the real tokens).
         With a cache: idx are new tokens; row b's sit at positions kv_cache.lengths[b] + arange(T), see all
@@ -207,24 +217,28 @@ class GPT(nn.Module):
         input_lengths[b] tokens of row b are real (right-padded prefill); lengths advance by that much.
         last_only: logits (B, 1, vocab) of each row's last real token only (skips the rest of the head).
         select (B, T) bool: only these positions reach the head, flattened to (N, ...) (training: completion
-        tokens). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob kernel; it runs
+        tokens); or int64 (N,) indices into the B*T positions, where one position may be picked more than once.
+        pos (B, T) and attn_mask (B, 1, T, T) bool (no cache): explicit positions and who-sees-whom, for several
+        sequences packed into one row (training: a prompt once, then its G completions, each seeing the prompt
+        and its own earlier tokens). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob kernel; it runs
         in here so that a DDP or FSDP wrapper sees every use of the weights (FSDP only gathers them in forward)."""
-        h = self.hidden(idx, kv_cache, input_lengths)
+        h = self.hidden(idx, kv_cache, input_lengths, pos, attn_mask)
         if last_only:
             B, T = idx.shape
             last = torch.full((B,), T - 1, device=h.device) if input_lengths is None else input_lengths.to(h.device) - 1
             h = h[torch.arange(B, device=h.device), last][:, None]
         if select is not None:
-            h = h[select]
+            h = h[select] if select.dtype == torch.bool else h.flatten(0, 1)[select]
         return F.linear(h, self.lm_head_weight) if head is None else head(h, self.lm_head_weight)
 
-    def hidden(self, idx, kv_cache=None, input_lengths=None):
+    def hidden(self, idx, kv_cache=None, input_lengths=None, pos=None, attn_mask=None):
         """Final-normed hidden states (B, T, n_embd), for computing log-probs a chunk of the vocab at a time."""
         cfg, cache = self.config, kv_cache
         B, T = idx.shape
         ar = torch.arange(T, device=idx.device)
         if cache is None:
-            pos, mask, L = ar[None], None, T
+            mask, L = attn_mask, T if pos is None or self.wpe is None else int(pos.max()) + 1  # (a sync: GPT-2 only)
+            pos = ar[None] if pos is None else pos
         else:
             L = cache.extent + T
             if L > cache.max_len:

@@ -57,6 +57,7 @@ sft_batch_size = 32  # sequences per SFT step
 group_size = 8  # G: completions per prompt; advantages are relative within a group
 batch_prompts = 16  # prompts per step (rows per step = batch_prompts * group_size)
 micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation over the step)
+share_prompt = True  # update: each group's prompt once per forward, its G completions packed after it (pack_groups)
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
 top_k = 0  # 0 = off
@@ -131,7 +132,7 @@ from checkpoint import (atomic_write, full_state, list_checkpoints, load_newest,
                         save_checkpoint, set_rng_state, trim_metrics)
 from data import arith_splits, batch_at, load_gsm8k  # noqa: E402
 from kernels import chunked_token_logprobs, token_logprobs  # noqa: E402
-from loss import group_advantages, policy_loss, token_weights  # noqa: E402
+from loss import group_advantages, pack, pack_groups, policy_loss, token_weights  # noqa: E402
 from model import ModelConfig, from_pretrained, from_scratch, save_pretrained  # noqa: E402
 from plot import plot_metrics  # noqa: E402
 from reward import check_reward_config, extract_answer, score  # noqa: E402
@@ -300,25 +301,16 @@ def mem_stats():
     return {'mem/allocated_gb': rss, 'mem/reserved_gb': rss, 'mem/peak_gb': peak}
 
 
-def pack(rows, pad_id):
-    """Right-padded (prompt + completion) ids for a micro-batch, and the positions whose next token is a completion
-    token: the only positions that get logits (prompt positions never reach the LM head)."""
-    T = max(len(r['prompt']) + len(r['ids']) for r in rows)
-    x = torch.full((len(rows), T), pad_id, dtype=torch.int64)
-    mask = torch.zeros((len(rows), T - 1), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        p, c = len(r['prompt']), len(r['ids'])
-        x[i, :p + c] = torch.tensor(r['prompt'] + r['ids'])
-        mask[i, p - 1:p + c - 1] = True
-    return x.to(device), mask.to(device)
-
-
 def completion_logprobs(net, rows, temp=None):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major), at the sampling
     temperature unless told otherwise, through the fused kernel (or its chunked hidden-state form)."""
     temp = temperature if temp is None else temp
-    x, mask = pack(rows, tok.pad_id)
-    targets = x[:, 1:][mask]
+    if share_prompt and 'group' in rows[0]:
+        x, pos, amask, select, targets = pack_groups(rows, tok.pad_id, device)
+        kw = dict(pos=pos, attn_mask=amask, select=select)
+    else:
+        x, select = pack(rows, tok.pad_id, device)
+        targets, x, kw = x[:, 1:][select], x[:, :-1], dict(select=select)
 
     def head(h, weight):  # runs inside net's forward: a DDP/FSDP wrapper sees (FSDP has gathered) the LM head weight
         if logprob_chunk > 0:
@@ -331,7 +323,7 @@ def completion_logprobs(net, rows, temp=None):
     if compile:  # torch.compile the trunk only; the kernels run as they are
         head = torch.compiler.disable(head)
     with autocast:
-        return net(x[:, :-1], select=mask, head=head)
+        return net(x, head=head, **kw)
 
 
 # ----------------------------------------------------------------------------- resume / fresh start
@@ -516,12 +508,22 @@ while step < max_steps:
         n_tok, n_seq = n_tok + len(c['ids']), n_seq + 1  # the whole step's (every rank's): the loss normalisers
         if c['prompt_idx'] in mine:  # each rank trains on its own prompts' completions
             rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv.view(-1)[i]),
-                         'gen_logp': c['logprobs']})
-    rows.sort(key=lambda rw: len(rw['prompt']) + len(rw['ids']))  # similar lengths share micro-batches: less padding
-    micro = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+                         'gen_logp': c['logprobs'], 'group': c['prompt_idx']})
+    if share_prompt:  # whole groups per micro-batch (at least one), groups of similar packed length together
+        groups = {}
+        for rw in rows:
+            groups.setdefault(rw['group'], []).append(rw)
+        micro = []
+        for g in sorted(groups.values(), key=lambda g: len(g[0]['prompt']) + sum(len(rw['ids']) for rw in g)):
+            if not micro or len(micro[-1]) + len(g) > micro_batch_size:
+                micro.append([])
+            micro[-1] += g
+    else:
+        rows.sort(key=lambda rw: len(rw['prompt']) + len(rw['ids']))  # similar lengths share micro-batches: less padding
+        micro = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
     n_real = len(micro)
     if ddp:  # every rank runs as many forward/backward passes, so their collectives pair up: pad with zero-weight ones
-        pad = {'prompt': [tok.pad_id], 'ids': [tok.pad_id], 'adv': 0.0, 'gen_logp': [0.0]}
+        pad = {'prompt': [tok.pad_id], 'ids': [tok.pad_id], 'adv': 0.0, 'gen_logp': [0.0], 'group': -1}
         micro += [[pad]] * int(all_reduce([n_real], 'max')[0] - n_real)
     # 4. old (mu > 1) and reference (beta > 0) log-probs, no grad
     t = time.time()
