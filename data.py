@@ -5,6 +5,7 @@ Every example is a dict {'question', 'answer' (final answer string), 'solution' 
 """
 import json
 import random
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -196,9 +197,24 @@ def make_arith(n, seed=0, difficulty='easy', digits=None, ops=None, steps=None, 
     return [next(stream) for _ in range(n)]
 
 
-def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
+def count_on(solution):
+    """The same solution with each '+' or '-' of a one-digit amount worked by counting on (or back) one at a time,
+    the count in brackets: '46+7=53' -> '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6) 53(7)'. Longer, but every step
+    is a +-1 and a count, which a tiny model gets right long before it can state 46+7 at once. Other lines stay."""
+    def line(s):
+        m = re.fullmatch(r'(\d+)([+-])(\d)=\d+', s)
+        if not m:
+            return s
+        a, op, b = int(m[1]), m[2], int(m[3])
+        return f"{a}{op}{b}: " + ' '.join(f"{a + k if op == '+' else a - k}({k})" for k in range(1, b + 1))
+    return '\n'.join(line(s) for s in solution.split('\n'))
+
+
+def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None,
+                 count_on_frac=0.0):
     """(train, test) with no arithmetic shared between them (keyed by the solution, so renaming Tom to Ann does
-    not leak a test problem). The test split comes first from the stream, so it does not depend on n_train."""
+    not leak a test problem). The test split comes first from the stream, so it does not depend on n_train.
+    count_on_frac: this fraction of the training solutions (a fixed random choice) is written by count_on()."""
     stream, tries = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits), 0
     test, seen, train = [], set(), []
     # bounded, so a problem space too small for the request ends in an error rather than a hang
@@ -213,4 +229,6 @@ def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=No
     if len(test) < n_test or len(train) < n_train:
         raise ValueError(f"difficulty too small for {n_test} distinct test + {n_train} train problems; "
                          f"allow more digits, ops or steps")
+    styles = random.Random(f'count_on {seed}')  # its own stream: the problems do not depend on count_on_frac
+    train = [{**ex, 'solution': count_on(ex['solution'])} if styles.random() < count_on_frac else ex for ex in train]
     return train, test

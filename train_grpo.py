@@ -41,6 +41,7 @@ arith_steps = 0  # arith: operations per problem (0 = the preset's)
 arith_operand_digits = 0  # arith: max digits of the amounts added/removed (0 = the preset's)
 arith_n_train = 5000  # arith training problems
 arith_n_test = 200  # arith held-out problems (fixed split)
+arith_count_on = 0.0  # arith: fraction of training solutions written by counting on, '46+7: 47(1) 48(2) ...' (data.count_on)
 system_prompt = "You are a helpful assistant that solves math problems."  # system turn; '' = none
 instruction = "Reason step by step, then put the final answer in \\boxed{}."  # appended to every question
 # scratch model (init_from='scratch')
@@ -223,7 +224,7 @@ try:
     else:
         train_set, test_set = arith_splits(arith_n_train, arith_n_test, seed=seed, difficulty=arith_difficulty,
                                            digits=arith_digits or None, ops=arith_ops or None, steps=arith_steps or None,
-                                           operand_digits=arith_operand_digits or None)
+                                           operand_digits=arith_operand_digits or None, count_on_frac=arith_count_on)
 except (ValueError, RuntimeError, FileNotFoundError) as e:
     die(str(e))
 eval_set = test_set[:eval_examples] if eval_examples > 0 else test_set

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import data
-from data import arith_splits, batch_at, build_messages, epoch_order, load_gsm8k, make_arith
+from data import arith_splits, batch_at, build_messages, count_on, epoch_order, load_gsm8k, make_arith
 from reward import is_correct
 
 GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k'
@@ -216,3 +216,27 @@ def test_arith_splits_are_disjoint_and_the_test_split_is_fixed():
 def test_arith_splits_too_small_a_space_is_an_error():
     with pytest.raises(ValueError, match='too small'):
         arith_splits(10, 200, seed=0, digits=1, ops='+')   # 9 * 9 = 81 distinct problems
+
+
+def test_count_on_works_the_sum_one_step_at_a_time():
+    assert count_on('46+7=53\n#### 53') == '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6) 53(7)\n#### 53'
+    assert count_on('12-3=9\n#### 9') == '12-3: 11(1) 10(2) 9(3)\n#### 9'
+    assert count_on('12+30=42\n#### 42') == '12+30=42\n#### 42', 'two-digit amounts are left as they were'
+    assert count_on('6*3=18\n#### 18') == '6*3=18\n#### 18'
+    for ex in make_arith(300, seed=4, difficulty='starter'):
+        worked = count_on(ex['solution'])
+        assert is_correct(worked, ex['answer']), worked
+        steps = re.findall(r'(\d+)\((\d)\)', worked)
+        a, op, b = re.match(r'(\d+)([+-])(\d)', worked).groups()
+        assert [int(n) for n, _ in steps] == [int(a) + (k if op == '+' else -k) for k in range(1, int(b) + 1)]
+        assert [int(k) for _, k in steps] == list(range(1, int(b) + 1)), worked
+
+
+def test_count_on_frac_rewrites_that_share_of_training_solutions_only():
+    plain_train, plain_test = arith_splits(2000, 200, seed=0, difficulty='starter')
+    train, test = arith_splits(2000, 200, seed=0, difficulty='starter', count_on_frac=0.3)
+    assert test == plain_test, 'the held-out split must not change'
+    assert [ex['question'] for ex in train] == [ex['question'] for ex in plain_train], 'the same problems'
+    worked = sum(ex['solution'] != p['solution'] for ex, p in zip(train, plain_train))
+    assert 0.25 < worked / len(train) < 0.35, worked
+    assert all(ex['solution'] in (p['solution'], count_on(p['solution'])) for ex, p in zip(train, plain_train))
