@@ -10,6 +10,11 @@ same prompts, batch, lengths, temperature, learning rate and reward function, in
 
 The first --warmup steps of each (allocator, kernel and lazy-init costs) are run and excluded from the figures.
 
+Prompts: GSM8K training questions (--data_dir, default ../shared/gsm8k) with the project's default system prompt and
+instruction in the chat template, as config/gsm8k.py trains on; only questions of 200-260 characters, so both sides
+see prompts of the same length whichever ones their samplers draw (about 400 byte tokens; the bench checks that
+transformers' chat template gives the same ids as ours). --data=arith uses the short arithmetic prompts instead.
+
   CPU (default without a GPU): Qwen2 with hidden 128, 4 layers, 4 heads / 2 kv heads, the byte tokenizer (vocab
        260), fp32, 2 threads; 8 prompts x 8 samples x 64 new tokens.
   GPU (default with one, or --preset=gpu): Qwen2.5-0.5B's exact shape from random weights (vocab 151936, the byte
@@ -70,7 +75,7 @@ def build_snapshot(path, preset, natural_stops, seed):
         cfg = qwen25_05b_config()  # vocab stays 151936: the byte tokenizer's 260 ids are a subset
     else:  # untied head, so the special tokens' head rows can be set apart from their input embeddings
         cfg = ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
-                          intermediate_size=512, max_seq_len=512, tie_word_embeddings=False)
+                          intermediate_size=512, max_seq_len=1024, tie_word_embeddings=False)
     cfg.bos_token_id, cfg.eos_token_id = None, list(tok.stop_ids)  # both loops stop on the same ids
     model = from_scratch(cfg, dtype=torch.float32, device='cpu', seed=seed)
     specials = sorted(tok.special.values())
@@ -89,11 +94,11 @@ def build_snapshot(path, preset, natural_stops, seed):
     return p.max().item()
 
 
-def run_ours(snap, work, pre, lr, steps, warmup, seed, device):
+def run_ours(snap, work, pre, lr, steps, warmup, seed, device, data_args):
     """train_grpo.py as a subprocess with every knob that changes the work set to match TRL's run; returns the
     measured steps' metrics rows."""
     out = os.path.join(work, 'ours')
-    args = dict(init_from=snap, out_dir=out, resume='never', data='arith', system_prompt='', instruction='',
+    args = dict(init_from=snap, out_dir=out, resume='never', **data_args,
                 group_size=pre['group'], batch_prompts=pre['prompts'], micro_batch_size=pre['micro'],
                 max_new_tokens=pre['new_tokens'], temperature=1.0, top_k=0, top_p=1.0, beta=0.0, num_iterations=1,
                 loss_agg='token_mean', eps_low=0.2, eps_high=0.28, filter_zero_std=False, mask_truncated=False,
@@ -199,6 +204,8 @@ def main():
     ap.add_argument('--threads', type=int, default=0)  # CPU threads for both sides; 0 = the preset's (2 on CPU)
     ap.add_argument('--natural_stops', action='store_true')  # CPU: leave the specials samplable (lengths then vary)
     ap.add_argument('--work_dir', default='')  # snapshot, our out_dir and logs; '' = a temp dir removed at the end
+    ap.add_argument('--data', default='gsm8k', choices=['gsm8k', 'arith'])  # the prompts (see the docstring)
+    ap.add_argument('--data_dir', default=os.path.join(os.path.dirname(ROOT), 'shared', 'gsm8k'))  # GSM8K jsonl
     args = ap.parse_args()
     gpu = torch.cuda.is_available() if args.preset == 'auto' else args.preset == 'gpu'
     if gpu and not torch.cuda.is_available():
@@ -210,7 +217,15 @@ def main():
         torch.set_num_threads(pre['threads'])
     import trl
 
-    from data import arith_splits, build_messages
+    from data import SYSTEM_PROMPT, INSTRUCTION, arith_splits, build_messages, load_gsm8k
+    if args.data == 'gsm8k':  # same-length questions: whichever ones each side's sampler draws, the work is equal
+        if not os.path.isdir(args.data_dir):
+            sys.exit(f"--data_dir={args.data_dir}: no such directory with GSM8K's train.jsonl (or use --data=arith)")
+        train = [ex for ex in load_gsm8k('train', args.data_dir) if 200 <= len(ex['question']) < 260]
+        system_prompt, instruction = SYSTEM_PROMPT, INSTRUCTION
+    else:
+        train, _ = arith_splits(5000, 200, seed=args.seed)
+        system_prompt = instruction = ''
     work = args.work_dir or tempfile.mkdtemp(prefix='bench_step_')
     os.makedirs(work, exist_ok=True)
     try:
@@ -219,7 +234,7 @@ def main():
         device = torch.cuda.get_device_name(0) if gpu else f"CPU, {pre['threads']} threads"
         setting = (f"{pre['prompts']} prompts x {pre['group']} samples x {pre['new_tokens']} new tokens, temperature 1, "
                    f"beta 0, num_iterations 1, lr {args.lr:g}, micro-batch {pre['micro']} rows, {pre['dtype']}, "
-                   f"reward digit_fraction, data arith")
+                   f"reward digit_fraction, data {args.data}")
         print(f"device: {device}\nsetting: {setting}\nmodel: random Qwen2 "
               f"{'Qwen2.5-0.5B shape' if gpu else 'hidden 128, 4 layers, 4/2 heads, vocab 260'}, snapshot {snap}")
         if p_special is not None:
@@ -231,12 +246,33 @@ def main():
                   "a step that loses a core can take 10-30x longer, on either side; rerun on an idle machine "
                   "(load_avg_1min_at_end in the JSON shows contention during the run)", flush=True)
 
-        # the prompts ours trains on (train_grpo's arith split at the same seed), in TRL's conversational format
-        train, _ = arith_splits(5000, 200, seed=args.seed)
-        dataset = [{'prompt': build_messages(ex, '', ''), 'answer': ex['answer']} for ex in train]
+        # the same prompts for both: ours reads them from a jsonl copy, TRL gets them in its conversational format
+        data_args = dict(data='arith', system_prompt='', instruction='', arith_difficulty='easy')
+        if args.data == 'gsm8k':
+            os.makedirs(os.path.join(work, 'data'))
+            for split in ('train', 'test'):
+                with open(os.path.join(work, 'data', f'{split}.jsonl'), 'w') as f:
+                    for ex in train:
+                        f.write(json.dumps({'question': ex['question'], 'answer': ex['solution']}) + '\n')
+            data_args = dict(data='gsm8k', data_dir=os.path.join(work, 'data'), system_prompt=system_prompt,
+                             instruction=instruction)
+        dataset = [{'prompt': build_messages(ex, system_prompt, instruction), 'answer': ex['answer']} for ex in train]
+        from tokenizer import load_tokenizer
+        from transformers import AutoTokenizer
+        ours_tok, hf_tok = load_tokenizer(snap), AutoTokenizer.from_pretrained(snap)
+        lens = []
+        for row in dataset[:20]:
+            ids = ours_tok.render_chat(row['prompt'])
+            hf_ids = hf_tok.apply_chat_template(row['prompt'], add_generation_prompt=True, tokenize=True)
+            hf_ids = hf_ids['input_ids'] if hasattr(hf_ids, 'keys') else hf_ids  # a BatchEncoding in newer versions
+            assert list(hf_ids) == ids, "transformers' chat template and ours give different prompt ids"
+            lens.append(len(ids))
+        print(f"prompts: {len(dataset)} {args.data} questions, {min(lens)}-{max(lens)} tokens with the chat template "
+              "(the same ids through transformers' template)", flush=True)
 
         t = time.time()
-        ours = run_ours(snap, work, pre, args.lr, args.steps, args.warmup, args.seed, 'cuda' if gpu else 'cpu')
+        ours = run_ours(snap, work, pre, args.lr, args.steps, args.warmup, args.seed, 'cuda' if gpu else 'cpu',
+                        data_args)
         ours_wall = time.time() - t
         print(f"ours: train_grpo.py subprocess done in {ours_wall:.1f}s (incl. start-up, warm-up, checkpoints)", flush=True)
         t = time.time()
