@@ -57,7 +57,7 @@ sft_batch_size = 32  # sequences per SFT step
 # GRPO rollout
 group_size = 8  # G: completions per prompt; advantages are relative within a group
 batch_prompts = 16  # prompts per step (rows per step = batch_prompts * group_size)
-micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation over the step)
+micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation); with share_prompt whole groups, at least one
 share_prompt = True  # update: each group's prompt once per forward, its G completions packed after it (pack_groups)
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
