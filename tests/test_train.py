@@ -95,7 +95,10 @@ def test_all_zero_std_warning_names_cause_and_fix(tmp_path):
 def test_exact_resume_after_sigkill(tmp_path):
     """6 steps straight vs. killed after step 3 and restarted with the same command: same metrics, same weights."""
     a, b = tmp_path / 'straight', tmp_path / 'killed'
-    args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3']
+    # step 4 sleeps 2 s before its update (in every run: the same command), so the kill lands mid-run however fast
+    # the steps are; the sleep touches no state
+    args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3', '--fault_stall_step=4',
+            '--fault_stall_s=2']
     run(a, *args)
     proc = start(b, *args)
     deadline = time.time() + 120
