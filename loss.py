@@ -99,8 +99,10 @@ def pack_groups(rows, pad_id, device='cpu'):
         at = n
         for s, r in enumerate(g, 1):
             k = len(r['ids']) - 1
-            x[b, at:at + k], pos[b, at:at + k], seg[b, at:at + k] = torch.tensor(r['ids'][:-1], dtype=torch.int64), torch.arange(n, n + k), s
-            pred += [b * T + n - 1] + list(range(b * T + at, b * T + at + k))  # the prompt's last token predicts the first
+            x[b, at:at + k] = torch.tensor(r['ids'][:-1], dtype=torch.int64)
+            pos[b, at:at + k], seg[b, at:at + k] = torch.arange(n, n + k), s
+            # the prompt's last token predicts the first completion token, each completion token the next
+            pred += [b * T + n - 1] + list(range(b * T + at, b * T + at + k))
             targets += r['ids']
             at += k
     q, kk = seg[:, :, None], seg[:, None, :]

@@ -220,8 +220,9 @@ class GPT(nn.Module):
         tokens); or int64 (N,) indices into the B*T positions, where one position may be picked more than once.
         pos (B, T) and attn_mask (B, 1, T, T) bool (no cache): explicit positions and who-sees-whom, for several
         sequences packed into one row (training: a prompt once, then its G completions, each seeing the prompt
-        and its own earlier tokens). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob kernel; it runs
-        in here so that a DDP or FSDP wrapper sees every use of the weights (FSDP only gathers them in forward)."""
+        and its own earlier tokens). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob
+        kernel; it runs in here so that a DDP or FSDP wrapper sees every use of the weights (FSDP only gathers them
+        in forward)."""
         h = self.hidden(idx, kv_cache, input_lengths, pos, attn_mask)
         if last_only:
             B, T = idx.shape

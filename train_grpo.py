@@ -41,7 +41,7 @@ arith_steps = 0  # arith: operations per problem (0 = the preset's)
 arith_operand_digits = 0  # arith: max digits of the amounts added/removed (0 = the preset's)
 arith_n_train = 5000  # arith training problems
 arith_n_test = 200  # arith held-out problems (fixed split)
-arith_count_on = 0.0  # arith: fraction of training solutions written by counting on, '46+7: 47(1) 48(2) ...' (data.count_on)
+arith_count_on = 0.0  # arith: share of training solutions that count on, '46+7: 47(1) 48(2) ...' (data.count_on)
 system_prompt = "You are a helpful assistant that solves math problems."  # system turn; '' = none
 instruction = "Reason step by step, then put the final answer in \\boxed{}."  # appended to every question
 # scratch model (init_from='scratch')
@@ -57,7 +57,7 @@ sft_batch_size = 32  # sequences per SFT step
 # GRPO rollout
 group_size = 8  # G: completions per prompt; advantages are relative within a group
 batch_prompts = 16  # prompts per step (rows per step = batch_prompts * group_size)
-micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation); with share_prompt whole groups, at least one
+micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation); share_prompt: whole groups, >= 1
 share_prompt = True  # update: each group's prompt once per forward, its G completions packed after it (pack_groups)
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
@@ -520,7 +520,7 @@ while step < max_steps:
                 micro.append([])
             micro[-1] += g
     else:
-        rows.sort(key=lambda rw: len(rw['prompt']) + len(rw['ids']))  # similar lengths share micro-batches: less padding
+        rows.sort(key=lambda rw: len(rw['prompt']) + len(rw['ids']))  # similar lengths together: less padding
         micro = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
     n_real = len(micro)
     if ddp:  # every rank runs as many forward/backward passes, so their collectives pair up: pad with zero-weight ones
