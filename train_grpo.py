@@ -693,4 +693,5 @@ while step < max_steps:
         sys.exit(128 + sig)
 print(f"done: {step} steps. metrics: {metrics_path}, curves: {os.path.join(out_dir, 'curves.png')}")
 if ddp:
+    barrier()  # no rank tears the process group down while another still uses it (gloo aborts the late one)
     dist.destroy_process_group()
