@@ -22,6 +22,7 @@ import threading
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
@@ -141,16 +142,31 @@ from sample import encode_prompts, evaluate, generate  # noqa: E402
 from tokenizer import byte_tokenizer  # noqa: E402
 
 
+def finish(code=0, together=True):
+    """Exit. Under torchrun: (when every rank gets here together) a barrier and the process group torn down, then
+    os._exit, skipping interpreter teardown: gloo's worker threads may still be dropping finished work that holds
+    tensors, need the GIL for it while Python finalizes, and abort the rank ("terminate called without an active
+    exception", pytorch#179291; DDP keeps the group alive, so destroy_process_group does not join those threads)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if dist.is_initialized():
+        if together:
+            dist.barrier()
+            dist.destroy_process_group()
+        os._exit(code)
+    sys.exit(code)
+
+
 def die(msg, code=1):
     print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    finish(code, together=False)
 
 
 def stop(msg, code=3):
     """A guard decided the run cannot go on: say why in plain words, leave the last good checkpoint, exit non-zero."""
     if master:  # (every rank stops here: guards decide from numbers all ranks share; one says why)
         print(f"\n{'=' * 100}\nSTOPPED: {msg}\n{'=' * 100}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    finish(code)
 
 
 # knob checks: a typo'd choice is an error here, not a silent default deep in the loop
@@ -178,7 +194,6 @@ ddp = int(os.environ.get('RANK', -1)) != -1
 rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if ddp else (0, 1)
 master = rank == 0  # the one rank that prints, logs, plots and writes checkpoints
 if ddp:
-    import torch.distributed as dist
     if batch_prompts % world:
         die(f"--batch_prompts={batch_prompts} must be divisible by the number of ranks ({world}): each rank samples "
             "whole groups", 2)
@@ -690,8 +705,6 @@ while step < max_steps:
     if stopping:
         sig = stop_signal[0] if stop_signal else int(signal.SIGTERM)
         print(f"signal {sig}: checkpoint saved at step {step}; exiting. Rerun the same command to resume.")
-        sys.exit(128 + sig)
+        finish(128 + sig)
 print(f"done: {step} steps. metrics: {metrics_path}, curves: {os.path.join(out_dir, 'curves.png')}")
-if ddp:
-    barrier()  # no rank tears the process group down while another still uses it (gloo aborts the late one)
-    dist.destroy_process_group()
+finish(0)
