@@ -362,7 +362,7 @@ def sample_tokens_ref(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, 
     """Pure-torch sampler; draws the same ids as the triton kernel (same hash, same kept set)."""
     greedy = temperature == 0 or top_k == 1
     inv_temp = 1.0 if temperature == 0 else 1.0 / temperature
-    z = logits.float() * inv_temp
+    z = logits.float() if inv_temp == 1.0 else logits.float() * inv_temp
     if greedy:
         ids = z.argmax(-1)
     else:

@@ -104,16 +104,17 @@ class Attention(nn.Module):
         v = v.view(B, T, nkv, hd).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if kv is None and mask is None:  # plain causal LM: the fused kernels' fast path
+        if kv is not None:
+            kc, vc, rows, pos = kv  # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
+            kc[rows, :, pos] = k.transpose(1, 2)
+            vc[rows, :, pos] = v.transpose(1, 2)
+        if mask is None:  # causal LM, or a prefill into an empty cache: the fused kernels' fast path
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
         elif kv is None:  # packed sequences (training): an explicit mask, broadcast over heads, so K/V are repeated
             g = nh // nkv
             k, v = (k, v) if g == 1 else (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
-            kc, vc, rows, pos = kv  # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
-            kc[rows, :, pos] = k.transpose(1, 2)
-            vc[rows, :, pos] = v.transpose(1, 2)
             L = mask.size(-1)
             # fold each kv head's group of query heads into the query axis: attention then reads the
             # shared K/V as they are (no expanded copy) and any SDPA backend can take the mask
@@ -160,13 +161,15 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """Preallocated keys/values (n_layer, B, n_kv_head, max_len, head_dim); lengths (B,) = valid positions
-    per row. GPT.forward writes new tokens at each row's own length, so rows may be at different positions."""
+    """Preallocated keys/values, one (B, n_kv_head, max_len, head_dim) tensor per layer; lengths (B,) = valid
+    positions per row. GPT.forward writes new tokens at each row's own length, so rows may be at different
+    positions. (Separate tensors, not one stacked one: a compiled decode step then writes each in place, where a
+    write into a slice of a stacked cache makes torch.compile copy the whole cache every step.)"""
 
     def __init__(self, cfg, batch_size, max_len, dtype, device):
-        shape = (cfg.n_layer, batch_size, cfg.n_kv_head, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (batch_size, cfg.n_kv_head, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.max_len = max_len
         self.extent = 0  # host-side upper bound on lengths.max(): attention reads only this far, without a sync
@@ -178,13 +181,13 @@ class KVCache:
 
     def repeat_interleave(self, n):
         """Each row copied n times, adjacent (prefill a prompt once, then share it with its G samples)."""
-        return self._with(self.k.repeat_interleave(n, dim=1), self.v.repeat_interleave(n, dim=1),
-                          self.lengths.repeat_interleave(n))
+        return self._with([t.repeat_interleave(n, dim=0) for t in self.k],
+                          [t.repeat_interleave(n, dim=0) for t in self.v], self.lengths.repeat_interleave(n))
 
     def select(self, rows):
         """Keep only these rows, in this order (drop finished sequences from the decode batch)."""
         rows = rows.to(self.lengths.device)
-        return self._with(self.k[:, rows], self.v[:, rows], self.lengths[rows])
+        return self._with([t[rows] for t in self.k], [t[rows] for t in self.v], self.lengths[rows])
 
 
 class GPT(nn.Module):
@@ -245,7 +248,9 @@ class GPT(nn.Module):
             if L > cache.max_len:
                 raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > max_len {cache.max_len}')
             pos = cache.lengths[:, None] + ar  # (B, T)
-            mask = (torch.arange(L, device=idx.device) <= pos[:, :, None])[:, None]  # (B, 1, T, L) causal per row
+            # an empty cache: every row starts at 0, so plain causal attention over the new tokens (right padding
+            # is harmless: pad positions are overwritten by the tokens that follow, and masked until then)
+            mask = None if cache.extent == 0 else (torch.arange(L, device=idx.device) <= pos[:, :, None])[:, None]
             rows = torch.arange(B, device=idx.device)[:, None]
         if self.wpe is not None and L > cfg.max_seq_len:
             raise ValueError(f'sequence of {L} positions exceeds the model maximum {cfg.max_seq_len}')

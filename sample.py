@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from collections import Counter
 
 import torch
@@ -25,13 +26,30 @@ def row_seeds(seed, prompt_index, group_size):
                          for p in prompt_index for s in range(group_size)], dtype=torch.int64)
 
 
+_compiled = weakref.WeakKeyDictionary()  # model -> its torch.compile'd forward, compiled once per process
+
+
+def decode_forward(model, compile):
+    """The forward that decode steps call: the model itself, or (compile=True) torch.compile of it with dynamic
+    shapes, so the batch shrinking under compaction and the cache growing each step do not recompile it. Eager
+    decode of a small model is bound by per-op overhead (a few microseconds an op on CPU, a kernel launch each on
+    GPU); compiled, each layer's norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
+    if not compile:
+        return model
+    if model not in _compiled:
+        _compiled[model] = torch.compile(model, dynamic=True)
+    return _compiled[model]
+
+
 @torch.no_grad()
 def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-             seed=0, stop_ids=None, stop_strings=(), prompt_index=None, compact=True, progress=False, on_step=None):
+             seed=0, stop_ids=None, stop_strings=(), prompt_index=None, compact=True, compile=False, progress=False,
+             on_step=None):
     """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each with
     ids (completion ids, stop token included), text, logprobs (of each sampled id under the full softmax at this
-    temperature), finished (hit a stop) and truncated (hit max_new_tokens). on_step() is called after every decode
-    step (the training loop's watchdog heartbeat)."""
+    temperature), finished (hit a stop) and truncated (hit max_new_tokens). compile: decode steps run through
+    torch.compile (see decode_forward; the first call compiles, seconds to a minute). on_step() is called after
+    every decode step (the training loop's watchdog heartbeat)."""
     from model import KVCache
     device = next(model.parameters()).device
     stop_ids = torch.tensor(tok.stop_ids if stop_ids is None else stop_ids, dtype=torch.int64, device=device)
@@ -51,52 +69,68 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     cache = KVCache(model.config, P, max_len, next(model.parameters()).dtype, device)
     logits = model(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
     cache, logits = cache.repeat_interleave(G), logits.repeat_interleave(G, dim=0)
+    forward = decode_forward(model, compile)
     N = P * G
     seeds = row_seeds(seed, prompt_index, G).to(device)
+    # every completion's tokens and log-probs, by step. Rows that stopped but are still in the decode batch (before
+    # compaction drops them, or with compact=False) keep writing here past their end; n_gen says where each ends.
     out_ids = torch.full((N, max_new_tokens), tok.pad_id, dtype=torch.int64, device=device)
     out_lp = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
-    n_gen = torch.zeros(N, dtype=torch.int64, device=device)
+    n_gen = torch.full((N,), max_new_tokens, dtype=torch.int64, device=device)  # tokens per completion
     finished = torch.zeros(N, dtype=torch.bool, device=device)
-    rows = torch.arange(N, device=device)  # which completion each row of the decode batch is
-    live = torch.ones(N, dtype=torch.bool, device=device)  # rows of the decode batch still generating
-    t0, last_print = time.time(), time.time()
+    # the decode batch: rows[i] is the completion that row i generates (None: the identity, before any compaction);
+    # live: still generating; ends: its n_gen so far. Written back to n_gen/finished when rows are dropped, and at the end
+    rows, row_seed = None, seeds
+    live, ends = torch.ones(N, dtype=torch.bool, device=device), n_gen.clone()
+    check_stops = len(stop_ids) > 0 or bool(stop_strings)
+    n_live, n_tokens, t0, last_print = N, 0, time.time(), time.time()
+
+    def write_back():
+        at = slice(None) if rows is None else rows
+        n_gen[at], finished[at] = ends, ~live
+
     for t in range(max_new_tokens):
-        ids, lp = sample_tokens(logits, seeds[rows], t, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        ids = torch.where(live, ids, tok.pad_id)  # rows kept only because compact=False write nothing
-        lr = rows[live]
-        out_ids[lr, t], out_lp[lr, t] = ids[live], lp[live]
-        n_gen[lr] += 1
-        stop = live & torch.isin(ids, stop_ids)
-        if stop_strings:
-            for j in live.nonzero().flatten().tolist():
-                tail = tok.decode(out_ids[rows[j], max(0, t - 15):t + 1].tolist())
-                stop[j] |= any(s in tail for s in stop_strings)
-        finished[rows[stop]] = True
-        live &= ~stop
-        n_live = int(live.sum())
+        ids, lp = sample_tokens(logits, row_seed, t, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        if rows is None:
+            out_ids[:, t], out_lp[:, t] = ids, lp
+        else:
+            out_ids[rows, t], out_lp[rows, t] = ids, lp
+        n_tokens += n_live
+        if check_stops:
+            stop = live & torch.isin(ids, stop_ids)
+            if stop_strings:
+                for j in live.nonzero().flatten().tolist():
+                    r = j if rows is None else int(rows[j])
+                    tail = tok.decode(out_ids[r, max(0, t - 15):t + 1].tolist())
+                    stop[j] |= any(s in tail for s in stop_strings)
+            ends = torch.where(stop, t + 1, ends)
+            live = live & ~stop
+            n_live = int(live.sum())
         if n_live == 0 or t == max_new_tokens - 1:
             break
-        if compact and n_live <= 0.75 * len(rows):  # copying the cache costs; do it when a quarter has finished
+        if compact and n_live <= 0.75 * len(live):  # copying the cache costs; do it when a quarter has finished
+            write_back()
             keep = live.nonzero().flatten()
-            cache, rows, ids, live = cache.select(keep), rows[keep], ids[keep], live[keep]
-        logits = model(ids[:, None], kv_cache=cache)[:, -1]
+            rows = keep if rows is None else rows[keep]
+            cache, ids, live, ends, row_seed = cache.select(keep), ids[keep], live[keep], ends[keep], seeds[rows]
+        logits = forward(ids[:, None], kv_cache=cache)[:, -1]
         if on_step is not None:
             on_step()
         if progress and time.time() - last_print > 5:
             last_print = time.time()
             print(f"  gen: step {t + 1}/{max_new_tokens}, rows alive {n_live}/{N}, "
-                  f"{int(n_gen.sum()) / (last_print - t0):.0f} tok/s", file=sys.stderr, flush=True)
+                  f"{n_tokens / (last_print - t0):.0f} tok/s", file=sys.stderr, flush=True)
+    write_back()
     results, stop_set = [], set(stop_ids.tolist())
-    for r in range(N):
-        ids = out_ids[r, :int(n_gen[r])].tolist()
-        text_ids = ids[:-1] if finished[r] and ids and ids[-1] in stop_set else ids
+    for r, (ids, lps, n, fin) in enumerate(zip(out_ids.tolist(), out_lp.tolist(), n_gen.tolist(), finished.tolist())):
+        ids = ids[:n]
+        text_ids = ids[:-1] if fin and ids and ids[-1] in stop_set else ids
         text = tok.decode(text_ids)
         for s in stop_strings:  # a stop string ends the text; the ids keep the token that completed it
             if s in text:
                 text = text[:text.index(s)]
-        results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids, text=text,
-                            logprobs=out_lp[r, :len(ids)].tolist(), finished=bool(finished[r]),
-                            truncated=not bool(finished[r])))
+        results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids, text=text, logprobs=lps[:n],
+                            finished=fin, truncated=not fin))
     return results
 
 
@@ -108,7 +142,7 @@ def encode_prompts(tok, examples, system_prompt, instruction, few_shot=()):
 
 @torch.no_grad()
 def evaluate(model, tok, examples, system_prompt, instruction, n_samples=1, temperature=1.0, top_k=0, top_p=1.0,
-             max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True, few_shot=()):
+             max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True, few_shot=(), compile=False):
     """Greedy pass@1 on every example; with n_samples > 1 also sampled pass@k, maj@k and mean@k (the unbiased
     pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the summary dict."""
     from reward import extract_answer, is_correct
@@ -119,9 +153,9 @@ def evaluate(model, tok, examples, system_prompt, instruction, n_samples=1, temp
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
         greedy = generate(model, tok, [prompts[i] for i in chunk], 1, max_new_tokens, temperature=0.0,
-                          prompt_index=chunk)
+                          prompt_index=chunk, compile=compile)
         sampled = generate(model, tok, [prompts[i] for i in chunk], n_samples, max_new_tokens, temperature, top_k,
-                           top_p, seed=seed, prompt_index=chunk) if n_samples > 1 else []
+                           top_p, seed=seed, prompt_index=chunk, compile=compile) if n_samples > 1 else []
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]
@@ -204,6 +238,7 @@ if __name__ == '__main__':
     top_k = 0  # 0 = off
     top_p = 1.0  # 1.0 = off
     batch_size = 64  # problems per generate() call
+    compile = False  # torch.compile the decode step (the first call compiles: seconds to a minute)
     seed = 1337  # sampling seed; completions depend only on it and the problem/sample index
     system_prompt = "You are a helpful assistant."  # system turn of the chat template
     instruction = "Solve the problem step by step. Put the final answer in \\boxed{}."  # appended to each question
@@ -221,12 +256,13 @@ if __name__ == '__main__':
     model.eval()
     if prompt:
         ids = encode_prompts(tok, [{'question': prompt}], system_prompt, instruction='')
-        for c in generate(model, tok, ids, num_completions, max_new_tokens, temperature, top_k, top_p, seed=seed):
+        for c in generate(model, tok, ids, num_completions, max_new_tokens, temperature, top_k, top_p, seed=seed,
+                          compile=compile):
             print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {'finished' if c['finished'] else 'truncated'})")
             print(c['text'])
         sys.exit(0)
     save_config(config, out_dir)
     examples = load_examples(data, data_dir or None, split, num_examples, seed, arith_difficulty)
     summary = evaluate(model, tok, examples, system_prompt, instruction, n_samples, temperature, top_k, top_p,
-                       max_new_tokens, batch_size, seed, out_path=os.path.join(out_dir, 'eval.jsonl'))
+                       max_new_tokens, batch_size, seed, out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile)
     print(json.dumps(summary))

@@ -118,6 +118,7 @@ fault_stall_s = 0.0  # testing: length of that stall
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32 for AdamW)
 compile = False  # torch.compile the training forward
+compile_decode = False  # torch.compile the sampler's decode step (sample.decode_forward): fused kernels per token
 grad_checkpoint = False  # recompute activations in backward (long completions)
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2), for models that do not fit one GPU
 seed = 1337  # data order, sampling and init: the whole run is a function of it
@@ -401,7 +402,8 @@ def run_eval(at_step):
     t = time.time()
     lo, hi = len(eval_set) * rank // world, len(eval_set) * (rank + 1) // world  # each rank its share
     s = evaluate(gen_model, tok, eval_set[lo:hi], system_prompt, instruction,
-                 max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size, progress=verbose and master)
+                 max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size, compile=compile_decode,
+                 progress=verbose and master)
     if ddp:
         n, hits, trunc = all_reduce([s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']])
         s = {'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
@@ -501,7 +503,8 @@ while step < max_steps:
     mine = range(rank * P // world, (rank + 1) * P // world)
     t = time.time()
     comps = generate(gen_model, tok, [prompts[i] for i in mine], G, max_new_tokens, temperature, top_k, top_p,
-                     seed=seed * 100_003 + step, prompt_index=mine, progress=master and (step == 0 or verbose),
+                     seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
+                     progress=master and (step == 0 or verbose),
                      on_step=lambda: last_progress.__setitem__(0, time.time()))
     timing['gen'] = time.time() - t
     mark(f"generated {len(comps)} completions")

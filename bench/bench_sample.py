@@ -14,11 +14,14 @@ an attention mask. The greedy tokens of the two are compared to show that the wo
   GPU: Qwen2.5-0.5B's exact shape, random init, bf16, batch 64 x 256 new tokens, and the fraction of the HBM
        roofline: every forward reads all weights and the KV cache held at that step; bytes over time over peak.
 
-Timed runs alternate ours / transformers so a change in machine load hits both. On CPU the process CPU time is
-reported next to wall time: on a shared machine it is the steadier of the two.
+Ours runs twice: eager, and with compile=True (decode steps through torch.compile; its first call, the warm-up,
+compiles and is reported as compile_s). Timed runs alternate ours / ours compiled / transformers so a change in
+machine load hits all three. On CPU the process CPU time is reported next to wall time: on a shared machine it is
+the steadier of the two.
 
 Usage: python bench/bench_sample.py [--batch=B] [--new_tokens=N] [--prompt_len=L] [--reps=R] [--threads=T]
                                    [--gen_kwargs='{"compact": false}']   (passed on to sample.generate)
+                                   [--compile=0]   (leave out the compiled run)
 The last line printed is JSON.
 """
 import argparse
@@ -52,6 +55,7 @@ parser.add_argument('--threads', type=int, default=2)  # CPU threads (torch.set_
 parser.add_argument('--seed', type=int, default=0)  # weights and prompts
 parser.add_argument('--peak_bw', type=float, default=0.0)  # HBM bytes/s; 0 = look the GPU's name up in PEAK_BW
 parser.add_argument('--gen_kwargs', type=json.loads, default={})  # extra sample.generate kwargs, a JSON object
+parser.add_argument('--compile', type=int, default=1)  # also time ours with compile=True
 args = parser.parse_args()
 device = 'cuda' if GPU else 'cpu'
 dtype = getattr(torch, args.dtype)
@@ -122,11 +126,14 @@ def sync():
 
 def run_timed(fns, reps):
     """Warm each fn up once, then time reps rounds, each round running every fn once in turn.
-    -> {name: dict(wall=[s], cpu=[s], extra_gb=peak GPU memory above what was allocated at the call, out=...)}"""
+    -> {name: dict(wall=[s], cpu=[s], extra_gb=peak GPU memory above what was allocated at the call, out=...,
+                   warmup=s)}"""
     res = {}
     for name, fn in fns.items():
+        w = time.perf_counter()
         res[name] = dict(wall=[], cpu=[], extra_gb=0.0, out=fn())
         sync()
+        res[name]['warmup'] = time.perf_counter() - w
     for _ in range(reps):
         for name, fn in fns.items():
             sync()
@@ -172,19 +179,25 @@ def main():
               f"inflated, and with more than one thread each op can wait a scheduler slice for its second thread "
               f"(try --threads=1; the CPU-time ratio is the steadier number)")
 
-    def run_ours():
+    def run_ours(**kw):
         return generate(ours, tok, prompts, group_size=G, max_new_tokens=N, temperature=0.0, stop_ids=[],
-                        **args.gen_kwargs)
+                        **{**args.gen_kwargs, **kw})
 
     def run_hf():
         with torch.no_grad():
             return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=N,
                                min_new_tokens=N, pad_token_id=tok.pad_id, eos_token_id=None)
 
-    res = run_timed({'ours': run_ours, 'hf': run_hf}, args.reps)
+    fns = {'ours': run_ours, 'ours_compiled': lambda: run_ours(compile=True), 'hf': run_hf}
+    if not args.compile:
+        del fns['ours_compiled']
+    res = run_timed(fns, args.reps)
     ours_ids = [r['ids'] for r in res['ours']['out']]
     hf_ids = res['hf']['out'][:, ids.shape[1]:].tolist()
     assert all(len(r) == N for r in ours_ids), 'ours stopped early: the two did not do the same work'
+    if args.compile:
+        same = sum(r['ids'] == a for r, a in zip(res['ours_compiled']['out'], ours_ids)) / B
+        print(f"compiled vs eager: {same:.1%} of rows generate the very same tokens")
     assert all(len(r) == N for r in hf_ids), 'transformers stopped early: the two did not do the same work'
     k = min(args.match_tokens, N)
     match_frac = sum(a[:k] == b[:k] for a, b in zip(ours_ids, hf_ids)) / B
@@ -193,7 +206,9 @@ def main():
 
     med = {n: {t: statistics.median(r[t]) for t in ('wall', 'cpu')} for n, r in res.items()}
     ours_tps, hf_tps = B * N / med['ours']['wall'], B * N / med['hf']['wall']
-    for name, label in (('ours', 'ours'), ('hf', 'transformers')):
+    for name, label in (('ours', 'ours'), ('ours_compiled', 'ours compiled'), ('hf', 'transformers')):
+        if name not in res:
+            continue
         print(f"{label:13s} {B * N / med[name]['wall']:9.0f} tok/s  wall {[round(t, 3) for t in res[name]['wall']]} s, "
               f"cpu {[round(t, 3) for t in res[name]['cpu']]} s")
     print(f"ratio {ours_tps / hf_tps:.2f}x by wall time ({med['hf']['cpu'] / med['ours']['cpu']:.2f}x by CPU time); "
@@ -207,19 +222,27 @@ def main():
                hf_tok_s=round(hf_tps, 1), ratio=round(ours_tps / hf_tps, 3), match_frac=round(match_frac, 4),
                match_frac_all_tokens=round(match_all, 4), ours_s=round(med['ours']['wall'], 4),
                hf_s=round(med['hf']['wall'], 4), gen_kwargs=args.gen_kwargs)
+    if args.compile:
+        ctps = B * N / med['ours_compiled']['wall']
+        print(f"ratio {ctps / hf_tps:.2f}x compiled, by wall time ({med['hf']['cpu'] / med['ours_compiled']['cpu']:.2f}x "
+              f"by CPU time); compile (the warm-up call) took {res['ours_compiled']['warmup']:.1f} s")
+        out.update(ours_compiled_tok_s=round(ctps, 1), ratio_compiled=round(ctps / hf_tps, 3),
+                   ours_compiled_s=round(med['ours_compiled']['wall'], 4), compile_s=round(res['ours_compiled']['warmup'], 1),
+                   compiled_same_tokens=round(same, 4))
     if GPU:
         cfg = ours.config
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
-        achieved = decode_bytes(cfg, weight_bytes, [p for p in prompts for _ in range(G)], N, dtype.itemsize) / med['ours']['wall']
+        best = min((n for n in ('ours', 'ours_compiled') if n in med), key=lambda n: med[n]['wall'])
+        achieved = decode_bytes(cfg, weight_bytes, [p for p in prompts for _ in range(G)], N, dtype.itemsize) / med[best]['wall']
         peak_bw = args.peak_bw or next((bw for name, bw in PEAK_BW if name in dev_name), None)
         roofline = None if peak_bw is None else achieved / peak_bw
         # each side's own weights plus the most its generate call held above what was allocated before it
         # (both models sit on the GPU together, so the raw high-water mark would count the other's weights too)
         hf_weights = sum(p.numel() * p.element_size() for p in hf.parameters()) / 1e9
         peak_ours, peak_hf = weight_bytes / 1e9 + res['ours']['extra_gb'], hf_weights + res['hf']['extra_gb']
-        print(f"ours reads {achieved / 1e9:.0f} GB/s = {'?' if roofline is None else f'{roofline:.1%}'} of peak HBM "
+        print(f"{best} reads {achieved / 1e9:.0f} GB/s = {'?' if roofline is None else f'{roofline:.1%}'} of peak HBM "
               f"bandwidth; peak memory ours {peak_ours:.2f} GB, transformers {peak_hf:.2f} GB")
-        out.update(roofline_frac=None if roofline is None else round(roofline, 4),
+        out.update(roofline_of=best, roofline_frac=None if roofline is None else round(roofline, 4),
                    achieved_gb_s=round(achieved / 1e9, 1), peak_bw_gb_s=peak_bw and peak_bw / 1e9,
                    peak_mem_gb=round(peak_ours, 3), hf_peak_mem_gb=round(peak_hf, 3))
     else:

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import sample
 from model import ModelConfig, from_scratch
 from sample import evaluate, generate, majority_correct
 from tokenizer import byte_tokenizer
@@ -83,6 +84,24 @@ def test_compaction_changes_nothing():
     assert [x['ids'] for x in a] == [x['ids'] for x in b], "compaction changed the completions"
     for x, y in zip(a, b):
         assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-5), "compaction changed the log-probs"
+
+
+def test_compiled_decode_generates_as_eager():
+    """compile=True (torch.compile of the decode step, dynamic shapes): the same tokens as eager, through rows
+    finishing at different times and compaction shrinking the batch (no recompile per batch size: the compiled
+    forward is reused by a second call with another batch and prompt lengths)."""
+    model = tiny()
+    stops = [ord(c) for c in 'aeiou ']
+    for prompts, g in ((PROMPTS, 4), (PROMPTS[:2] + [TOK.encode("A much longer prompt than the others, by far.")], 3)):
+        a = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops)
+        b = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops, compile=True)
+        assert sum(x['finished'] for x in a) >= 3, "test needs rows finishing early"
+        assert [x['ids'] for x in a] == [x['ids'] for x in b], "the compiled decode step changed the completions"
+        for x, y in zip(a, b):
+            assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-4)
+    assert model in sample._compiled, "compile=True did not go through torch.compile"
+    greedy = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[], compile=True)
+    assert [x['ids'] for x in greedy] == [naive_greedy(model, p, 20)[0] for p in PROMPTS]
 
 
 def test_stop_tokens_and_max_tokens():
