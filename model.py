@@ -65,9 +65,7 @@ class Norm(nn.Module):
     def forward(self, x):
         if self.bias is not None:
             return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 def rope_cos_sin(pos, head_dim, theta, dtype):
@@ -98,12 +96,12 @@ class Attention(nn.Module):
     def forward(self, x, rope, mask, kv):
         B, T, _ = x.shape
         nh, nkv, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
-        q, k, v = self.c_attn(x).split(self.sizes, dim=-1)
-        q = q.view(B, T, nh, hd).transpose(1, 2)   # (B, nh, T, hd)
-        k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)
+        qk, v = self.c_attn(x).split([self.sizes[0] + self.sizes[1], self.sizes[2]], dim=-1)
+        qk = qk.view(B, T, nh + nkv, hd).transpose(1, 2)  # (B, nh + nkv, T, hd): queries then keys
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            qk = apply_rope(qk, *rope)  # both at once: one set of kernels, not two
+        q, k = qk.split([nh, nkv], dim=1)               # (B, nh, T, hd), (B, nkv, T, hd)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)
         if kv is not None:
             kc, vc, rows, pos = kv  # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
             kc[rows, :, pos] = k.transpose(1, 2)
@@ -116,16 +114,15 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             L = mask.size(-1)
-            # fold each kv head's group of query heads into the query axis: attention then reads the
-            # shared K/V as they are (no expanded copy) and any SDPA backend can take the mask
-            g = nh // nkv
-            q, kc, vc = q.reshape(B, nkv, g * T, hd), kc[:, :, :L], vc[:, :, :L]
+            # fold each kv head's group of query heads into the query axis (the mask is laid out so, see hidden):
+            # attention then reads the shared K/V as they are (no expanded copy) and any SDPA backend takes the mask
+            q, kc, vc = q.reshape(B, nkv, nh // nkv * T, hd), kc[:, :, :L], vc[:, :, :L]
             if T == 1 and q.device.type == 'cpu':
                 # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x what these take
                 scores = (q @ kc.transpose(-1, -2)) * hd ** -0.5
-                y = torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1) @ vc
+                y = torch.softmax(torch.where(mask, scores, float('-inf')), dim=-1) @ vc
             else:
-                y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask.repeat(1, 1, g, 1))
+                y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
             y = y.reshape(B, nh, T, hd)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
 
@@ -248,9 +245,13 @@ class GPT(nn.Module):
             if L > cache.max_len:
                 raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > max_len {cache.max_len}')
             pos = cache.lengths[:, None] + ar  # (B, T)
-            # an empty cache: every row starts at 0, so plain causal attention over the new tokens (right padding
-            # is harmless: pad positions are overwritten by the tokens that follow, and masked until then)
-            mask = None if cache.extent == 0 else (torch.arange(L, device=idx.device) <= pos[:, :, None])[:, None]
+            # (B, 1, g*T, L): query t of row b sees positions <= pos[b, t], repeated for the g query heads that share
+            # a kv head (Attention folds them into the query axis). An empty cache: every row starts at 0, so plain
+            # causal attention over the new tokens (right padding is harmless: pad positions are overwritten by the
+            # tokens that follow, and masked until then)
+            g = cfg.n_head // cfg.n_kv_head
+            mask = None if cache.extent == 0 else \
+                (torch.arange(L, device=idx.device) <= pos[:, :, None])[:, None].repeat(1, 1, g, 1)
             rows = torch.arange(B, device=idx.device)[:, None]
         if self.wpe is not None and L > cfg.max_seq_len:
             raise ValueError(f'sequence of {L} positions exceeds the model maximum {cfg.max_seq_len}')
