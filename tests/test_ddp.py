@@ -125,6 +125,26 @@ def test_sigkill_of_all_ranks_then_resume(one_process, tmp_path):
     assert_same_run(one_process, tmp_path, 'DDP after SIGKILL + resume')
 
 
+def test_sigterm_to_torchrun_saves_on_every_rank_then_resumes(one_process, tmp_path):
+    """SIGTERM to torchrun reaches both ranks; they finish the step, save it, exit with 128+15 and no abort at
+    teardown (gloo); the same command, minus the stall, resumes and ends where one uninterrupted process does."""
+    proc = subprocess.Popen(cmd(tmp_path, 2, '--fault_stall_step=2', '--fault_stall_s=3'), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while not (tmp_path / 'ckpt_0000001.pt').exists():
+        assert time.time() < deadline and proc.poll() is None, "the 2-rank run never reached step 1"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, "a run stopped by a signal must not exit 0"
+    assert 'signal 15: checkpoint saved at step 2' in out, out[-2000:] + err[-3000:]
+    assert 'terminate called' not in err and 'SIGABRT' not in err, err[-3000:]
+    assert (tmp_path / 'ckpt_0000002.pt').exists() and not (tmp_path / 'ckpt_0000003.pt').exists()
+    p = run(tmp_path, 2)
+    assert 'resume:' in p.stdout, p.stdout[-2000:]
+    assert_same_run(one_process, tmp_path, 'DDP after SIGTERM + resume')
+
+
 def test_batch_not_divisible_by_ranks_is_a_clear_error(tmp_path):
     p = run(tmp_path, 2, '--batch_prompts=3', check=False)
     assert p.returncode != 0 and 'batch_prompts=3' in p.stderr and 'divisible' in p.stderr, p.stderr[-2000:]
