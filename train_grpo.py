@@ -482,7 +482,8 @@ def injected_stall(seconds):  # named so the watchdog's stack dump points straig
 P, G = batch_prompts, group_size
 print(f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens = <= {P * G * max_new_tokens:,} "
       f"generated tokens, then {num_iterations} update(s) in micro-batches of {micro_batch_size} rows. The first step also "
-      f"warms up kernels/allocator; a progress line shows during generation.", flush=True)
+      f"warms up kernels/allocator{' and compiles the decode step (compile_decode: seconds to minutes)' * compile_decode}; "
+      f"a progress line shows during generation.", flush=True)
 while step < max_steps:
     t_step = time.time()
     timing, m = {}, {}
