@@ -32,8 +32,8 @@ _compiled = weakref.WeakKeyDictionary()  # model -> its torch.compile'd forward,
 def decode_forward(model, compile):
     """The forward that decode steps call: the model itself, or (compile=True) torch.compile of it with dynamic
     shapes, so the batch shrinking under compaction and the cache growing each step do not recompile it. Eager
-    decode of a small model is bound by per-op overhead (a few microseconds an op on CPU, a kernel launch each on
-    GPU); compiled, each layer's norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
+    decode of a small model is bound by per-op overhead (a dispatch per op on CPU, a kernel launch per op on GPU);
+    compiled, each layer's norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
     if not compile:
         return model
     if model not in _compiled:
@@ -79,7 +79,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     n_gen = torch.full((N,), max_new_tokens, dtype=torch.int64, device=device)  # tokens per completion
     finished = torch.zeros(N, dtype=torch.bool, device=device)
     # the decode batch: rows[i] is the completion that row i generates (None: the identity, before any compaction);
-    # live: still generating; ends: its n_gen so far. Written back to n_gen/finished when rows are dropped, and at the end
+    # live: still generating; ends: its n_gen so far. Written back to n_gen/finished when rows are dropped and at
+    # the end
     rows, row_seed = None, seeds
     live, ends = torch.ones(N, dtype=torch.bool, device=device), n_gen.clone()
     check_stops = len(stop_ids) > 0 or bool(stop_strings)

@@ -402,8 +402,8 @@ def run_eval(at_step):
     t = time.time()
     lo, hi = len(eval_set) * rank // world, len(eval_set) * (rank + 1) // world  # each rank its share
     s = evaluate(gen_model, tok, eval_set[lo:hi], system_prompt, instruction,
-                 max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size, compile=compile_decode,
-                 progress=verbose and master)
+                 max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
+                 compile=compile_decode, progress=verbose and master)
     if ddp:
         n, hits, trunc = all_reduce([s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']])
         s = {'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
@@ -480,10 +480,10 @@ def injected_stall(seconds):  # named so the watchdog's stack dump points straig
 
 # ----------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
+compiling = ' and compiles the decode step (compile_decode: seconds to minutes)' if compile_decode else ''
 print(f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens = <= {P * G * max_new_tokens:,} "
       f"generated tokens, then {num_iterations} update(s) in micro-batches of {micro_batch_size} rows. The first step also "
-      f"warms up kernels/allocator{' and compiles the decode step (compile_decode: seconds to minutes)' * compile_decode}; "
-      f"a progress line shows during generation.", flush=True)
+      f"warms up kernels/allocator{compiling}; a progress line shows during generation.", flush=True)
 while step < max_steps:
     t_step = time.time()
     timing, m = {}, {}

@@ -224,16 +224,19 @@ def main():
                hf_s=round(med['hf']['wall'], 4), gen_kwargs=args.gen_kwargs)
     if args.compile:
         ctps = B * N / med['ours_compiled']['wall']
-        print(f"ratio {ctps / hf_tps:.2f}x compiled, by wall time ({med['hf']['cpu'] / med['ours_compiled']['cpu']:.2f}x "
+        cpu_ratio = med['hf']['cpu'] / med['ours_compiled']['cpu']
+        print(f"ratio {ctps / hf_tps:.2f}x compiled, by wall time ({cpu_ratio:.2f}x "
               f"by CPU time); compile (the warm-up call) took {res['ours_compiled']['warmup']:.1f} s")
         out.update(ours_compiled_tok_s=round(ctps, 1), ratio_compiled=round(ctps / hf_tps, 3),
-                   ours_compiled_s=round(med['ours_compiled']['wall'], 4), compile_s=round(res['ours_compiled']['warmup'], 1),
+                   ours_compiled_s=round(med['ours_compiled']['wall'], 4),
+                   compile_s=round(res['ours_compiled']['warmup'], 1),
                    compiled_same_tokens=round(same, 4))
     if GPU:
         cfg = ours.config
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
         best = min((n for n in ('ours', 'ours_compiled') if n in med), key=lambda n: med[n]['wall'])
-        achieved = decode_bytes(cfg, weight_bytes, [p for p in prompts for _ in range(G)], N, dtype.itemsize) / med[best]['wall']
+        rows = [p for p in prompts for _ in range(G)]
+        achieved = decode_bytes(cfg, weight_bytes, rows, N, dtype.itemsize) / med[best]['wall']
         peak_bw = args.peak_bw or next((bw for name, bw in PEAK_BW if name in dev_name), None)
         roofline = None if peak_bw is None else achieved / peak_bw
         # each side's own weights plus the most its generate call held above what was allocated before it
