@@ -30,10 +30,11 @@ _compiled = weakref.WeakKeyDictionary()  # model -> its torch.compile'd forward,
 
 
 def decode_forward(model, compile):
-    """The forward that decode steps call: the model itself, or (compile=True) torch.compile of it with dynamic
-    shapes, so the batch shrinking under compaction and the cache growing each step do not recompile it. Eager
-    decode of a small model is bound by per-op overhead (a dispatch per op on CPU, a kernel launch per op on GPU);
-    compiled, each layer's norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
+    """The forward that generate calls, for the prefill and every decode step: the model itself, or (compile=True)
+    torch.compile of it with dynamic shapes, so other prompt lengths, the batch shrinking under compaction and the
+    cache growing each step do not recompile it (two graphs: prefill and decode). Eager decode of a small model is
+    bound by per-op overhead (a dispatch per op on CPU, a kernel launch per op on GPU); compiled, each layer's
+    norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
     if not compile:
         return model
     if model not in _compiled:
@@ -47,9 +48,9 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
              on_step=None):
     """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each with
     ids (completion ids, stop token included), text, logprobs (of each sampled id under the full softmax at this
-    temperature), finished (hit a stop) and truncated (hit max_new_tokens). compile: decode steps run through
-    torch.compile (see decode_forward; the first call compiles, seconds to a minute). on_step() is called after
-    every decode step (the training loop's watchdog heartbeat)."""
+    temperature), finished (hit a stop) and truncated (hit max_new_tokens). compile: the prefill and decode steps
+    run through torch.compile (see decode_forward; the first call compiles, seconds to a minute). on_step() is called
+    after every decode step (the training loop's watchdog heartbeat)."""
     from model import KVCache
     device = next(model.parameters()).device
     stop_ids = torch.tensor(tok.stop_ids if stop_ids is None else stop_ids, dtype=torch.int64, device=device)
@@ -67,9 +68,9 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     for i, p in enumerate(prompts):
         idx[i, :len(p)] = torch.tensor(p, device=device)
     cache = KVCache(model.config, P, max_len, next(model.parameters()).dtype, device)
-    logits = model(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
-    cache, logits = cache.repeat_interleave(G), logits.repeat_interleave(G, dim=0)
     forward = decode_forward(model, compile)
+    logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
+    cache, logits = cache.repeat_interleave(G), logits.repeat_interleave(G, dim=0)
     N = P * G
     seeds = row_seeds(seed, prompt_index, G).to(device)
     # every completion's tokens and log-probs, by step. Rows that stopped but are still in the decode batch (before
@@ -239,7 +240,7 @@ if __name__ == '__main__':
     top_k = 0  # 0 = off
     top_p = 1.0  # 1.0 = off
     batch_size = 64  # problems per generate() call
-    compile = False  # torch.compile the decode step (the first call compiles: seconds to a minute)
+    compile = False  # torch.compile the prefill and decode steps (the first call compiles: seconds to a minute)
     seed = 1337  # sampling seed; completions depend only on it and the problem/sample index
     system_prompt = "You are a helpful assistant."  # system turn of the chat template
     instruction = "Solve the problem step by step. Put the final answer in \\boxed{}."  # appended to each question

@@ -118,7 +118,7 @@ fault_stall_s = 0.0  # testing: length of that stall
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32 for AdamW)
 compile = False  # torch.compile the training forward
-compile_decode = False  # torch.compile the sampler's decode step (sample.decode_forward): fused kernels per token
+compile_decode = False  # torch.compile the sampler's prefill and decode step (sample.decode_forward): fused kernels
 grad_checkpoint = False  # recompute activations in backward (long completions)
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2), for models that do not fit one GPU
 seed = 1337  # data order, sampling and init: the whole run is a function of it
@@ -480,7 +480,7 @@ def injected_stall(seconds):  # named so the watchdog's stack dump points straig
 
 # ----------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
-compiling = ' and compiles the decode step (compile_decode: seconds to minutes)' if compile_decode else ''
+compiling = ' and compiles the sampler (compile_decode: seconds to minutes)' if compile_decode else ''
 print(f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens = <= {P * G * max_new_tokens:,} "
       f"generated tokens, then {num_iterations} update(s) in micro-batches of {micro_batch_size} rows. The first step also "
       f"warms up kernels/allocator{compiling}; a progress line shows during generation.", flush=True)

@@ -14,8 +14,8 @@ an attention mask. The greedy tokens of the two are compared to show that the wo
   GPU: Qwen2.5-0.5B's exact shape, random init, bf16, batch 64 x 256 new tokens, and the fraction of the HBM
        roofline: every forward reads all weights and the KV cache held at that step; bytes over time over peak.
 
-Ours runs twice: eager, and with compile=True (decode steps through torch.compile; its first call, the warm-up,
-compiles and is reported as compile_s). Timed runs alternate ours / ours compiled / transformers so a change in
+Ours runs twice: eager, and with compile=True (prefill and decode steps through torch.compile; its first call, the
+warm-up, compiles and is reported as compile_s). Timed runs alternate ours / ours compiled / transformers so a change in
 machine load hits all three. On CPU the process CPU time is reported next to wall time: on a shared machine it is
 the steadier of the two.
 

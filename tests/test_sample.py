@@ -87,19 +87,23 @@ def test_compaction_changes_nothing():
 
 
 def test_compiled_decode_generates_as_eager():
-    """compile=True (torch.compile of the decode step, dynamic shapes): the same tokens as eager, through rows
-    finishing at different times and compaction shrinking the batch (no recompile per batch size: the compiled
-    forward is reused by a second call with another batch and prompt lengths)."""
+    """compile=True (torch.compile of the prefill and decode steps, dynamic shapes): the same tokens as eager, through
+    rows finishing at different times and compaction shrinking the batch; and no recompile per batch size or prompt
+    length: a second call with another batch and prompt lengths reuses the compiled graphs."""
+    from torch._dynamo.utils import counters
+    counters.clear()
     model = tiny()
     stops = [ord(c) for c in 'aeiou ']
     for prompts, g in ((PROMPTS, 4), (PROMPTS[:2] + [TOK.encode("A much longer prompt than the others, by far.")], 3)):
         a = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops)
         b = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops, compile=True)
         assert sum(x['finished'] for x in a) >= 3, "test needs rows finishing early"
-        assert [x['ids'] for x in a] == [x['ids'] for x in b], "the compiled decode step changed the completions"
+        assert [x['ids'] for x in a] == [x['ids'] for x in b], "the compiled forward changed the completions"
         for x, y in zip(a, b):
             assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-4)
     assert model in sample._compiled, "compile=True did not go through torch.compile"
+    graphs = counters['stats']['unique_graphs']
+    assert 2 <= graphs <= 4, f"{graphs} graphs compiled: expected prefill and decode, each recompiled at most once"
     greedy = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[], compile=True)
     assert [x['ids'] for x in greedy] == [naive_greedy(model, p, 20)[0] for p in PROMPTS]
 
