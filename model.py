@@ -177,9 +177,10 @@ class KVCache:
         return c
 
     def repeat_interleave(self, n):
-        """Each row copied n times, adjacent (prefill a prompt once, then share it with its G samples)."""
-        return self._with([t.repeat_interleave(n, dim=0) for t in self.k],
-                          [t.repeat_interleave(n, dim=0) for t in self.v], self.lengths.repeat_interleave(n))
+        """Each row copied n times, adjacent (prefill a prompt once, then share it with its G samples). Through
+        select, so the copies are plain tensors as after compaction: Tensor.repeat_interleave returns a view of the
+        copy it makes, a compiled decode step guards on a view's base, and the first compaction then recompiled it."""
+        return self.select(torch.arange(len(self.lengths), device=self.lengths.device).repeat_interleave(n))
 
     def select(self, rows):
         """Keep only these rows, in this order (drop finished sequences from the decode batch)."""
