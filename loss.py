@@ -1,10 +1,10 @@
 """
 The GRPO objective, as small functions of flat per-token tensors so each piece can be checked by hand.
 
-pack() and pack_groups() lay a micro-batch's rows out for the model. A step's completion tokens are cut into
-micro-batches. Each micro-batch's loss is sum(token_loss * w) with the
-weights w of token_weights(), whose denominators count the whole step (every micro-batch, every rank): the sum
-of the micro-batch losses is the step's loss, and its gradient does not depend on how the step was cut.
+micro_batches() cuts a step's rows into micro-batches; pack() and pack_groups() lay a micro-batch out for the
+model. Each micro-batch's loss is sum(token_loss * w) with the weights w of token_weights(), whose denominators
+count the whole step (every micro-batch, every rank): the sum of the micro-batch losses is the step's loss, and its
+gradient does not depend on how the step was cut.
 """
 import torch
 
@@ -61,6 +61,23 @@ def policy_loss(logp, old_logp, adv, w, eps_low, eps_high, ref_logp=None, beta=0
         tok_loss = tok_loss - entropy_coef * entropy
     clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
     return (tok_loss * w).sum(), {'pg': pg.detach(), 'kl': kl.detach(), 'clipped': clipped}
+
+
+def micro_batches(rows, size, whole_groups):
+    """Cut a step's rows into micro-batches of at most `size` rows, similar lengths together (less padding).
+    whole_groups (for pack_groups): a group's rows stay together and in order, at least one group per micro-batch."""
+    if not whole_groups:
+        rows = sorted(rows, key=lambda r: len(r['prompt']) + len(r['ids']))
+        return [rows[i:i + size] for i in range(0, len(rows), size)]
+    groups = {}
+    for r in rows:
+        groups.setdefault(r['group'], []).append(r)
+    micro = []
+    for g in sorted(groups.values(), key=lambda g: len(g[0]['prompt']) + sum(len(r['ids']) for r in g)):
+        if not micro or len(micro[-1]) + len(g) > size:
+            micro.append([])
+        micro[-1] += g
+    return micro
 
 
 def pack(rows, pad_id, device='cpu'):

@@ -135,7 +135,7 @@ from checkpoint import (atomic_write, full_state, list_checkpoints, load_newest,
                         save_checkpoint, set_rng_state, trim_metrics)
 from data import arith_splits, batch_at, load_gsm8k  # noqa: E402
 from kernels import chunked_token_logprobs, token_logprobs  # noqa: E402
-from loss import group_advantages, pack, pack_groups, policy_loss, token_weights  # noqa: E402
+from loss import group_advantages, micro_batches, pack, pack_groups, policy_loss, token_weights  # noqa: E402
 from model import ModelConfig, from_pretrained, from_scratch, save_pretrained  # noqa: E402
 from plot import plot_metrics  # noqa: E402
 from reward import check_reward_config, extract_answer, score  # noqa: E402
@@ -304,9 +304,11 @@ def gather_step(comps, sc):
     parts[rank] = (comps, sc)
     scs = [s for _, s in parts]
     return [c for cs, _ in parts for c in cs], {
-        'total': [x for s in scs for x in s['total']], 'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in sc['per_fn']},
+        'total': [x for s in scs for x in s['total']],
+        'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in sc['per_fn']},
         'errors': {k: sum(s['errors'][k] for s in scs) for k in sc['errors']},
-        'error_msgs': [msg for s in scs for msg in s['error_msgs']][:5], 'all_failed': all(s['all_failed'] for s in scs)}
+        'error_msgs': [msg for s in scs for msg in s['error_msgs']][:5],
+        'all_failed': all(s['all_failed'] for s in scs)}
 
 
 def mem_stats():
@@ -417,7 +419,8 @@ if state is None and sft_steps > 0:
     t0, sft_cursor = time.time(), 0
     for it in range(sft_steps):
         batch, sft_cursor = batch_at(train_set, seed + 1, sft_cursor, sft_batch_size)
-        rows = [{'prompt': p, 'ids': tok.encode(ex['solution']) + [tok.eos_id]} for p, ex in zip(encode_prompts(tok, batch, system_prompt, instruction), batch)]
+        rows = [{'prompt': p, 'ids': tok.encode(ex['solution']) + [tok.eos_id]}
+                for p, ex in zip(encode_prompts(tok, batch, system_prompt, instruction), batch)]
         logp, _ = completion_logprobs(train_model, rows, temp=1.0)  # plain cross-entropy, whatever GRPO samples at
         loss = -logp.mean()
         loss.backward()
@@ -529,18 +532,7 @@ while step < max_steps:
         if c['prompt_idx'] in mine:  # each rank trains on its own prompts' completions
             rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv.view(-1)[i]),
                          'gen_logp': c['logprobs'], 'group': c['prompt_idx']})
-    if share_prompt:  # whole groups per micro-batch (at least one), groups of similar packed length together
-        groups = {}
-        for rw in rows:
-            groups.setdefault(rw['group'], []).append(rw)
-        micro = []
-        for g in sorted(groups.values(), key=lambda g: len(g[0]['prompt']) + sum(len(rw['ids']) for rw in g)):
-            if not micro or len(micro[-1]) + len(g) > micro_batch_size:
-                micro.append([])
-            micro[-1] += g
-    else:
-        rows.sort(key=lambda rw: len(rw['prompt']) + len(rw['ids']))  # similar lengths together: less padding
-        micro = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    micro = micro_batches(rows, micro_batch_size, whole_groups=share_prompt)  # share_prompt packs whole groups
     n_real = len(micro)
     if ddp:  # every rank runs as many forward/backward passes, so their collectives pair up: pad with zero-weight ones
         pad = {'prompt': [tok.pad_id], 'ids': [tok.pad_id], 'adv': 0.0, 'gen_logp': [0.0], 'group': -1}

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from loss import group_advantages, kl_estimate, policy_loss, token_weights
+from loss import group_advantages, kl_estimate, micro_batches, policy_loss, token_weights
 
 
 def test_advantages_grpo_and_dr_grpo():
@@ -101,6 +101,22 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
 
     g1, gall = grad_with(1), grad_with(n_seq)
     assert torch.allclose(g1, gall, atol=1e-7), f"{loss_agg}: micro-batch 1 vs all differ by {(g1 - gall).abs().max()}"
+
+
+def test_micro_batches_sizes_and_whole_groups():
+    # group g has 3 rows; its total length grows with g, row lengths differ inside a group
+    rows = [{'prompt': [0] * 5, 'ids': [0] * (10 * g + k), 'group': g} for g in (2, 0, 1) for k in range(3)]
+    plain = micro_batches(rows, 4, whole_groups=False)
+    assert [len(mb) for mb in plain] == [4, 4, 1], "at most `size` rows per micro-batch"
+    flat = [len(r['ids']) for mb in plain for r in mb]
+    assert flat == sorted(flat), "rows of similar length share a micro-batch"
+    grouped = micro_batches(rows, 4, whole_groups=True)
+    assert [[r['group'] for r in mb] for mb in grouped] == [[0] * 3, [1] * 3, [2] * 3], \
+        "a group's rows stay together; one group of 3 fills a micro-batch of 4"
+    assert [len(r['ids']) for r in grouped[0]] == [0, 1, 2], "a group's rows keep their order"
+    assert [len(mb) for mb in micro_batches(rows, 2, whole_groups=True)] == [3, 3, 3], \
+        "a group larger than `size` still gets a micro-batch of its own"
+    assert [len(mb) for mb in micro_batches(rows, 6, whole_groups=True)] == [6, 3]
 
 
 def test_token_mean_weights_every_token_equally():
