@@ -118,25 +118,78 @@ def test_exact_resume_after_sigkill(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights are not bit-identical after resume"
 
 
+def newest_ckpt(out_dir, pid=None):
+    """Step of the newest complete checkpoint in out_dir (-1: none), and whether process pid is writing one now (its
+    temporary file exists: a checkpoint is written under a temporary name and renamed when whole)."""
+    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
+    done = [int(n[5:12]) for n in names if n.startswith('ckpt_') and n.endswith('.pt')]
+    return max(done, default=-1), any(n.startswith('ckpt_') and n.endswith(f'.tmp.{pid}') for n in names)
+
+
 def test_kill_at_random_instants(tmp_path):
-    """20 SIGKILLs at random moments (startup, generation, update, checkpoint writing): every restart resumes from a
-    checkpoint that loads, never from an older one, and the finished run has every step exactly once."""
+    """20 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that on a fast machine
+    or a slow one they spread over start-up, generation and the update, and checkpoint writing: every checkpoint on
+    disk loads, no restart resumes from an older checkpoint than the last, and the finished run has every step once.
+
+    A kill lands in one of three places, drawn at random: in start-up (a random fraction of the shortest start-up
+    seen, timed from launch to the run's first new checkpoint); in a step (after 1-3 new checkpoints, save_every=1
+    writes one per step, plus a random fraction of the median step); or in a checkpoint write (once the temporary file
+    of the 1st-3rd new checkpoint appears, or the checkpoint itself if its temporary file came and went between two
+    looks, plus a random fraction of the median write)."""
     rng = random.Random(0)
     args = ['--max_steps=100000', '--save_every=1', '--keep_last=2']  # long enough that no kill comes after the end
-    resumed_from = []
+    startup_s, step_s, write_s = [], [], []
+    positions = []  # (where, newest checkpoint before the run, newest after its kill)
+    median = lambda xs, default: sorted(xs)[len(xs) // 2] if xs else default
     for i in range(20):
+        before = newest_ckpt(tmp_path)[0]
         proc = start(tmp_path, *args)
-        time.sleep(rng.uniform(0.5, 3.5))
+        t0 = time.time()
+        where = 'measure' if i == 0 else rng.choice(['startup', 'step', 'write'])  # the first run only measures
+        if where == 'startup':
+            time.sleep(rng.uniform(0, 1) * min(startup_s))
+        else:
+            want = 4 if i == 0 else rng.randint(1, 3)
+            seen, t_done, t_tmp, deadline = before, None, None, t0 + 120
+            while True:
+                assert time.time() < deadline and proc.poll() is None, f"kill {i}: no progress past step {seen}"
+                now, writing = newest_ckpt(tmp_path, proc.pid)
+                t = time.time()
+                if writing and t_tmp is None:
+                    t_tmp = t
+                    if where == 'write' and seen == before + want - 1:
+                        where = 'write(tmp)'  # mid-write
+                        break
+                if now > seen:
+                    if seen == before:
+                        startup_s.append(t - t0)
+                    elif now == seen + 1 and now > before + 2:  # (a run's first step warms up: not typical)
+                        step_s.append(t - t_done)
+                    if t_tmp is not None and now == seen + 1:
+                        write_s.append(t - t_tmp)
+                    seen, t_done, t_tmp = now, t, None
+                    if seen >= before + want:
+                        where = 'write(renamed)' if where == 'write' else where  # pruning old ones, fsync of the dir
+                        break
+                time.sleep(0.001)
+            frac = rng.uniform(0, 1)
+            time.sleep(frac * (median(write_s, 0.005) if where.startswith('write') else median(step_s, 0.05)))
+            where = f'{where} {want} +{frac:.2f}'
         assert proc.poll() is None, "the run ended by itself before its kill"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         for ck in tmp_path.glob('ckpt_*.pt'):  # every checkpoint on disk loads: none is ever half-written
             state = torch.load(ck, weights_only=False)
             assert state['step'] == int(ck.stem.split('_')[1])
-        ckpts = sorted(tmp_path.glob('ckpt_*.pt'))
-        resumed_from.append(int(ckpts[-1].stem.split('_')[1]) if ckpts else -1)
-    assert resumed_from == sorted(resumed_from), f"a restart went backwards: {resumed_from}"
-    assert resumed_from[-1] > 0, f"no kill landed after the first checkpoint: {resumed_from}"
+        positions.append((where, before, newest_ckpt(tmp_path)[0]))
+    print(f"\nkills (where, newest checkpoint before the run, after the kill): {positions}\nstart-up "
+          f"{min(startup_s):.2f}-{max(startup_s):.2f}s, step {min(step_s):.3f}-{max(step_s):.3f}s, checkpoint write "
+          f"{min(write_s, default=0):.4f}-{max(write_s, default=0):.4f}s")
+    resumed_from = [a for _, _, a in positions]
+    assert resumed_from == sorted(resumed_from), f"a restart went backwards: {positions}"
+    after = sum(a > b for _, b, a in positions)  # the run had written a checkpoint of its own before its kill
+    assert after >= 20 // 3, f"only {after}/20 kills landed after a checkpoint: the test covered start-up only: {positions}"
+    assert any(w == 'startup' for w, _, _ in positions), positions
     last = resumed_from[-1] + 3  # finish a few steps past the last checkpoint (max_steps only shapes the LR schedule)
     p = run(tmp_path, *args[1:], f'--max_steps={last}', timeout=300)
     assert f"resume: " in p.stdout
@@ -213,8 +266,10 @@ def test_kl_above_max(tmp_path, mode):
 
 
 def test_watchdog_dumps_the_stalled_stack(tmp_path):
-    p = run(tmp_path, '--max_steps=3', '--watchdog_s=1.0', '--fault_stall_step=1', '--fault_stall_s=30',
-            '--watchdog_exit=True', check=False, timeout=60)
+    # watchdog_s well above any real step's quiet stretch (a first update on a slow, loaded machine takes seconds), far
+    # below the stall: only the stall can trip it
+    p = run(tmp_path, '--max_steps=3', '--watchdog_s=8.0', '--fault_stall_step=1', '--fault_stall_s=120',
+            '--watchdog_exit=True', check=False, timeout=200)
     assert p.returncode == 4, p.stderr[-2000:]
     assert 'watchdog: no progress' in p.stderr and 'injected_stall' in p.stderr, p.stderr[-3000:]
     assert 'injected_stall' in (tmp_path / 'watchdog_stacks.txt').read_text()
