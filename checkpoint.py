@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import random
+import time
 
 import numpy as np
 import torch
@@ -66,6 +67,14 @@ def save_checkpoint(out_dir, step, state, keep_last):
     return path
 
 
+def load_newest_everywhere(out_dir, master=True):
+    """load_newest on every rank of a run; rank 0 looks first, as it also deletes half-written files."""
+    from parallel import barrier
+    found = load_newest(out_dir) if master else None
+    barrier()
+    return found if master else load_newest(out_dir)
+
+
 def load_newest(out_dir, map_location='cpu'):
     """(path, state) of the newest checkpoint that loads; a broken one is reported and the next older one tried."""
     for tmp in glob.glob(os.path.join(out_dir, '*.tmp.*')):  # left by a write that was killed: never complete
@@ -96,6 +105,51 @@ def trim_metrics(path, last_step):
             if row.get('step', 0) <= last_step:
                 keep.append(json.dumps(row) + '\n')
     atomic_write(path, lambda f: f.write(''.join(keep).encode()))
+
+
+# ----------------------------------------------------------------------------- a run's checkpoints
+
+def resume_run(out_dir, resume, master, model, optimizer, fsdp):
+    """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer, restore the RNG
+    state, trim metrics.jsonl back to its step, and return its state dict; None to start fresh (then a metrics.jsonl
+    already there is renamed aside, never overwritten). resume='never' refuses an out_dir that holds checkpoints."""
+    from parallel import barrier, die
+    path, state = load_newest_everywhere(out_dir, master) if resume == 'auto' else (None, None)
+    if resume == 'never' and list_checkpoints(out_dir):
+        die(f"resume='never' but {out_dir} holds checkpoints; pick a new --out_dir (nothing is overwritten)", 2)
+    barrier()  # every rank has chosen before rank 0 writes anything
+    metrics = os.path.join(out_dir, 'metrics.jsonl')
+    if state is not None:
+        load_state(model, optimizer, state['model'], state['optimizer'], fsdp)
+        set_rng_state(state['rng'])
+        if master:
+            trim_metrics(metrics, state['step'])
+        print(f"resume: {path} (step {state['step']}, data cursor {state['cursor']}, lr scale {state['lr_scale']})")
+    elif master and os.path.exists(metrics):
+        os.replace(metrics, metrics + f'.old.{int(time.time())}')
+    return state
+
+
+def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state, tok=None, config=None):
+    """Checkpoint step (with run_state: cursor, lr_scale, guards, ...) and, given tok, the HF export out_dir/hf with the
+    run's config beside it (grpo_run.json, which sample.py reads), only from finite weights: a bad model is never
+    written over a good one. Rank 0 writes (FSDP first gathers the weights onto it); the others wait, so no rank reads
+    a checkpoint still being written. Every rank restores the one RNG state saved: they all seed alike."""
+    from parallel import barrier
+    from model import save_pretrained
+    msd, osd = full_state(model, optimizer, fsdp)
+    ok = all(torch.isfinite(t).all() for t in msd.values())
+    if master and not ok:
+        print(f"guard: weights are not finite at step {step}; NOT saving (the last good checkpoint stays)", flush=True)
+    elif master:
+        save_checkpoint(out_dir, step, {'model': msd, 'optimizer': osd, 'step': step, 'rng': rng_state(),
+                                        'config': config, **run_state}, keep_last)
+        if tok is not None:
+            save_pretrained(model, tok, os.path.join(out_dir, 'hf'), state_dict=msd)
+            run = json.dumps({**config, 'step': step}, indent=2, sort_keys=True, default=str)
+            atomic_write(os.path.join(out_dir, 'hf', 'grpo_run.json'), lambda f: f.write(run.encode()))
+    barrier()
+    return ok
 
 
 # ----------------------------------------------------------------------------- whole state under FSDP

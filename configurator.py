@@ -49,16 +49,37 @@ def parse_value(raw):
         return raw  # a bare word such as --init_from=Qwen/Qwen2.5-0.5B-Instruct is a string
 
 
-def configure(g, argv=None):
-    """Apply config files and --key=value overrides from argv (default sys.argv[1:]) to the globals dict g."""
+def configure(g, argv=None, more_knobs=None):
+    """Apply config files and --key=value overrides from argv (default sys.argv[1:]) to the globals dict g.
+    more_knobs(settings) -> {name: default}: knobs that exist only given other settings (the chosen task's, see
+    tasks/), found after a first quiet pass over argv that skips unknown keys; they are added to g, then argv is
+    applied for real, so they take files and overrides like any knob. A ValueError from it is a config error."""
     argv = sys.argv[1:] if argv is None else argv
     keys = config_keys(g)
-    defaults = {k: g[k] for k in keys}
+    if more_knobs is not None:
+        first = dict(g)
+        _apply(first, argv, {k: g[k] for k in keys}, strict=False)
+        try:
+            extra = more_knobs(first)
+        except ValueError as e:
+            fail(str(e))
+        clash = sorted(set(extra) & set(keys))
+        if clash:
+            fail(f"knob(s) {clash} of the chosen task clash with the script's own; rename them in the task")
+        g.update(extra)
+        keys += list(extra)
+    _apply(g, argv, {k: g[k] for k in keys}, strict=True)
+    return {k: g[k] for k in keys}
+
+
+def _apply(g, argv, defaults, strict):
+    """strict=False: a quiet first pass, unknown keys skipped."""
     for arg in argv:
         if not arg.startswith('--'):
             if not os.path.isfile(arg):
                 fail(f"config file not found: {arg}")
-            print(f"config: executing {arg}")
+            if strict:
+                print(f"config: executing {arg}")
             file_globals = {'__file__': os.path.abspath(arg)}  # lets a config exec a sibling config
             try:
                 with open(arg) as f:
@@ -69,6 +90,8 @@ def configure(g, argv=None):
                 if k.startswith('_') or callable(v) or type(v).__name__ == 'module':
                     continue  # imports and helper functions in a config file are not settings
                 if k not in defaults:
+                    if not strict:
+                        continue
                     fail(f"{arg}: unknown config key '{k}' (known keys: {', '.join(sorted(defaults))})")
                 g[k] = check_type(k, v, defaults[k], arg)
         else:
@@ -76,12 +99,13 @@ def configure(g, argv=None):
             if not sep:
                 fail(f"expected --key=value, got {arg}")
             if key not in defaults:
+                if not strict:
+                    continue
                 fail(f"unknown config key --{key} (known keys: {', '.join(sorted(defaults))})")
             value = parse_value(raw)
             if isinstance(defaults[key], str) and not isinstance(value, str):
                 value = raw  # --out_dir=2024 is the string '2024'
             g[key] = check_type(key, value, defaults[key], arg)
-    return {k: g[k] for k in keys}
 
 
 def save_config(config, out_dir):

@@ -1,10 +1,9 @@
 """
 The GRPO objective, as small functions of flat per-token tensors so each piece can be checked by hand.
 
-micro_batches() cuts a step's rows into micro-batches; pack() and pack_groups() lay a micro-batch out for the
-model. Each micro-batch's loss is sum(token_loss * w) with the weights w of token_weights(), whose denominators
-count the whole step (every micro-batch, every rank): the sum of the micro-batch losses is the step's loss, and its
-gradient does not depend on how the step was cut.
+Each micro-batch's loss (batch.py cuts and lays out the micro-batches) is sum(token_loss * w) with the weights w of
+token_weights(), whose denominators count the whole step (every micro-batch, every rank): the sum of the
+micro-batch losses is the step's loss, and its gradient does not depend on how the step was cut.
 """
 import torch
 
@@ -61,69 +60,3 @@ def policy_loss(logp, old_logp, adv, w, eps_low, eps_high, ref_logp=None, beta=0
         tok_loss = tok_loss - entropy_coef * entropy
     clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
     return (tok_loss * w).sum(), {'pg': pg.detach(), 'kl': kl.detach(), 'clipped': clipped}
-
-
-def micro_batches(rows, size, whole_groups):
-    """Cut a step's rows into micro-batches of at most `size` rows, similar lengths together (less padding).
-    whole_groups (for pack_groups): a group's rows stay together and in order, at least one group per micro-batch."""
-    if not whole_groups:
-        rows = sorted(rows, key=lambda r: len(r['prompt']) + len(r['ids']))
-        return [rows[i:i + size] for i in range(0, len(rows), size)]
-    groups = {}
-    for r in rows:
-        groups.setdefault(r['group'], []).append(r)
-    micro = []
-    for g in sorted(groups.values(), key=lambda g: len(g[0]['prompt']) + sum(len(r['ids']) for r in g)):
-        if not micro or len(micro[-1]) + len(g) > size:
-            micro.append([])
-        micro[-1] += g
-    return micro
-
-
-def pack(rows, pad_id, device='cpu'):
-    """Right-padded (prompt + completion) ids for a micro-batch, and the positions whose next token is a completion
-    token: the only positions that get logits (prompt positions never reach the LM head)."""
-    T = max(len(r['prompt']) + len(r['ids']) for r in rows)
-    x = torch.full((len(rows), T), pad_id, dtype=torch.int64)
-    mask = torch.zeros((len(rows), T - 1), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        p, c = len(r['prompt']), len(r['ids'])
-        x[i, :p + c] = torch.tensor(r['prompt'] + r['ids'])
-        mask[i, p - 1:p + c - 1] = True
-    return x.to(device), mask.to(device)
-
-
-def pack_groups(rows, pad_id, device='cpu'):
-    """One packed row per group (consecutive rows with the same 'group'): the prompt once, then each completion less
-    its last token (which predicts nothing), at positions that restart after the prompt, each completion seeing the
-    prompt and its own earlier tokens only. The same log-probs as pack(), but a prompt's layers run once instead of
-    G times: the update's cost when prompts are long next to completions. Returns ids, positions, the attention mask
-    (B, 1, T, T), the flat position that predicts each completion token, and the targets (both row-major)."""
-    groups = []
-    for r in rows:
-        if groups and groups[-1][0]['group'] == r['group']:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
-    T = max(len(g[0]['prompt']) + sum(len(r['ids']) - 1 for r in g) for g in groups)
-    x = torch.full((len(groups), T), pad_id, dtype=torch.int64)
-    pos = torch.zeros((len(groups), T), dtype=torch.int64)
-    seg = torch.full((len(groups), T), -1, dtype=torch.int64)  # 0 prompt, s the s-th completion, -1 padding
-    pred, targets = [], []
-    for b, g in enumerate(groups):
-        n = len(g[0]['prompt'])
-        x[b, :n], pos[b, :n], seg[b, :n] = torch.tensor(g[0]['prompt']), torch.arange(n), 0
-        at = n
-        for s, r in enumerate(g, 1):
-            k = len(r['ids']) - 1
-            x[b, at:at + k] = torch.tensor(r['ids'][:-1], dtype=torch.int64)
-            pos[b, at:at + k], seg[b, at:at + k] = torch.arange(n, n + k), s
-            # the prompt's last token predicts the first completion token, each completion token the next
-            pred += [b * T + n - 1] + list(range(b * T + at, b * T + at + k))
-            targets += r['ids']
-            at += k
-    q, kk = seg[:, :, None], seg[:, None, :]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    mask = causal & ((kk == 0) | (kk == q) | (q == -1))  # padding sees what precedes it: finite, never read
-    return (x.to(device), pos.to(device), mask[:, None].to(device), torch.tensor(pred, device=device),
-            torch.tensor(targets, device=device))

@@ -8,6 +8,7 @@ config says which run, with what weight and what keyword arguments:
 check_reward_config() rejects unknown names and unknown kwargs up front, because a kwarg that is silently
 dropped looks exactly like a kwarg that works.
 """
+import importlib
 import inspect
 import math
 import re
@@ -198,6 +199,38 @@ def check_reward_config(rewards):
             except Exception as e:
                 raise ValueError(f"reward config: {name!r} rejects kwargs {kwargs}: {e}") from e
         out.append((name, fn, float(weight), dict(kwargs)))
+    return out
+
+
+def grade_reward(grade):
+    """The 'correct' reward of a task: `correct` when grade(completion, example) holds, else `incorrect`."""
+    def correct(completion, example, correct=1.0, incorrect=0.0):
+        return correct if grade(completion, example) else incorrect
+    return correct
+
+
+def resolve_rewards(entries, grade=None):
+    """The config's reward entries made runnable: a 'module:function' name imported (a user's reward function), and
+    'correct' paying the task's grade() when one is given, so the reward and eval/pass@1 judge alike. Checked by
+    check_reward_config. Raises ValueError naming the entry."""
+    out = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            name, named = entry.get('name'), lambda fn: {**entry, 'name': fn}
+        elif isinstance(entry, str) or callable(entry):
+            name, named = entry, lambda fn: fn
+        else:  # (name, weight[, kwargs])
+            name, named = (tuple(entry) or (None,))[0], lambda fn: (fn, *tuple(entry)[1:])
+        if isinstance(name, str) and ':' in name:
+            mod, _, attr = name.partition(':')
+            try:
+                entry = named(getattr(importlib.import_module(mod), attr))
+            except (ImportError, AttributeError) as e:
+                raise ValueError(f"rewards: cannot import {mod}:{attr} ({e})") from e
+        elif name == 'correct' and grade is not None:
+            entry = named(grade_reward(grade))
+        out.append(entry)
+    check_reward_config(out)
     return out
 
 

@@ -136,21 +136,28 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     return results
 
 
-def encode_prompts(tok, examples, system_prompt, instruction, few_shot=()):
-    from data import build_messages
-    return [tok.render_chat(build_messages(ex, system_prompt=system_prompt, instruction=instruction, few_shot=few_shot))
-            for ex in examples]
+def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
+    """Token ids of the task's prompt for each example: its chat messages through the tokenizer's chat template, or a
+    raw-text prompt as it is. system_prompt/instruction: None = the task's default (tasks.messages)."""
+    import tasks
+    out = []
+    for ex in examples:
+        msgs = tasks.messages(task, ex, system_prompt, instruction)
+        out.append(tok.encode(msgs) if isinstance(msgs, str) else tok.render_chat(msgs))
+    return out
 
 
 @torch.no_grad()
-def evaluate(model, tok, examples, system_prompt, instruction, n_samples=1, temperature=1.0, top_k=0, top_p=1.0,
-             max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True, few_shot=(), compile=False):
-    """Greedy pass@1 on every example; with n_samples > 1 also sampled pass@k, maj@k and mean@k (the unbiased
-    pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the summary dict."""
-    from reward import extract_answer, is_correct
+def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, n_samples=1, temperature=1.0, top_k=0,
+             top_p=1.0, max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True, compile=False):
+    """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled pass@k, maj@k
+    (votes on the task's answer(), default reward.extract_answer) and mean@k (the unbiased pass@1 estimate). Writes
+    one JSON row per problem to out_path when given. Returns the summary dict."""
+    import tasks
+    answer = tasks.answer_fn(task)
     was_training = model.training
     model.eval()
-    prompts = encode_prompts(tok, examples, system_prompt, instruction, few_shot)
+    prompts = encode_prompts(tok, task, examples, system_prompt, instruction)
     rows, t0 = [], time.time()
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
@@ -161,9 +168,9 @@ def evaluate(model, tok, examples, system_prompt, instruction, n_samples=1, temp
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]
-            answers = [extract_answer(c['text']) for c in comps]
-            correct = [is_correct(c['text'], ex['answer']) for c in comps]
-            rows.append(dict(question=ex['question'], reference=ex['answer'], completions=[c['text'] for c in comps],
+            answers = [answer(c['text']) for c in comps]
+            correct = [bool(task.grade(c['text'], ex)) for c in comps]
+            rows.append(dict(question=ex.get('question'), reference=ex.get('answer'), completions=[c['text'] for c in comps],
                              answers=answers, correct=correct, truncated=[c['truncated'] for c in comps]))
         done = len(rows)
         if progress:
@@ -196,75 +203,84 @@ def majority_correct(row):
     return row['correct'][1:][row['answers'][1:].index(best)]
 
 
-def load_examples(data, data_dir, split, num_examples, seed, arith_difficulty='easy'):
-    from data import arith_splits, load_gsm8k
-    if data == 'gsm8k':
-        examples = load_gsm8k(split, data_dir)
-    elif data == 'arith':  # with train_grpo.py's seed, n_test and difficulty: the same held-out split it evaluates on
-        train, test = arith_splits(5000, 200, seed=seed, difficulty=arith_difficulty)
-        examples = train if split == 'train' else test
-    else:
-        raise ValueError(f"unknown data {data!r}: expected 'gsm8k' or 'arith'")
-    return examples[:num_examples] if num_examples > 0 else examples
-
-
-def load_model(init_from, dtype, device, seed=0):
-    """An HF snapshot directory or hub id; or 'scratch' for a tiny random model with the byte tokenizer."""
-    from model import ModelConfig, from_pretrained, from_scratch
-    from tokenizer import byte_tokenizer
-    dt = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    if init_from == 'scratch':
-        tok = byte_tokenizer()
-        cfg = ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
-                          intermediate_size=384, max_seq_len=1024, tie_word_embeddings=True)
-        return from_scratch(cfg, dtype=dt, device=device, seed=seed), tok
-    model, tok = from_pretrained(init_from, dtype=dt, device=device)
-    if tok is None:
-        raise ValueError(f"{init_from}: no tokenizer files in the snapshot")
-    return model, tok
+def run_config(init_from):
+    """The training run's config saved beside an hf/ export (grpo_run.json), or {} for any other model."""
+    path = os.path.join(init_from, 'grpo_run.json')
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        run = json.load(f)
+    if 'task' not in run and 'data' in run:  # runs from before tasks/ named it 'data'
+        run['task'] = run['data']
+    return run
 
 
 if __name__ == '__main__':
     # -----------------------------------------------------------------------------
+    # None: the training run's value when init_from is a train_grpo.py export (OUT_DIR/hf holds the run's config,
+    # grpo_run.json), so `python sample.py --init_from=OUT_DIR/hf` evaluates exactly as the run did; else the fallback
     init_from = 'scratch'  # HF snapshot dir or hub id; 'scratch' = tiny random model + byte tokenizer (smoke test)
     prompt = ''  # if set: print completions for this prompt (chat-formatted) and exit
-    data = 'gsm8k'  # 'gsm8k' or 'arith' (the built-in offline task)
-    arith_difficulty = 'starter'  # arith preset (data.DIFFICULTY), as trained with
-    data_dir = ''  # local dir with train.jsonl/test.jsonl, e.g. ../shared/gsm8k; '' = download openai/gsm8k
+    task = None  # None: the run's, else 'gsm8k'; 'arith', 'module:attr' or 'path/to/task.py' (tasks/)
+    data_dir = None  # None: the run's, else '' (the task's default source, e.g. the hub for gsm8k)
     split = 'test'  # which split to evaluate
-    num_examples = 0  # evaluate the first N problems; 0 = all
+    num_examples = None  # the first N problems; None: the run's eval_examples, else 0 = all
     n_samples = 1  # 1 = greedy pass@1 only; k > 1 adds sampled pass@k, maj@k, mean@k
     num_completions = 1  # completions printed for --prompt
-    max_new_tokens = 512  # generation budget per completion
+    max_new_tokens = None  # per completion; None: the run's eval budget (eval_max_new_tokens or max_new_tokens), else 512
     temperature = 1.0  # for sampled completions (greedy pass@1 always uses 0)
     top_k = 0  # 0 = off
     top_p = 1.0  # 1.0 = off
-    batch_size = 64  # problems per generate() call
+    batch_size = None  # problems per generate() call; None: the run's eval_batch_size, else 64
     compile = False  # torch.compile the prefill and decode steps (the first call compiles: seconds to a minute)
-    seed = 1337  # sampling seed; completions depend only on it and the problem/sample index
-    system_prompt = "You are a helpful assistant."  # system turn of the chat template
-    instruction = "Solve the problem step by step. Put the final answer in \\boxed{}."  # appended to each question
+    seed = None  # sampling seed (and the arith task's split); None: the run's, else 1337
+    system_prompt = None  # system turn; None: the run's, else the task's default; '' = none
+    instruction = None  # appended to each question; None: the run's, else the task's default; '' = none
     out_dir = 'out/eval'  # eval.jsonl goes here
     device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
     dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32', 'bfloat16', 'float16'
     # -----------------------------------------------------------------------------
+    import tasks
     from configurator import configure, save_config
-    config = configure(globals())
+    from data import question_messages
+    from model import load_model
+
+    def task_knobs(s):  # the task's knobs, their defaults the run's values
+        run = run_config(s['init_from'])
+        return {k: run.get(k, v) for k, v in tasks.knobs(tasks.resolve(s['task'] or run.get('task') or 'gsm8k')).items()}
+
+    config = configure(globals(), more_knobs=task_knobs)
+    run = run_config(init_from)
+    from_run = {'task': run.get('task'), 'data_dir': run.get('data_dir'), 'num_examples': run.get('eval_examples'),
+                'max_new_tokens': run.get('eval_max_new_tokens') or run.get('max_new_tokens'),
+                'batch_size': run.get('eval_batch_size'), 'seed': run.get('seed'),
+                'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction')}
+    fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512, 'batch_size': 64, 'seed': 1337}
+    for k, v in from_run.items():
+        if config[k] is None:  # not set by a config file or --key=value
+            config[k] = v if v is not None else fallback.get(k)
+    globals().update(config)
     try:
-        model, tok = load_model(init_from, dtype, device, seed)
+        task_mod = tasks.resolve(task)
+        tasks.set_knobs(task_mod, config)
+        model, tok = load_model(init_from, getattr(torch, dtype), device, seed)
     except Exception as e:  # loading errors are written to be read: one line, no library stack
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     model.eval()
     if prompt:
-        ids = encode_prompts(tok, [{'question': prompt}], system_prompt, instruction='')
+        ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''))]
         for c in generate(model, tok, ids, num_completions, max_new_tokens, temperature, top_k, top_p, seed=seed,
                           compile=compile):
             print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {'finished' if c['finished'] else 'truncated'})")
             print(c['text'])
         sys.exit(0)
     save_config(config, out_dir)
-    examples = load_examples(data, data_dir or None, split, num_examples, seed, arith_difficulty)
-    summary = evaluate(model, tok, examples, system_prompt, instruction, n_samples, temperature, top_k, top_p,
+    if run:
+        print(f"evaluating as the run evaluated at step {run.get('step')}: task {task}, {num_examples or 'all'} "
+              f"{split} problems, max_new_tokens {max_new_tokens}")
+    examples = task_mod.load(split, data_dir=data_dir, seed=seed)
+    examples = examples[:num_examples] if num_examples > 0 else examples
+    summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction, n_samples, temperature, top_k, top_p,
                        max_new_tokens, batch_size, seed, out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile)
     print(json.dumps(summary))

@@ -13,7 +13,7 @@ The first --warmup steps of each (allocator, kernel and lazy-init costs) are run
 Prompts: GSM8K training questions (--data_dir, default ../shared/gsm8k) with the project's default system prompt and
 instruction in the chat template, as config/gsm8k.py trains on; only questions of 200-260 characters, so both sides
 see prompts of the same length whichever ones their samplers draw (about 400 byte tokens; the bench checks that
-transformers' chat template gives the same ids as ours). --data=arith uses the short arithmetic prompts instead.
+transformers' chat template gives the same ids as ours). --task=arith uses the short arithmetic prompts instead.
 
   CPU (default without a GPU): Qwen2 with hidden 128, 4 layers, 4 heads / 2 kv heads, the byte tokenizer (vocab
        260), fp32, 2 threads; 8 prompts x 8 samples x 64 new tokens.
@@ -204,7 +204,7 @@ def main():
     ap.add_argument('--threads', type=int, default=0)  # CPU threads for both sides; 0 = the preset's (2 on CPU)
     ap.add_argument('--natural_stops', action='store_true')  # CPU: leave the specials samplable (lengths then vary)
     ap.add_argument('--work_dir', default='')  # snapshot, our out_dir and logs; '' = a temp dir removed at the end
-    ap.add_argument('--data', default='gsm8k', choices=['gsm8k', 'arith'])  # the prompts (see the docstring)
+    ap.add_argument('--task', default='gsm8k', choices=['gsm8k', 'arith'])  # the prompts (see the docstring)
     ap.add_argument('--data_dir', default=os.path.join(os.path.dirname(ROOT), 'shared', 'gsm8k'))  # GSM8K jsonl
     args = ap.parse_args()
     gpu = torch.cuda.is_available() if args.preset == 'auto' else args.preset == 'gpu'
@@ -217,14 +217,15 @@ def main():
         torch.set_num_threads(pre['threads'])
     import trl
 
-    from data import SYSTEM_PROMPT, INSTRUCTION, arith_splits, build_messages, load_gsm8k
-    if args.data == 'gsm8k':  # same-length questions: whichever ones each side's sampler draws, the work is equal
+    from data import question_messages
+    from tasks import arith, gsm8k
+    if args.task == 'gsm8k':  # same-length questions: whichever ones each side's sampler draws, the work is equal
         if not os.path.isdir(args.data_dir):
-            sys.exit(f"--data_dir={args.data_dir}: no such directory with GSM8K's train.jsonl (or use --data=arith)")
-        train = [ex for ex in load_gsm8k('train', args.data_dir) if 200 <= len(ex['question']) < 260]
-        system_prompt, instruction = SYSTEM_PROMPT, INSTRUCTION
+            sys.exit(f"--data_dir={args.data_dir}: no such directory with GSM8K's train.jsonl (or use --task=arith)")
+        train = [ex for ex in gsm8k.load('train', args.data_dir) if 200 <= len(ex['question']) < 260]
+        system_prompt, instruction = gsm8k.SYSTEM_PROMPT, gsm8k.INSTRUCTION
     else:
-        train, _ = arith_splits(5000, 200, seed=args.seed)
+        train = arith.load('train', seed=args.seed)  # its default knobs: the 'easy' preset
         system_prompt = instruction = ''
     work = args.work_dir or tempfile.mkdtemp(prefix='bench_step_')
     os.makedirs(work, exist_ok=True)
@@ -234,7 +235,7 @@ def main():
         device = torch.cuda.get_device_name(0) if gpu else f"CPU, {pre['threads']} threads"
         setting = (f"{pre['prompts']} prompts x {pre['group']} samples x {pre['new_tokens']} new tokens, temperature 1, "
                    f"beta 0, num_iterations 1, lr {args.lr:g}, micro-batch {pre['micro']} rows, {pre['dtype']}, "
-                   f"reward digit_fraction, data {args.data}")
+                   f"reward digit_fraction, task {args.task}")
         print(f"device: {device}\nsetting: {setting}\nmodel: random Qwen2 "
               f"{'Qwen2.5-0.5B shape' if gpu else 'hidden 128, 4 layers, 4/2 heads, vocab 260'}, snapshot {snap}")
         if p_special is not None:
@@ -247,16 +248,16 @@ def main():
                   "(load_avg_1min_at_end in the JSON shows contention during the run)", flush=True)
 
         # the same prompts for both: ours reads them from a jsonl copy, TRL gets them in its conversational format
-        data_args = dict(data='arith', system_prompt='', instruction='', arith_difficulty='easy')
-        if args.data == 'gsm8k':
+        data_args = dict(task='arith', system_prompt='', instruction='', arith_difficulty='easy')
+        if args.task == 'gsm8k':
             os.makedirs(os.path.join(work, 'data'))
             for split in ('train', 'test'):
                 with open(os.path.join(work, 'data', f'{split}.jsonl'), 'w') as f:
                     for ex in train:
                         f.write(json.dumps({'question': ex['question'], 'answer': ex['solution']}) + '\n')
-            data_args = dict(data='gsm8k', data_dir=os.path.join(work, 'data'), system_prompt=system_prompt,
+            data_args = dict(task='gsm8k', data_dir=os.path.join(work, 'data'), system_prompt=system_prompt,
                              instruction=instruction)
-        dataset = [{'prompt': build_messages(ex, system_prompt, instruction), 'answer': ex['answer']} for ex in train]
+        dataset = [{'prompt': question_messages(ex['question'], system_prompt, instruction), 'answer': ex['answer']} for ex in train]
         from tokenizer import load_tokenizer
         from transformers import AutoTokenizer
         ours_tok, hf_tok = load_tokenizer(snap), AutoTokenizer.from_pretrained(snap)
@@ -267,7 +268,7 @@ def main():
             hf_ids = hf_ids['input_ids'] if hasattr(hf_ids, 'keys') else hf_ids  # a BatchEncoding in newer versions
             assert list(hf_ids) == ids, "transformers' chat template and ours give different prompt ids"
             lens.append(len(ids))
-        print(f"prompts: {len(dataset)} {args.data} questions, {min(lens)}-{max(lens)} tokens with the chat template "
+        print(f"prompts: {len(dataset)} {args.task} questions, {min(lens)}-{max(lens)} tokens with the chat template "
               "(the same ids through transformers' template)", flush=True)
 
         t = time.time()

@@ -7,11 +7,9 @@
 # Measured on 2 CPU cores: greedy pass@1 0.570 after the warm start, 0.96 after 20 GRPO steps (README, Offline demo).
 out_dir = 'out/arith'
 init_from = 'scratch'
-data = 'arith'
+task = 'arith'  # tasks/arith.py: its knobs below
 arith_difficulty = 'starter'  # "Liz has 80 books and sells 7. ..." -> "80-7=73\n#### 73"
 arith_count_on = 0.3  # share of training solutions worked by counting on: "80-7: 79(1) 78(2) ... 73(7)\n#### 73"
-system_prompt = ''  # every prompt byte is a token here: keep prompts short
-instruction = ''
 n_layer = 4
 n_embd = 128
 n_head = 4

@@ -4,7 +4,7 @@
 # length budget and put the answer in \boxed{}. Watch reward/mean, eval/pass@1 and frac_zero_std, not loss.
 out_dir = 'out/gsm8k'
 init_from = 'Qwen/Qwen2.5-0.5B-Instruct'  # or a local snapshot directory
-data = 'gsm8k'
+task = 'gsm8k'  # tasks/gsm8k.py: its prompts (system prompt, \\boxed{} instruction) and rewards
 data_dir = ''  # '' downloads openai/gsm8k; offline use --data_dir=../shared/gsm8k
 group_size = 8
 batch_prompts = 32  # 256 completions per step

@@ -1,13 +1,26 @@
-"""Specification of data loading, ordering, prompts and the synthetic task (data.py)."""
+"""Specification of data loading and ordering (data.py), and of the two built-in tasks' data and prompts
+(tasks/gsm8k.py, tasks/arith.py)."""
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-import data
-from data import arith_splits, batch_at, build_messages, count_on, epoch_order, load_gsm8k, make_arith
+from data import batch_at, epoch_order
 from reward import is_correct
+from tasks import arith, gsm8k
+from tasks.arith import DIFFICULTY, arith_splits, count_on, make_arith
+
+build_messages = gsm8k.messages
+
+
+def load_gsm8k(split, data_dir=None, skip_bad_rows=False, stats=None):
+    """The task's load with its skip_bad_rows knob set for this call (as --skip_bad_rows=True sets it)."""
+    gsm8k.skip_bad_rows = skip_bad_rows
+    try:
+        return gsm8k.load(split, data_dir=data_dir or '', stats=stats)
+    finally:
+        gsm8k.skip_bad_rows = False
 
 GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k'
 needs_gsm8k = pytest.mark.skipif(not (GSM8K / 'train.jsonl').exists(),
@@ -159,7 +172,7 @@ def _check_solution(ex):
     assert re.findall(r'\d+', ex['question']) == operands, f'question and solution use different numbers: {ex}'
 
 
-@pytest.mark.parametrize('difficulty', sorted(data.DIFFICULTY))
+@pytest.mark.parametrize('difficulty', sorted(DIFFICULTY))
 def test_arith_solutions_are_right_and_grade_correct(difficulty):
     for ex in make_arith(300, seed=3, difficulty=difficulty):
         _check_solution(ex)

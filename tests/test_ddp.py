@@ -15,7 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 # tiny model, 4 prompts x 4 samples per step; micro-batches of 4 rows so each rank accumulates over several
 # (and, when filter_zero_std drops a group on one rank only, the ranks have different numbers of them)
-TINY = ['--init_from=scratch', '--data=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
+TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
         '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4', '--batch_prompts=4',
         '--micro_batch_size=4', '--max_new_tokens=8', '--arith_n_train=200', '--arith_n_test=8', '--eval_examples=4',
         '--eval_every=0', '--device=cpu', '--dtype=float32', '--plot_every=0', '--export_hf=False', '--lr=1e-3',

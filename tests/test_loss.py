@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from loss import group_advantages, kl_estimate, micro_batches, policy_loss, token_weights
+from batch import micro_batches
+from loss import group_advantages, kl_estimate, policy_loss, token_weights
 
 
 def test_advantages_grpo_and_dr_grpo():
@@ -132,7 +133,7 @@ def test_token_mean_weights_every_token_equally():
 def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch):
     """pack_groups() (each prompt once, its completions after it) must be exactly pack() (prompt + completion per
     row) for the model: the same log-prob for every completion token, in the same order, and the same gradient."""
-    from loss import pack, pack_groups
+    from batch import pack, pack_groups
     from model import GPT, ModelConfig
     cfg = ModelConfig(arch=arch, vocab_size=50, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4,
                       n_embd=32, intermediate_size=64, max_seq_len=64, tie_word_embeddings=arch == 'gpt2')

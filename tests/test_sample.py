@@ -5,6 +5,7 @@ import torch
 import sample
 from model import ModelConfig, from_scratch
 from sample import evaluate, generate, majority_correct
+from tasks import arith
 from tokenizer import byte_tokenizer
 
 TOK = byte_tokenizer()
@@ -153,7 +154,7 @@ def test_evaluate_writes_rows_and_summary(tmp_path):
     model = tiny()
     examples = [{'question': 'What is 1+1?', 'answer': '2', 'solution': '1+1=2\n#### 2'},
                 {'question': 'What is 2+2?', 'answer': '4', 'solution': '2+2=4\n#### 4'}]
-    s = evaluate(model, TOK, examples, '', '', n_samples=3, max_new_tokens=8, batch_size=1,
+    s = evaluate(model, TOK, arith, examples, '', '', n_samples=3, max_new_tokens=8, batch_size=1,
                  out_path=str(tmp_path / 'eval.jsonl'), progress=False)
     assert s['n'] == 2 and 0 <= s['pass@1'] <= 1 and {'pass@3', 'maj@3', 'mean@3'} <= set(s)
     rows = (tmp_path / 'eval.jsonl').read_text().splitlines()

@@ -14,7 +14,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / 'shared' / 'gsm8k'
 # a tiny model and a tiny step: these tests are about the loop's behaviour, not its speed
-TINY = ['--init_from=scratch', '--data=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
+TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
         '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4', '--batch_prompts=4',
         '--micro_batch_size=8', '--max_new_tokens=8', '--arith_n_train=200', '--arith_n_test=8', '--eval_examples=4',
         '--eval_every=0', '--device=cpu', '--dtype=float32', '--plot_every=0', '--export_hf=False', '--lr=1e-3',

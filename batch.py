@@ -1,0 +1,127 @@
+"""
+The batch layout: a step's completions cut into micro-batches, each laid out for one forward pass (one row per
+completion, or one packed row per group), and the per-token log-probs and entropies that pass gives.
+"""
+import torch
+import torch.nn.functional as F
+
+from kernels import chunked_token_logprobs, token_logprobs
+
+
+def micro_batches(rows, size, whole_groups):
+    """Cut a step's rows into micro-batches of at most `size` rows, similar lengths together (less padding).
+    whole_groups (for pack_groups): a group's rows stay together and in order, at least one group per micro-batch."""
+    if not whole_groups:
+        rows = sorted(rows, key=lambda r: len(r['prompt']) + len(r['ids']))
+        return [rows[i:i + size] for i in range(0, len(rows), size)]
+    groups = {}
+    for r in rows:
+        groups.setdefault(r['group'], []).append(r)
+    micro = []
+    for g in sorted(groups.values(), key=lambda g: len(g[0]['prompt']) + sum(len(r['ids']) for r in g)):
+        if not micro or len(micro[-1]) + len(g) > size:
+            micro.append([])
+        micro[-1] += g
+    return micro
+
+
+def pack(rows, pad_id, device='cpu'):
+    """Right-padded (prompt + completion) ids for a micro-batch, and the positions whose next token is a completion
+    token: the only positions that get logits (prompt positions never reach the LM head)."""
+    T = max(len(r['prompt']) + len(r['ids']) for r in rows)
+    x = torch.full((len(rows), T), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(rows), T - 1), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        p, c = len(r['prompt']), len(r['ids'])
+        x[i, :p + c] = torch.tensor(r['prompt'] + r['ids'])
+        mask[i, p - 1:p + c - 1] = True
+    return x.to(device), mask.to(device)
+
+
+def pack_groups(rows, pad_id, device='cpu'):
+    """One packed row per group (consecutive rows with the same 'group'): the prompt once, then each completion less
+    its last token (which predicts nothing), at positions that restart after the prompt, each completion seeing the
+    prompt and its own earlier tokens only. The same log-probs as pack(), but a prompt's layers run once instead of
+    G times: the update's cost when prompts are long next to completions. Returns ids, positions, the attention mask
+    (B, 1, T, T), the flat position that predicts each completion token, and the targets (both row-major)."""
+    groups = []
+    for r in rows:
+        if groups and groups[-1][0]['group'] == r['group']:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    T = max(len(g[0]['prompt']) + sum(len(r['ids']) - 1 for r in g) for g in groups)
+    x = torch.full((len(groups), T), pad_id, dtype=torch.int64)
+    pos = torch.zeros((len(groups), T), dtype=torch.int64)
+    seg = torch.full((len(groups), T), -1, dtype=torch.int64)  # 0 prompt, s the s-th completion, -1 padding
+    pred, targets = [], []
+    for b, g in enumerate(groups):
+        n = len(g[0]['prompt'])
+        x[b, :n], pos[b, :n], seg[b, :n] = torch.tensor(g[0]['prompt']), torch.arange(n), 0
+        at = n
+        for s, r in enumerate(g, 1):
+            k = len(r['ids']) - 1
+            x[b, at:at + k] = torch.tensor(r['ids'][:-1], dtype=torch.int64)
+            pos[b, at:at + k], seg[b, at:at + k] = torch.arange(n, n + k), s
+            # the prompt's last token predicts the first completion token, each completion token the next
+            pred += [b * T + n - 1] + list(range(b * T + at, b * T + at + k))
+            targets += r['ids']
+            at += k
+    q, kk = seg[:, :, None], seg[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = causal & ((kk == 0) | (kk == q) | (q == -1))  # padding sees what precedes it: finite, never read
+    return (x.to(device), pos.to(device), mask[:, None].to(device), torch.tensor(pred, device=device),
+            torch.tensor(targets, device=device))
+
+
+def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, chunk=0, dtype=torch.float32, compiled=False):
+    """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at `temperature`,
+    through the fused kernel (chunk > 0: its chunked hidden-state form, never holding more than chunk x vocab logits).
+    rows: {'prompt', 'ids'[, 'group']} dicts; with share_prompt and groups, each group's prompt runs once
+    (pack_groups). The trunk runs under autocast to dtype; the kernels do their own fp32 math. compiled: net is a
+    torch.compile'd model, whose graph must not take in the kernels."""
+    device = next(net.parameters()).device
+    if share_prompt and 'group' in rows[0]:
+        x, pos, amask, select, targets = pack_groups(rows, pad_id, device)
+        kw = dict(pos=pos, attn_mask=amask, select=select)
+    else:
+        x, select = pack(rows, pad_id, device)
+        targets, x, kw = x[:, 1:][select], x[:, :-1], dict(select=select)
+    no_autocast = torch.autocast(device.type, enabled=False)
+
+    def head(h, weight):  # runs inside net's forward: a DDP/FSDP wrapper sees (FSDP has gathered) the LM head weight
+        if chunk > 0:
+            with no_autocast:
+                return chunked_token_logprobs(h, weight, targets, temperature, chunk_size=chunk)
+        logits = F.linear(h, weight)
+        with no_autocast:
+            return token_logprobs(logits, targets, temperature)
+
+    if compiled:  # torch.compile the trunk only; the kernels run as they are
+        head = torch.compiler.disable(head)
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        return net(x, head=head, **kw)
+
+
+def train_rows(comps, adv, zero_std, prompts, mine, filter_zero_std=True, mask_truncated=False):
+    """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp', 'group'}: those of
+    this rank's prompts (`mine`), less zero-spread groups (filter_zero_std), truncated completions (mask_truncated)
+    and empty ones. Returns (rows, n_tok, n_seq): the normalisers count every rank's kept rows, the whole step's."""
+    G = len(comps) // len(zero_std)
+    rows, n_tok, n_seq = [], 0, 0
+    for i, c in enumerate(comps):
+        if (filter_zero_std and zero_std[i // G]) or (mask_truncated and c['truncated']) or not c['ids']:
+            continue
+        n_tok, n_seq = n_tok + len(c['ids']), n_seq + 1
+        if c['prompt_idx'] in mine:
+            rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv.view(-1)[i]),
+                         'gen_logp': c['logprobs'], 'group': c['prompt_idx']})
+    return rows, n_tok, n_seq
+
+
+def pad_micro_batches(micro, pad_id, device):
+    """Under torchrun every rank must run as many forward/backward passes, so that their collectives pair up: pad
+    with one-token rows (their loss weight is 0) up to the most any rank has. Unchanged in one process."""
+    from parallel import all_reduce
+    pad = {'prompt': [pad_id], 'ids': [pad_id], 'adv': 0.0, 'gen_logp': [0.0], 'group': -1}
+    return micro + [[pad]] * int(all_reduce([len(micro)], device, 'max')[0] - len(micro))

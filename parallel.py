@@ -1,0 +1,98 @@
+"""
+Several processes, one run (torchrun: one process per GPU): start-up, the collectives the loop needs, and an exit
+that every rank takes cleanly. In a single process every function here is a no-op or the identity.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def setup(device, batch_prompts, fsdp):
+    """(rank, world, device). torchrun sets RANK: join the process group; each rank samples and trains on its share
+    of the prompts, rank 0 alone prints and writes. Errors exit with code 2 through die()."""
+    if int(os.environ.get('RANK', -1)) == -1:
+        if fsdp:
+            die("--fsdp=True shards the model across ranks: launch with torchrun (see README)", 2)
+        return 0, 1, device
+    rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    if batch_prompts % world:
+        die(f"--batch_prompts={batch_prompts} must be divisible by the number of ranks ({world}): each rank samples "
+            "whole groups", 2)
+    if device.startswith('cuda'):
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.cuda.set_device(device)
+    dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    if rank != 0:
+        sys.stdout = open(os.devnull, 'w')  # one voice: the other ranks' lines would repeat rank 0's
+    return rank, world, device
+
+
+def wrap(model, device, fsdp, compile):
+    """The module the update runs: FSDP2 shards each block (weights gathered for its forward and backward, then
+    freed; gradients reduce-scattered), torch.compile'd if asked, DDP all-reduces gradients in backward."""
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+    net = torch.compile(model) if compile else model  # the sampler and the reference stay eager
+    if dist.is_initialized() and not fsdp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = DDP(net, device_ids=[torch.device(device).index] if device.startswith('cuda') else None,
+                  broadcast_buffers=False)
+    return net
+
+
+def all_reduce(values, device, op='sum'):
+    """A list of floats summed (or maxed) over ranks; unchanged in one process."""
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, dist.ReduceOp.SUM if op == 'sum' else dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def gather_step(comps, sc):
+    """Every rank's completions (less their per-token log-probs, needed only where they are trained on) and reward
+    scores, on every rank, in prompt order: the whole step as one process sees it."""
+    if not dist.is_initialized():
+        return comps, sc
+    rank, world = dist.get_rank(), dist.get_world_size()
+    parts = [None] * world
+    dist.all_gather_object(parts, ([{k: v for k, v in c.items() if k != 'logprobs'} for c in comps], sc))
+    parts[rank] = (comps, sc)
+    scs = [s for _, s in parts]
+    return [c for cs, _ in parts for c in cs], {
+        'total': [x for s in scs for x in s['total']],
+        'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in sc['per_fn']},
+        'errors': {k: sum(s['errors'][k] for s in scs) for k in sc['errors']},
+        'error_msgs': [msg for s in scs for msg in s['error_msgs']][:5],
+        'all_failed': all(s['all_failed'] for s in scs)}
+
+
+def finish(code=0, together=True):
+    """Exit. Under torchrun: (when every rank gets here together) a barrier and the process group torn down, then
+    os._exit, skipping interpreter teardown: gloo's worker threads may still be dropping finished work that holds
+    tensors, need the GIL for it while Python finalizes, and abort the rank ("terminate called without an active
+    exception", pytorch#179291; DDP keeps the group alive, so destroy_process_group does not join those threads)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if dist.is_initialized():
+        if together:
+            dist.barrier()
+            dist.destroy_process_group()
+        os._exit(code)
+    sys.exit(code)
+
+
+def die(msg, code=1):
+    """One line on stderr and a non-zero exit, from any rank."""
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    finish(code, together=False)

@@ -1,0 +1,182 @@
+"""
+Run safety: what makes a failing run loud. Per-step warnings that name the cause and the fix, guards that decide
+when to roll back or stop, a watchdog that dumps every thread's stack when nothing moves, signal handling that
+checkpoints before exiting, and the memory figures every step logs.
+
+The guards' state is one dict (new_guards), saved with each checkpoint, so a resumed run remembers its streaks.
+"""
+import faulthandler
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+
+import torch
+
+from parallel import finish
+from reward import extract_answer
+
+
+def new_guards():
+    return {'nan_streak': 0, 'zero_streak': 0, 'kl_hist': [], 'recent': [], 'warn_counts': {}}
+
+
+def stop(msg, master, code=3):
+    """A guard decided the run cannot go on: say why in plain words, leave the last good checkpoint, exit non-zero.
+    (Every rank stops here: guards decide from numbers all ranks share; one says why.)"""
+    if master:
+        print(f"\n{'=' * 100}\nSTOPPED: {msg}\n{'=' * 100}", file=sys.stderr, flush=True)
+    finish(code)
+
+
+def mem_stats(device):
+    if device.startswith('cuda'):
+        return {'mem/allocated_gb': torch.cuda.memory_allocated() / 2**30, 'mem/reserved_gb': torch.cuda.memory_reserved() / 2**30,
+                'mem/peak_gb': torch.cuda.max_memory_allocated() / 2**30}
+    rss = os.sysconf('SC_PAGE_SIZE') * int(open('/proc/self/statm').read().split()[1]) / 2**30
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return {'mem/allocated_gb': rss, 'mem/reserved_gb': rss, 'mem/peak_gb': peak}
+
+
+def warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn=None):
+    """Print this step's warnings (each names a cause and a fix) and return the warn/* counters for the metrics.
+    kl_warn: None when there is no reference model (no KL is measured)."""
+    warns = []
+    if m['frac_zero_std'] == 1.0:
+        warns.append(('all_zero_std', "every group got identical rewards: all advantages are zero, so the loss is zero "
+                      "by construction; raise temperature or group_size, check the reward"))
+    if n_tok == 0 and m['frac_zero_std'] < 1.0:
+        warns.append(('no_tokens', "no completion tokens to train on this step (all filtered or masked: see "
+                      "mask_truncated / filter_zero_std)"))
+    if n_tok > 0 and abs(m['logprob/mean']) < 1e-3:
+        warns.append(('logp_zero', "sampled tokens have log-prob ~0: the policy is near-deterministic at this temperature, "
+                      "so groups barely differ; raise temperature"))
+    if not skipped and m['loss'] == 0.0 and grad_norm == 0.0:
+        warns.append(('zero_loss_and_grad', "loss and grad norm are exactly 0: nothing is being learned; check rewards "
+                      "and advantages (see reward/std, frac_zero_std)"))
+    if m['response_len/clip_frac'] > 0.5:
+        warns.append(('truncated', f"{m['response_len/clip_frac']:.0%} of completions hit max_new_tokens={max_new_tokens}: "
+                      "raise max_new_tokens, or add the 'length' overlong penalty; their answers are likely missing"))
+    guards['kl_hist'] = (guards['kl_hist'] + [m['kl']])[-10:]
+    if kl_warn is not None and m['kl'] > kl_warn:
+        warns.append(('kl', f"KL to the reference {m['kl']:.4f} > kl_warn={kl_warn} (last steps: "
+                      f"{[round(k, 4) for k in guards['kl_hist']]}); lower lr or raise beta"))
+    for key, msg in warns:
+        guards['warn_counts'][key] = guards['warn_counts'].get(key, 0) + 1
+        print(f"WARNING [{key}]: {msg}", flush=True)
+    return {f'warn/{k}': v for k, v in guards['warn_counts'].items()}
+
+
+def guard(guards, m, step, skipped, sc, texts, nan_patience, kl_max=None):
+    """Update the streaks from this step's metrics m and print what the guards saw. Returns (action, finite): action
+    None, ('rollback', why) for a non-finite streak at nan_patience, or ('kl', why) for KL above kl_max (None: no
+    reference model), which the caller turns into a rollback or a stop (on_kl_max)."""
+    finite = math.isfinite(m['loss']) and math.isfinite(m['grad_norm'])
+    guards['nan_streak'] = 0 if finite or skipped else guards['nan_streak'] + 1
+    guards['zero_streak'] = guards['zero_streak'] + 1 if (m['reward/mean'] == 0.0 or sc['all_failed']) else 0
+    guards['recent'] = (guards['recent'] + texts[:2])[-6:]
+    decision = None
+    if not finite and not skipped:
+        print(f"guard: non-finite loss/grad at step {step} (loss {m['loss']}, grad norm {m['grad_norm']}); update skipped "
+              f"({guards['nan_streak']}/{nan_patience} in a row)", flush=True)
+        if guards['nan_streak'] >= nan_patience:
+            decision = ('rollback', f"{guards['nan_streak']} non-finite steps in a row")
+    if sc['all_failed']:
+        print(f"guard: every reward call failed at step {step}; no update applied. errors: {sc['error_msgs'][:3]}", flush=True)
+    if kl_max is not None and m['kl'] > kl_max:
+        why = f"KL {m['kl']:.4f} > kl_max={kl_max} (trend over the last steps: {[round(k, 4) for k in guards['kl_hist']]})"
+        decision = ('kl', why)
+    return decision, finite
+
+
+def stage_marker(step, t_step, last_progress, verbose, device):
+    """mark(name) after each stage of a step: refreshes the watchdog's heartbeat; verbose: prints a numbered stage line
+    with the time since the step began and the memory in use."""
+    n = [0]
+
+    def mark(name):
+        last_progress[0] = time.time()
+        if verbose:
+            n[0] += 1
+            mg = mem_stats(device)
+            print(f"  [{step}.{n[0]}] {name}: {time.time() - t_step:.2f}s, mem {mg['mem/allocated_gb']:.2f} GB "
+                  f"(peak {mg['mem/peak_gb']:.2f})", flush=True)
+    return mark
+
+
+def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode):
+    """Printed before the first step, which may take long enough to look like a hang: what it is about to do."""
+    compiling = ' and compiles the sampler (compile_decode: seconds to minutes)' if compile_decode else ''
+    return (f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens = <= {P * G * max_new_tokens:,} "
+            f"generated tokens, then {num_iterations} update(s) in micro-batches of {micro_batch_size} rows. The first "
+            f"step also warms up kernels/allocator{compiling}; a progress line shows during generation.")
+
+
+def log_samples(path, step, comps, batch, prompts, totals, tok, task):
+    """Four of the step's completions, spread over its groups, with their prompt, the task's answer and grade, the
+    reference and the reward, appended to path (samples.jsonl): what the model actually writes."""
+    answer = getattr(task, 'answer', None) or extract_answer
+    with open(path, 'a') as f:
+        for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
+            ex, text = batch[comps[i]['prompt_idx']], comps[i]['text']
+            f.write(json.dumps({'step': step, 'prompt': tok.decode(prompts[comps[i]['prompt_idx']]), 'completion': text,
+                                'answer': answer(text), 'reference': ex.get('answer'),
+                                'correct': bool(task.grade(text, ex)), 'reward': totals[i]}) + '\n')
+
+
+def step_line(m):
+    """The one line each step prints: the numbers to watch and where the time went."""
+    return (f"step {m['step']:5d} | reward {m['reward/mean']:.3f}±{m['reward/std']:.3f} | zero_std {m['frac_zero_std']:.2f} | "
+            f"loss {m['loss']:.4f} | kl {m['kl']:.4f} | clip {m['clip_frac']:.3f} | ent {m['entropy']:.3f} | "
+            f"gnorm {m['grad_norm']:.3f} | len {m['response_len/mean']:.0f} | {m['timing_s/step']:.1f}s (gen "
+            f"{m['timing_s/gen']:.1f} rew {m['timing_s/reward']:.1f} ref {m['timing_s/ref']:.1f} old "
+            f"{m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f}) | mem {m['mem/peak_gb']:.2f}GB")
+
+
+def zero_reward_report(guards, sc, patience):
+    """The stop message when the reward mean has been 0 (or every reward failed) for `patience` steps in a row."""
+    errs = {k: v for k, v in sc['errors'].items() if v}
+    return (f"reward mean has been 0 (or every reward failed) for {guards['zero_streak']} steps in a row "
+            f"(zero_reward_patience={patience}).\nReward errors this step: {errs or 'none'} "
+            f"{sc['error_msgs'][:3]}\nRecent completions:\n" + '\n---\n'.join(x[:300] for x in guards['recent']) +
+            "\nCheck the reward function, the prompt format and max_new_tokens.")
+
+
+def start_watchdog(last_progress, watchdog_s, out_dir, exit_after):
+    """A daemon thread: when last_progress[0] (a time.time() the loop refreshes) is older than watchdog_s, dump every
+    thread's stack to stderr and out_dir/watchdog_stacks.txt, once per stall; exit_after: then exit with code 4."""
+    def watch():
+        fired = False
+        while True:
+            time.sleep(min(5.0, watchdog_s / 4))
+            stalled = time.time() - last_progress[0]
+            if stalled < watchdog_s:
+                fired = False
+            elif not fired:
+                fired = True
+                msg = f"\nwatchdog: no progress for {stalled:.0f}s (watchdog_s={watchdog_s}); stacks of every thread:\n"
+                with open(os.path.join(out_dir, 'watchdog_stacks.txt'), 'a') as f:
+                    for stream in (sys.stderr, f):
+                        stream.write(msg)
+                        stream.flush()
+                        faulthandler.dump_traceback(file=stream, all_threads=True)
+                if exit_after:
+                    os._exit(4)
+    if watchdog_s > 0:
+        threading.Thread(target=watch, daemon=True).start()
+
+
+def catch_signals():
+    """SIGINT/SIGTERM are noted, not acted on: the loop checkpoints at the end of the step and exits 128 + signal."""
+    caught = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: caught.append(s))
+    return caught
+
+
+def injected_stall(seconds):  # testing (fault_stall_step): named so the watchdog's stack dump points straight at it
+    time.sleep(seconds)

@@ -1,0 +1,91 @@
+"""
+Tasks: one file per task, each a plain module exposing the same few names, so that training, its evaluation and
+sample.py render the same prompts and grade the same way.
+
+    load(split, data_dir='', seed=0) -> [example dict]   split 'train' or 'test'; accept **_ if you need neither
+    messages(example, system_prompt=None, instruction=None) -> chat messages [{'role', 'content'}], or a str
+                                    (a raw prompt, no chat template). None: the task's default; '' leaves it out.
+    grade(completion, example) -> bool   what eval/pass@1 counts and the built-in 'correct' reward pays
+Optional:
+    rewards = [...]                 the task's default reward config (reward.py's format); else [correct]
+    solution(example) -> str        the supervised warm start's target (sft_steps > 0)
+    answer(completion) -> str|None  what maj@k votes on (default: reward.extract_answer)
+The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict, None) are its
+knobs: config files and --key=value set them as they set train_grpo.py's own (tasks/arith.py: arith_difficulty, ...).
+
+--task=gsm8k picks tasks/gsm8k.py; --task=mymodule:my_task imports my_task from mymodule (a module, or any object
+with those names; mymodule must be importable); --task=path/to/task.py runs that file as a module.
+"""
+import importlib
+import importlib.util
+import inspect
+import os
+
+REQUIRED = ('load', 'messages', 'grade')
+INTERFACE = REQUIRED + ('rewards', 'solution', 'answer')
+BUILTIN = ('gsm8k', 'arith')
+KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
+
+
+def resolve(spec):
+    """The task object for a --task value. Raises ValueError with one line naming the task and what is wrong."""
+    if spec.endswith('.py'):
+        if not os.path.isfile(spec):
+            raise ValueError(f"task {spec!r}: no such file")
+        mod_spec = importlib.util.spec_from_file_location(f"task_{os.path.basename(spec)[:-3]}", spec)
+        task = importlib.util.module_from_spec(mod_spec)
+        try:
+            mod_spec.loader.exec_module(task)
+        except Exception as e:
+            raise ValueError(f"task {spec!r}: {type(e).__name__}: {e}") from e
+    elif ':' in spec:
+        mod, _, attr = spec.partition(':')
+        try:
+            task = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"task {spec!r}: cannot import {attr} from {mod} ({e})") from e
+    elif spec in BUILTIN:
+        task = importlib.import_module(f'tasks.{spec}')
+    else:
+        raise ValueError(f"unknown task {spec!r}: expected one of {BUILTIN}, 'module:attr' or a path/to/task.py")
+    for name in REQUIRED:
+        if not callable(getattr(task, name, None)):
+            raise ValueError(f"task {spec!r} has no {name}(): a task defines {', '.join(REQUIRED)} (tasks/__init__.py)")
+    return task
+
+
+def knobs(task):
+    """{name: default} of the task's knobs: its public lowercase attributes of plain config types."""
+    return {k: getattr(task, k) for k in dir(task) if not k.startswith('_') and k == k.lower() and k not in INTERFACE
+            and isinstance(getattr(task, k), KNOB_TYPES) and not inspect.ismodule(getattr(task, k))}
+
+
+def set_knobs(task, config):
+    """Give the task the configured values of its knobs (its module globals, as nanoGPT's config sets globals)."""
+    for k in knobs(task):
+        if k in config:
+            setattr(task, k, config[k])
+
+
+def messages(task, example, system_prompt=None, instruction=None):
+    """The task's messages for example; only the prompt parts the config overrides (not None) are passed."""
+    given = {k: v for k, v in (('system_prompt', system_prompt), ('instruction', instruction)) if v is not None}
+    return task.messages(example, **given)
+
+
+def check_prompt_overrides(task, spec, system_prompt, instruction):
+    """A task whose messages() takes no system_prompt/instruction cannot honour an override: say so at start-up."""
+    params = inspect.signature(task.messages).parameters
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for k, v in (('system_prompt', system_prompt), ('instruction', instruction)):
+        if v is not None and not takes_all and k not in params:
+            raise ValueError(f"--{k}: task {spec!r}'s messages() takes no {k}")
+
+
+def default_rewards(task):
+    return getattr(task, 'rewards', None) or [{'name': 'correct', 'weight': 1.0}]
+
+
+def answer_fn(task):
+    from reward import extract_answer
+    return getattr(task, 'answer', None) or extract_answer

@@ -1,0 +1,145 @@
+"""
+Arithmetic word problems, built in: no download, written GSM8K-style ("Liz has 80 books and sells 7. How many books
+does Liz have?" -> "80-7=73\n#### 73"). It is what a byte-level model of a few million parameters learns in minutes
+on a CPU (the offline demo, config/arith.py), so the easy end is genuinely easy and every problem is short (one
+byte = one token).
+"""
+import random
+import re
+from functools import lru_cache
+
+from data import question_messages
+from reward import is_correct
+
+arith_difficulty = 'easy'  # preset: 'starter', 'easy', 'medium', 'hard' (DIFFICULTY)
+arith_digits = 0  # max digits per number (0 = the preset's)
+arith_ops = ''  # operations drawn from '+-*/' ('' = the preset's)
+arith_steps = 0  # operations per problem (0 = the preset's)
+arith_operand_digits = 0  # max digits of the amounts added/removed (0 = the preset's)
+arith_n_train = 5000  # training problems
+arith_n_test = 200  # held-out problems (a fixed split: it comes first from the stream)
+arith_count_on = 0.0  # share of training solutions that count on, '46+7: 47(1) 48(2) ...' (count_on)
+rewards = [{'name': 'correct', 'weight': 1.0}]
+
+
+def load(split, data_dir='', seed=0):
+    """The train or test split for the knobs above and the run's seed (data_dir is not used)."""
+    train, test = _splits(arith_n_train, arith_n_test, seed, arith_difficulty, arith_digits or None, arith_ops or None,
+                          arith_steps or None, arith_operand_digits or None, arith_count_on)
+    return list(train if split == 'train' else test)
+
+
+def messages(example, system_prompt='', instruction=''):
+    """No system turn or instruction by default: every prompt byte is a token for the byte models this task is for."""
+    return question_messages(example['question'], system_prompt, instruction)
+
+
+def grade(completion, example):
+    return is_correct(completion, example['answer'])
+
+
+def solution(example):
+    return example['solution']
+
+
+@lru_cache(maxsize=2)
+def _splits(*args):
+    train, test = arith_splits(*args[:2], seed=args[2], difficulty=args[3], digits=args[4], ops=args[5], steps=args[6],
+                               operand_digits=args[7], count_on_frac=args[8])
+    return tuple(train), tuple(test)
+
+
+DIFFICULTY = {  # operand_digits: digits of the amount added/removed (None = digits)
+    'starter': dict(digits=2, ops='+-', steps=1, operand_digits=1),  # "Tom has 46 pens and gets 7 more." -> "46+7=53"
+    'easy': dict(digits=2, ops='+-', steps=1, operand_digits=None),  # "Tom has 12 apples and gets 79 more. ..."
+    'medium': dict(digits=2, ops='+-', steps=2, operand_digits=None),
+    'hard': dict(digits=3, ops='+-*/', steps=3, operand_digits=None),
+}
+_NAMES = ['Tom', 'Ann', 'Bob', 'Mia', 'Sam', 'Liz', 'Max', 'Eva']
+_THINGS = ['apples', 'coins', 'books', 'cards', 'pens', 'eggs', 'shells', 'stamps']
+_PHRASES = {'+': ['gets {b} more', 'buys {b} more', 'finds {b} more'],
+            '-': ['gives away {b}', 'loses {b}', 'sells {b}'],
+            '*': ['gets {b} times as many'],
+            '/': ['splits them into {b} equal piles and keeps one']}
+
+
+def _arith_problem(rng, digits, ops, steps, operand_digits=None):
+    top, top_b = 10 ** digits - 1, 10 ** (operand_digits or digits) - 1
+    value = start = rng.randint(1, top)
+    name, thing = rng.choice(_NAMES), rng.choice(_THINGS)
+    phrases, lines = [], []
+    for _ in range(steps):
+        # Only ops that keep the answer a positive integer: no subtracting past 1, only exact division.
+        divisors = [d for d in range(2, 10) if value % d == 0]
+        allowed = [op for op in ops if (op != '-' or value > 1) and (op != '/' or divisors)]
+        op = rng.choice(allowed or ['+'])
+        b = {'+': lambda: rng.randint(1, top_b), '-': lambda: rng.randint(1, min(top_b, value - 1)),
+             '*': lambda: rng.randint(2, 9), '/': lambda: rng.choice(divisors)}[op]()
+        new = {'+': value + b, '-': value - b, '*': value * b, '/': value // b}[op]
+        phrases.append(rng.choice(_PHRASES[op]).format(b=b))
+        lines.append(f"{value}{op}{b}={new}")
+        value = new
+    # "Tom has 12 apples and gets 7 more." / "Tom has 12 apples, gets 7 more, then sells 5."
+    later = [f"then {p}" for p in phrases[1:]]
+    story = f" and {phrases[0]}" if steps == 1 else ', ' + ', '.join([phrases[0]] + later)
+    question = f"{name} has {start} {thing}{story}. How many {thing} does {name} have?"
+    return {'question': question, 'answer': str(value), 'solution': '\n'.join(lines) + f"\n#### {value}"}
+
+
+def _arith_stream(seed, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
+    if difficulty not in DIFFICULTY:
+        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTY)}, got {difficulty!r}")
+    given = dict(digits=digits, ops=ops, steps=steps, operand_digits=operand_digits)
+    knobs = {**DIFFICULTY[difficulty], **{k: v for k, v in given.items() if v is not None}}
+    if not (knobs['digits'] >= 1 and knobs['steps'] >= 1 and knobs['ops'] and set(knobs['ops']) <= set('+-*/')
+            and (knobs['operand_digits'] or 1) >= 1):
+        raise ValueError(f"bad arithmetic difficulty {knobs}: need digits >= 1, operand_digits >= 1, steps >= 1, "
+                         "ops from '+-*/'")
+    rng = random.Random(seed)
+    while True:
+        yield _arith_problem(rng, knobs['digits'], knobs['ops'], knobs['steps'], knobs['operand_digits'])
+
+
+def make_arith(n, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
+    """n synthetic problems, a pure function of the arguments. digits: max digits of the numbers drawn;
+    operand_digits: max digits of the amounts added/removed (default digits); ops: which of '+-*/' may appear;
+    steps: operations per problem; None takes the `difficulty` preset."""
+    stream = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits)
+    return [next(stream) for _ in range(n)]
+
+
+def count_on(solution):
+    """The same solution with each '+' or '-' of a one-digit amount worked by counting on (or back) one at a time,
+    the count in brackets: '46+7=53' -> '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6) 53(7)'. Longer, but every step
+    is a +-1 and a count, which a tiny model gets right long before it can state 46+7 at once. Other lines stay."""
+    def line(s):
+        m = re.fullmatch(r'(\d+)([+-])(\d)=\d+', s)
+        if not m:
+            return s
+        a, op, b = int(m[1]), m[2], int(m[3])
+        return f"{a}{op}{b}: " + ' '.join(f"{a + k if op == '+' else a - k}({k})" for k in range(1, b + 1))
+    return '\n'.join(line(s) for s in solution.split('\n'))
+
+
+def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None,
+                 count_on_frac=0.0):
+    """(train, test) with no arithmetic shared between them (keyed by the solution, so renaming Tom to Ann does
+    not leak a test problem). The test split comes first from the stream, so it does not depend on n_train.
+    count_on_frac: this fraction of the training solutions (a fixed random choice) is written by count_on()."""
+    stream, tries = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits), 0
+    test, seen, train = [], set(), []
+    # bounded, so a problem space too small for the request ends in an error rather than a hang
+    while (len(test) < n_test or len(train) < n_train) and tries < 100 * (n_train + n_test) + 1000:
+        ex, tries = next(stream), tries + 1
+        if len(test) < n_test:
+            if ex['solution'] not in seen:
+                seen.add(ex['solution'])
+                test.append(ex)
+        elif ex['solution'] not in seen:
+            train.append(ex)
+    if len(test) < n_test or len(train) < n_train:
+        raise ValueError(f"difficulty too small for {n_test} distinct test + {n_train} train problems; "
+                         f"allow more digits, ops or steps")
+    styles = random.Random(f'count_on {seed}')  # its own stream: the problems do not depend on count_on_frac
+    train = [{**ex, 'solution': count_on(ex['solution'])} if styles.random() < count_on_frac else ex for ex in train]
+    return train, test

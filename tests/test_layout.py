@@ -1,0 +1,53 @@
+"""The project's shape: no file imports another in a circle (imports inside functions count too: a lazy import is
+still a dependency), so any file can be read, reused or lifted out with what it imports and nothing else."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_imports():
+    files = {p.stem: p for p in ROOT.glob('*.py')}
+    files.update({f'tasks.{p.stem}' if p.stem != '__init__' else 'tasks': p for p in (ROOT / 'tasks').glob('*.py')})
+    graph = {}
+    for name, path in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for m in mods:
+                top = m if m in files else m.split('.')[0]
+                if top in files and top != name:
+                    deps.add(top)
+        graph[name] = deps
+    return graph
+
+
+def test_no_import_circles():
+    graph = project_imports()
+    assert {'train_grpo', 'tasks', 'tasks.gsm8k', 'batch', 'safety', 'parallel'} <= set(graph)
+    state = {}
+
+    def visit(n, path):
+        if state.get(n) == 'done':
+            return
+        assert state.get(n) != 'open', f"import circle: {' -> '.join(path + [n])}"
+        state[n] = 'open'
+        for d in sorted(graph[n]):
+            visit(d, path + [n])
+        state[n] = 'done'
+
+    for n in sorted(graph):
+        visit(n, [])
+
+
+def test_the_circle_check_sees_a_circle(monkeypatch):
+    """The check itself: a planted circle (parallel importing train_grpo) is found."""
+    real = project_imports()
+    monkeypatch.setattr(__import__(__name__), 'project_imports', lambda: {**real, 'parallel': real['parallel'] | {'train_grpo'}})
+    try:
+        test_no_import_circles()
+    except AssertionError as e:
+        assert 'import circle' in str(e)
+    else:
+        raise AssertionError("a planted circle went unnoticed")
