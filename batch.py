@@ -2,6 +2,8 @@
 The batch layout: a step's completions cut into micro-batches, each laid out for one forward pass (one row per
 completion, or one packed row per group), and the per-token log-probs and entropies that pass gives.
 """
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -74,12 +76,15 @@ def pack_groups(rows, pad_id, device='cpu'):
             torch.tensor(targets, device=device))
 
 
-def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, chunk=0, dtype=torch.float32, compiled=False):
+def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, chunk=0, dtype=torch.float32, compiled=False,
+                        head_fp32=True):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at `temperature`,
     through the fused kernel (chunk > 0: its chunked hidden-state form, never holding more than chunk x vocab logits).
     rows: {'prompt', 'ids'[, 'group']} dicts; with share_prompt and groups, each group's prompt runs once
-    (pack_groups). The trunk runs under autocast to dtype; the kernels do their own fp32 math. compiled: net is a
-    torch.compile'd model, whose graph must not take in the kernels."""
+    (pack_groups). The trunk runs under autocast to dtype; the kernels do their own fp32 math. head_fp32: the LM head's
+    matmul in fp32 too (under bf16 autocast its logits would be rounded to bf16 before the kernel sees them; in fp32
+    they are the full-precision logits of the policy being trained). compiled: net is a torch.compile'd model, whose
+    graph must not take in the kernels."""
     device = next(net.parameters()).device
     if share_prompt and 'group' in rows[0]:
         x, pos, amask, select, targets = pack_groups(rows, pad_id, device)
@@ -90,10 +95,13 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, chunk
     no_autocast = torch.autocast(device.type, enabled=False)
 
     def head(h, weight):  # runs inside net's forward: a DDP/FSDP wrapper sees (FSDP has gathered) the LM head weight
+        if head_fp32:
+            h, weight = h.float(), weight.float()
         if chunk > 0:
             with no_autocast:
                 return chunked_token_logprobs(h, weight, targets, temperature, chunk_size=chunk)
-        logits = F.linear(h, weight)
+        with no_autocast if head_fp32 else contextlib.nullcontext():
+            logits = F.linear(h, weight)
         with no_autocast:
             return token_logprobs(logits, targets, temperature)
 
@@ -105,18 +113,25 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, chunk
 
 def train_rows(comps, adv, zero_std, prompts, mine, filter_zero_std=True, mask_truncated=False):
     """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp', 'group'}: those of
-    this rank's prompts (`mine`), less zero-spread groups (filter_zero_std), truncated completions (mask_truncated)
-    and empty ones. Returns (rows, n_tok, n_seq): the normalisers count every rank's kept rows, the whole step's."""
+    this rank's prompts (`mine`), less truncated completions (mask_truncated) and empty ones. Returns (rows, n_tok,
+    n_seq, (rows_trained, tokens_trained)): the loss normalisers, counted over every rank's rows, the whole step's, and
+    how many of the whole step's rows and tokens are trained on (0 rows: nothing to update). filter_zero_std leaves out the rows
+    of groups whose rewards were all equal after counting them, so it only saves compute: their advantage is 0, and
+    with the normalisers unchanged the step's gradient is the same with the filter on or off (only true when nothing
+    but the advantage gives them a gradient: no KL or entropy term; the caller checks)."""
     G = len(comps) // len(zero_std)
-    rows, n_tok, n_seq = [], 0, 0
+    rows, n_tok, n_seq, n_trained, t_trained = [], 0, 0, 0, 0
     for i, c in enumerate(comps):
-        if (filter_zero_std and zero_std[i // G]) or (mask_truncated and c['truncated']) or not c['ids']:
+        if (mask_truncated and c['truncated']) or not c['ids']:
             continue
         n_tok, n_seq = n_tok + len(c['ids']), n_seq + 1
+        if filter_zero_std and zero_std[i // G]:
+            continue
+        n_trained, t_trained = n_trained + 1, t_trained + len(c['ids'])
         if c['prompt_idx'] in mine:
             rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv.view(-1)[i]),
                          'gen_logp': c['logprobs'], 'group': c['prompt_idx']})
-    return rows, n_tok, n_seq
+    return rows, n_tok, n_seq, (n_trained, t_trained)
 
 
 def pad_micro_batches(micro, pad_id, device):

@@ -8,14 +8,20 @@ micro-batch losses is the step's loss, and its gradient does not depend on how t
 import torch
 
 
-def group_advantages(rewards, std_scale=True, eps=1e-4):
-    """rewards (P, G) -> advantages (P, G), zero_std (P,) bool. GRPO: (r - mean) / (std + eps);
-    Dr. GRPO (std_scale=False): r - mean, which does not up-weight groups that are nearly all equal."""
+def group_advantages(rewards, scale='group', eps=1e-4):
+    """rewards (P, G) -> advantages (P, G), zero_std (P,) bool: r minus its group's mean, divided by
+    scale='group' (GRPO): the group's std + eps, so a group with a small spread is up-weighted;
+    scale='batch': the std of all the step's rewards + eps, one scale for every group (TRL's scale_rewards='batch');
+    scale='none' (Dr. GRPO): nothing, so an advantage keeps the reward's own units."""
     std = rewards.std(dim=1, keepdim=True)  # unbiased, as in the GRPO paper's implementations
     zero = std < 1e-6
     adv = rewards - rewards.mean(dim=1, keepdim=True)
-    if std_scale:
+    if scale == 'group':
         adv = adv / (std + eps)
+    elif scale == 'batch':
+        adv = adv / (rewards.std() + eps)
+    elif scale != 'none':
+        raise ValueError(f"scale_rewards={scale!r}: expected 'group', 'batch' or 'none'")
     return torch.where(zero, 0.0, adv), zero.squeeze(1)  # all-equal groups: exactly 0, even with eps = 0
 
 
@@ -33,30 +39,92 @@ def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens):
     raise ValueError(f"loss_agg={loss_agg!r}: expected token_mean, seq_mean_token_mean or seq_sum_const")
 
 
+def segment_sum(x, lens):
+    """Per-sequence sums of a flat per-token tensor whose sequences have these lengths."""
+    seg = torch.repeat_interleave(torch.arange(len(lens), device=x.device), lens)
+    return torch.zeros(len(lens), dtype=x.dtype, device=x.device).index_add(0, seg, x)
+
+
+def reverse_cumsum(x, lens):
+    """Within each sequence, x[t] + x[t+1] + ... to its end (the return-to-go of per-token rewards)."""
+    ends = torch.repeat_interleave(torch.cumsum(lens, 0), lens)  # each token's sequence end, exclusive
+    c = torch.cumsum(x, 0)
+    return c[ends - 1] - c + x
+
+
 def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0):
-    """Per-token estimate of KL(policy || reference) from samples of the policy.
-    k1 = log pi - log ref (unbiased, can be negative); k3 = r - log r - 1 with r = ref / pi (unbiased, >= 0)."""
+    """Per-token estimates of KL(policy || reference) from tokens sampled from the policy, log r = log ref - log pi
+    (Schulman, "Approximating KL divergence"). Their values all estimate KL(pi || ref); their gradients in a loss do
+    not all follow it:
+    k1 = -log r: unbiased value; as a loss its expected gradient is E[grad log pi] = 0 (no pull to the reference), so
+         policy_loss uses it only as a detached per-token penalty folded into the advantage (OpenRLHF's KL-in-reward);
+    k2 = (log r)^2 / 2: biased value (>= 0); its expected gradient is exactly grad KL(pi || ref);
+    k3 = r - log r - 1: unbiased value (>= 0); its expected gradient is grad KL(ref || pi), the reverse direction
+         (what GRPO's paper and TRL use)."""
     log_r = (ref_logp - logp).clamp(-clamp, clamp)
     if estimator == 'k1':
         return -log_r
+    if estimator == 'k2':
+        return 0.5 * log_r ** 2
     if estimator == 'k3':
         return torch.exp(log_r) - log_r - 1
-    raise ValueError(f"kl_estimator={estimator!r}: expected 'k1' or 'k3'")
+    raise ValueError(f"kl_estimator={estimator!r}: expected 'k1', 'k2' or 'k3'")
 
 
-def policy_loss(logp, old_logp, adv, w, eps_low, eps_high, ref_logp=None, beta=0.0, kl_estimator='k3', kl_clamp=10.0,
-                entropy=None, entropy_coef=0.0):
-    """Clipped surrogate (PPO with clip-higher) + beta * KL - entropy_coef * entropy, aggregated with weights w.
-    All inputs are flat per-token tensors; adv is the sequence's advantage repeated over its tokens.
-    Returns (loss, stats) where stats holds per-token tensors for logging: pg, kl, clipped."""
-    ratio = torch.exp(logp - old_logp)
-    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
-    tok_loss = pg
-    kl = torch.zeros_like(logp)
-    if ref_logp is not None:
-        kl = kl_estimate(logp, ref_logp, kl_estimator, kl_clamp)
+LOSS_TYPES = ('grpo', 'gspo', 'cispo')
+TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask')
+
+
+def tis_weights(train_logp, gen_logp, lens, mode, cap):
+    """Truncated importance sampling against the sampler: rho = pi_train_old / pi_sampler per token (the two compute
+    the same policy in different numerics: bf16 residual stream and head in the sampler, fp32 master weights in the
+    trainer), or per sequence (the product over its tokens). 'truncate': min(rho, cap); 'mask': rho, or 0 where
+    rho > cap (TRL's vllm_importance_sampling_mode, no lower bound, as its default). Returns detached per-token
+    weights and where rho was above the cap (capped or masked)."""
+    log_rho = (train_logp - gen_logp).detach()
+    if mode.startswith('sequence'):
+        log_rho = torch.repeat_interleave(segment_sum(log_rho, lens), lens)
+    rho = torch.exp(log_rho)
+    if mode.endswith('truncate'):
+        return rho.clamp(max=cap), rho > cap
+    if mode.endswith('mask'):
+        return torch.where(rho > cap, 0.0, rho), rho > cap
+    raise ValueError(f"tis={mode!r}: expected one of {TIS_MODES}")
+
+
+def policy_loss(logp, old_logp, adv, w, lens, eps_low, eps_high, loss_type='grpo', ref_logp=None, beta=0.0,
+                kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0, is_weight=None):
+    """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w. Inputs are flat
+    per-token tensors of sequences with lengths lens; adv is each sequence's advantage repeated over its tokens.
+    loss_type, with ratio = pi / pi_old:
+      'grpo':  per-token ratio, PPO clip with clip-higher: max(-A ratio, -A clip(ratio, 1 - eps_low, 1 + eps_high));
+      'gspo':  one ratio per sequence, the geometric mean of its token ratios (length-normalised), clipped as above
+               per sequence (GSPO, arXiv 2507.18071; its eps are ~1e-4, not 0.2);
+      'cispo': -min(ratio, 1 + eps_high) (detached) * A * log pi: the importance weight is clipped, not the gradient,
+               so every token keeps its gradient (CISPO, MiniMax-M1).
+    On-policy (ratio 1) all three give the same gradient, -A grad log pi. kl_estimator 'k1' enters as a detached
+    penalty in the advantage, A - beta * (k1 summed from this token to the sequence's end); 'k2'/'k3' as loss terms.
+    is_weight (tis_weights): multiplies the policy-gradient term per token, as TRL does, not the KL/entropy terms.
+    Returns (loss, stats): per-token tensors for metrics (pg, kl, ratio, clip_low, clip_high)."""
+    kl = torch.zeros_like(logp) if ref_logp is None else kl_estimate(logp, ref_logp, kl_estimator, kl_clamp)
+    if ref_logp is not None and kl_estimator == 'k1':
+        adv = adv - beta * reverse_cumsum(kl.detach(), lens)
+    log_ratio = logp - old_logp
+    if loss_type == 'gspo':  # the sequence's mean log ratio, on every one of its tokens
+        log_ratio = torch.repeat_interleave(segment_sum(log_ratio, lens) / lens, lens)
+    ratio = torch.exp(log_ratio)
+    if loss_type in ('grpo', 'gspo'):
+        pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
+        clip_low, clip_high = (ratio < 1 - eps_low) & (adv < 0), (ratio > 1 + eps_high) & (adv > 0)
+    elif loss_type == 'cispo':
+        pg = -ratio.clamp(max=1 + eps_high).detach() * adv * logp
+        clip_low, clip_high = torch.zeros_like(ratio, dtype=torch.bool), ratio > 1 + eps_high
+    else:
+        raise ValueError(f"loss_type={loss_type!r}: expected one of {LOSS_TYPES}")
+    tok_loss = pg if is_weight is None else pg * is_weight
+    if ref_logp is not None and kl_estimator != 'k1':
         tok_loss = tok_loss + beta * kl
     if entropy is not None and entropy_coef != 0.0:
         tok_loss = tok_loss - entropy_coef * entropy
-    clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
-    return (tok_loss * w).sum(), {'pg': pg.detach(), 'kl': kl.detach(), 'clipped': clipped}
+    return (tok_loss * w).sum(), {'pg': pg.detach(), 'kl': kl.detach(), 'ratio': ratio.detach(), 'clip_low': clip_low,
+                                  'clip_high': clip_high}

@@ -89,7 +89,7 @@ def plot_metrics(metrics_path, out_png=None):
         ('loss', ['loss', 'pg_loss'], None),
         ('KL to reference', ['kl'], None),
         ('entropy', ['entropy'], 'nats/token'),
-        ('clip fraction', ['clip_frac'], None),
+        ('clipped (last iteration, num_iterations > 1)', ['clip/low_frac', 'clip/high_frac'], None),
         ('frac_zero_std (groups with no signal)', ['frac_zero_std'], None),
         ('memory', ['mem/peak_gb', 'mem/allocated_gb', 'mem/reserved_gb'], 'GB')]
 

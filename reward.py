@@ -149,10 +149,14 @@ def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0)
     return reward if ok else missing
 
 
-def length_penalty(completion, example, max_len=1024, cache_len=256, penalty=1.0, n_tokens=None):
+def length_penalty(completion, example, max_len=0, cache_len=0, penalty=1.0, n_tokens=None, max_new_tokens=None):
     """DAPO soft overlong penalty: 0 up to max_len - cache_len, then linear down to -penalty at max_len.
-    Length is n_tokens when the caller passes it (per sample, through score's extra_kwargs), else characters
-    (the same thing for the byte tokenizer)."""
+    max_len 0: the run's max_new_tokens (train_grpo passes it per sample, with n_tokens); cache_len 0: a quarter of
+    max_len. Length is n_tokens when the caller passes it, else characters (the same for the byte tokenizer)."""
+    max_len = max_len or max_new_tokens
+    if not max_len:
+        raise ValueError("length: no max_len, and no max_new_tokens from the training loop to default it to")
+    cache_len = cache_len or max_len // 4
     n = len(completion) if n_tokens is None else n_tokens
     soft = max_len - cache_len
     if n <= soft:
@@ -195,7 +199,8 @@ def check_reward_config(rewards):
             raise ValueError(f"reward config: {name!r} listed twice")
         if fn in REWARD_FNS.values():  # a dry run, so a bad value (pattern='boxd') fails now, not every step
             try:
-                float(fn('', {'question': '', 'answer': '0', 'solution': ''}, **kwargs))
+                float(fn('', {'question': '', 'answer': '0', 'solution': ''},
+                         **{**({'max_new_tokens': 512} if fn is length_penalty else {}), **kwargs}))
             except Exception as e:
                 raise ValueError(f"reward config: {name!r} rejects kwargs {kwargs}: {e}") from e
         out.append((name, fn, float(weight), dict(kwargs)))

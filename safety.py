@@ -42,6 +42,17 @@ def mem_stats(device):
     return {'mem/allocated_gb': rss, 'mem/reserved_gb': rss, 'mem/peak_gb': peak}
 
 
+def startup_warnings(c):
+    """Settings that run, but not as their user may think: said once, before anything is spent."""
+    if c['top_k'] > 0 or c['top_p'] < 1.0:
+        print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']} truncate the sampler's distribution, "
+              "while the loss scores tokens under the full softmax: training is off-policy; use top_k=0, top_p=1.0 for "
+              "on-policy GRPO", flush=True)
+    if c['filter_zero_std'] and (c['beta'] or c['entropy_coef']):
+        print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal rewards still have a KL or "
+              "entropy gradient, so they are trained on", flush=True)
+
+
 def warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn=None):
     """Print this step's warnings (each names a cause and a fix) and return the warn/* counters for the metrics.
     kl_warn: None when there is no reference model (no KL is measured)."""
@@ -128,10 +139,58 @@ def log_samples(path, step, comps, batch, prompts, totals, tok, task):
                                 'correct': bool(task.grade(text, ex)), 'reward': totals[i]}) + '\n')
 
 
+def update_metrics(moved=False, tis=False):
+    """Accumulators for what a step logs about its update: the rollout's (iteration 0) or, moved=True, the last
+    iteration's. Every key is there from the start, so every rank all-reduces the same list (reduce_metrics)."""
+    if moved:
+        keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
+        return {'sum': dict.fromkeys(keys, 0.0), 'max': {'ratio/max': -math.inf, 'ratio/min': -math.inf}}
+    keys = ('loss', 'pg_loss', 'kl', 'entropy', 'logprob/mean', 'logprob_gen_vs_train') + \
+        (('tis/weight_mean', 'tis/capped_frac') if tis else ())
+    return {'sum': dict.fromkeys(keys, 0.0), 'max': {}}
+
+
+def add_metrics(acc, loss, st, w, logp, entropy, old_logp, gen_logp, is_weight, n_tokens, rollout, moved):
+    """Add one micro-batch's share. rollout (iteration 0): loss, its policy-gradient part, and means over the tokens
+    trained on of KL to the reference, entropy, log-prob, |sampler - trainer| log-prob and, with tis, the importance
+    weight and the share of tokens whose ratio was above the cap (is_weight: tis_weights' pair). moved (the last iteration,
+    num_iterations > 1): clipped fractions on each side, the ratio's mean and range, and KL(old || new) by k3 on the
+    tokens drawn from old. Means divide by n_tokens, the step's trained tokens over every rank."""
+    s, mx = acc['sum'], acc['max']
+    add = {}
+    if rollout:
+        add = {'loss': loss.item(), 'pg_loss': (st['pg'] * w).sum().item()}
+        tis = () if is_weight is None else (('tis/weight_mean', is_weight[0]), ('tis/capped_frac', is_weight[1].float()))
+        for k, v in (('kl', st['kl']), ('entropy', entropy), ('logprob/mean', logp),
+                     ('logprob_gen_vs_train', (gen_logp - logp.detach()).abs()), *tis):
+            add[k] = v.sum().item() * (1.0 / n_tokens)
+    if moved:
+        r, d = st['ratio'], (logp.detach() - old_logp).exp()
+        for k, v in (('clip/low_frac', st['clip_low'].float()), ('clip/high_frac', st['clip_high'].float()),
+                     ('ratio/mean', r), ('kl_old_new', d - 1 - d.log())):
+            add[k] = v.sum().item() / n_tokens
+        for k, v in (('ratio/max', r.max().item()), ('ratio/min', -r.min().item())):
+            mx[k] = max(mx[k], v)
+    for k, v in add.items():
+        s[k] += v
+
+
+def reduce_metrics(acc, all_reduce):
+    """torchrun: each rank's sums summed, maxima maxed. all_reduce(values, op) -> values."""
+    for part, op in (('sum', 'sum'), ('max', 'max')):
+        if acc[part]:
+            acc[part] = dict(zip(acc[part], all_reduce(list(acc[part].values()), op)))
+
+
+def metrics_of(acc):
+    return {**acc['sum'], **{k: -v if k == 'ratio/min' else v for k, v in acc['max'].items()}}
+
+
 def step_line(m):
     """The one line each step prints: the numbers to watch and where the time went."""
     return (f"step {m['step']:5d} | reward {m['reward/mean']:.3f}±{m['reward/std']:.3f} | zero_std {m['frac_zero_std']:.2f} | "
-            f"loss {m['loss']:.4f} | kl {m['kl']:.4f} | clip {m['clip_frac']:.3f} | ent {m['entropy']:.3f} | "
+            f"loss {m['loss']:.4f} | kl {m['kl']:.4f} | " + (f"clip {m['clip/low_frac']:.3f}/{m['clip/high_frac']:.3f} | "
+                                                        if 'clip/low_frac' in m else '') + f"ent {m['entropy']:.3f} | "
             f"gnorm {m['grad_norm']:.3f} | len {m['response_len/mean']:.0f} | {m['timing_s/step']:.1f}s (gen "
             f"{m['timing_s/gen']:.1f} rew {m['timing_s/reward']:.1f} ref {m['timing_s/ref']:.1f} old "
             f"{m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f}) | mem {m['mem/peak_gb']:.2f}GB")
@@ -179,4 +238,5 @@ def catch_signals():
 
 
 def injected_stall(seconds):  # testing (fault_stall_step): named so the watchdog's stack dump points straight at it
-    time.sleep(seconds)
+    if seconds > 0:
+        time.sleep(seconds)

@@ -48,23 +48,27 @@ micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation);
 share_prompt = True  # update: each group's prompt once per forward, its G completions packed after it (pack_groups)
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
-top_k = 0  # 0 = off
-top_p = 1.0  # 1.0 = off (the loss uses the full softmax either way)
+top_k = 0  # 0 = off. top_k/top_p make training off-policy: the loss scores tokens under the full softmax
+top_p = 1.0  # 1.0 = off
 # GRPO objective
-adv_std_scale = True  # True: (r - mean) / (std + adv_eps) as in GRPO; False: r - mean as in Dr. GRPO
+scale_rewards = 'group'  # advantage = r - group mean, divided by: 'group' std (GRPO), 'batch' std, 'none' (Dr. GRPO)
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
 loss_agg = 'token_mean'  # 'token_mean' (DAPO: over all the step's tokens), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO)
+loss_type = 'grpo'  # 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight): loss.py
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
-num_iterations = 1  # mu: optimizer steps on each rollout batch (1 = on-policy, ratio is 1)
+num_iterations = 1  # mu: optimizer steps on each rollout batch (1 = on-policy: ratio is 1 and nothing clips)
 beta = 0.0  # KL penalty weight to the frozen reference (0 = no reference model is loaded)
-kl_estimator = 'k3'  # 'k1' (log ratio) or 'k3' (Schulman's unbiased, non-negative)
+kl_estimator = 'k3'  # 'k3': gradient of KL(ref||pi) (GRPO, TRL); 'k2': of KL(pi||ref); 'k1': in the advantage
 kl_clamp = 10.0  # log ratios are clamped to +-this before the KL estimate
 kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
-filter_zero_std = True  # skip groups whose rewards are all equal: zero advantage, no gradient, pure cost
+filter_zero_std = True  # skip groups whose rewards are all equal (zero gradient when beta = entropy_coef = 0)
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
 logprob_chunk = 0  # 0: logits for the micro-batch at once; N: LM head in chunks of N tokens (memory-lean)
+lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob; batch.py)
+tis = ''  # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*' (loss.py)
+tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
 # rewards: built-in names from reward.REWARD_FNS or 'module:function'; every kwarg reaches the function
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
 failure_reward = 0.0  # reward of a sample whose reward function raised
@@ -121,7 +125,7 @@ if plot:
 from batch import completion_logprobs, micro_batches, pad_micro_batches, train_rows  # noqa: E402
 from checkpoint import atomic_write, load_newest_everywhere, load_state, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
-from loss import group_advantages, policy_loss, token_weights  # noqa: E402
+from loss import LOSS_TYPES, TIS_MODES, group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
 from model import copy_weights, load_model  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
 from reward import resolve_rewards, score  # noqa: E402
@@ -130,8 +134,9 @@ from sft import warm_start  # noqa: E402
 from sample import encode_prompts, evaluate, generate  # noqa: E402
 
 # knob checks: a typo'd choice is an error here, not a silent default deep in the loop
-for key, allowed in [('loss_agg', ('token_mean', 'seq_mean_token_mean', 'seq_sum_const')), ('kl_estimator', ('k1', 'k3')),
-                     ('on_kl_max', ('rollback', 'stop')), ('resume', ('auto', 'never'))]:
+for key, allowed in [('loss_agg', ('token_mean', 'seq_mean_token_mean', 'seq_sum_const')), ('kl_estimator', ('k1', 'k2', 'k3')),
+                     ('on_kl_max', ('rollback', 'stop')), ('resume', ('auto', 'never')), ('loss_type', LOSS_TYPES),
+                     ('scale_rewards', ('group', 'batch', 'none')), ('tis', ('',) + TIS_MODES)]:
     if config[key] not in allowed:
         die(f"--{key}={config[key]!r}: expected one of {allowed}", 2)
 if group_size < 2:
@@ -149,6 +154,7 @@ rank, world, device = setup(device, batch_prompts, fsdp)
 ddp, master = world > 1 or rank > 0, rank == 0  # master: the one rank that prints, logs, plots and writes
 if master:
     save_config(config, out_dir)
+    safety.startup_warnings(config)
 torch.manual_seed(seed)
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 
@@ -176,16 +182,12 @@ print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute 
 # (with FSDP always a copy: the trained model holds only this rank's shard)
 gen_model = model if ptdtype == torch.float32 and not fsdp else copy.deepcopy(model).to(ptdtype).eval()
 train_model = wrap(model, device, fsdp, compile)
-
-
-def sync_gen_model():
-    if gen_model is not model:
-        copy_weights(gen_model, model)
+sync_gen_model = (lambda: copy_weights(gen_model, model)) if gen_model is not model else (lambda: None)  # after updates
 
 
 def logprobs(net, rows, temp=None):  # per-token log-probs and entropies of rows' completions (batch.py)
     return completion_logprobs(net, rows, tok.pad_id, temperature if temp is None else temp, share_prompt,
-                               logprob_chunk, ptdtype, compiled=compile)
+                               logprob_chunk, ptdtype, compile, lm_head_fp32)
 
 
 decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -277,14 +279,15 @@ while step < max_steps:
     # 2. rewards
     t = time.time()
     sc = score([c['text'] for c in comps], [batch[c['prompt_idx']] for c in comps], reward_fns, failure_reward,
-               [{'n_tokens': len(c['ids']), 'truncated': c['truncated']} for c in comps])
+               [{'n_tokens': len(c['ids']), 'truncated': c['truncated'], 'max_new_tokens': max_new_tokens} for c in comps])
     timing['reward'] = time.time() - t
     comps, sc = gather_step(comps, sc)  # torchrun: the whole step's completions and rewards on every rank, so
     mark("rewards scored")  # advantages, loss normalisers, guards and metrics are the numbers one process computes
     # 3. group-relative advantages; the rows to train on
     r = torch.tensor(sc['total'], dtype=torch.float32).view(P, G)
-    adv, zero_std = group_advantages(r, adv_std_scale, adv_eps)
-    rows, n_tok, n_seq = train_rows(comps, adv, zero_std, prompts, mine, filter_zero_std, mask_truncated)
+    adv, zero_std = group_advantages(r, scale_rewards, adv_eps)
+    rows, n_tok, n_seq, (n_trained, t_trained) = train_rows(  # a zero-spread group's gradient is 0 without KL/entropy
+        comps, adv, zero_std, prompts, mine, filter_zero_std and not (beta or entropy_coef), mask_truncated)
     micro = micro_batches(rows, micro_batch_size, whole_groups=share_prompt)  # share_prompt packs whole groups
     n_real = len(micro)  # (torchrun: padded with passes of weight 0, as many on every rank)
     micro = pad_micro_batches(micro, tok.pad_id, device) if ddp else micro
@@ -303,10 +306,9 @@ while step < max_steps:
     lr_now = lr_at(step, lr, max_steps, warmup_steps) * lr_scale
     for g in optimizer.param_groups:
         g['lr'] = lr_now
-    if fault_stall_step == step + 1:
-        safety.injected_stall(fault_stall_s)
-    acc = {k: 0.0 for k in ('loss', 'pg_loss', 'kl', 'entropy', 'clip_frac', 'logprob/mean', 'logprob_gen_vs_train')}
-    grad_norm, skipped = 0.0, n_tok == 0 or sc['all_failed']  # skipped: no update attempted, gradient 0
+    safety.injected_stall(fault_stall_s if fault_stall_step == step + 1 else 0)
+    first, last = safety.update_metrics(tis=bool(tis)), safety.update_metrics(moved=True)  # rollout; last iteration
+    grad_norm, skipped = 0.0, n_trained == 0 or sc['all_failed']  # skipped: no update attempted, gradient 0
     for it in range(num_iterations if not skipped else 0):
         for j, mb in enumerate(micro):
             # DDP all-reduces the gradients once, in the last micro-batch's backward (FSDP reduce-scatters each)
@@ -315,23 +317,21 @@ while step < max_steps:
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
             A = torch.repeat_interleave(torch.tensor([rw['adv'] for rw in mb], device=logp.device), lens)
             w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens) * (j < n_real)  # padding weighs 0
-            loss, st = policy_loss(logp, old_lp[j] if old_lp is not None else logp.detach(), A, w, eps_low, eps_high,
-                                   ref_lp[j] if ref_lp is not None else None, beta_now, kl_estimator, kl_clamp,
-                                   ent, entropy_coef)
+            old, gen = old_lp[j] if old_lp is not None else logp.detach(), torch.tensor(
+                [x for rw in mb for x in rw['gen_logp']], device=logp.device)  # the sampler's log-probs
+            isw = tis_weights(old, gen, lens, tis, tis_cap) if tis else None  # (weights, above the cap)
+            loss, st = policy_loss(logp, old, A, w, lens, eps_low, eps_high, loss_type, ref_lp[j] if ref_lp is not None
+                                   else None, beta_now, kl_estimator, kl_clamp, ent, entropy_coef, isw and isw[0])
             if step + 1 in fault_nan_steps:
                 loss = loss * float('nan')
             (loss * world).backward()  # DDP/FSDP average the ranks' gradients: the step's gradient is their sum
-            if it == 0 and j < n_real:  # metrics describe the rollout batch as the policy first saw it
-                gen = torch.tensor([x for rw in mb for x in rw['gen_logp']], device=logp.device)
-                acc['loss'] += loss.item()
-                acc['pg_loss'] += (st['pg'] * w).sum().item()
-                for k, v in (('kl', st['kl']), ('entropy', ent), ('clip_frac', st['clipped'].float()), ('logprob/mean', logp),
-                             ('logprob_gen_vs_train', (gen - logp.detach()).abs())):
-                    acc[k] += v.sum().item() * (1.0 / n_tok)
-        if it == 0 and ddp:  # each rank summed its own tokens' shares of the step's loss and metrics
-            acc = dict(zip(acc, all_reduce(list(acc.values()), device)))
+            if j < n_real:  # iteration 0: the rollout batch as the policy first saw it; the last (mu > 1): how far it moved
+                safety.add_metrics(first if it == 0 else last, loss, st, w, logp, ent, old, gen, isw, t_trained, it == 0,
+                                   0 < it == num_iterations - 1)
+        if ddp and (it == 0 or it == num_iterations - 1):  # each rank summed its own tokens' shares
+            safety.reduce_metrics(first if it == 0 else last, lambda v, op: all_reduce(v, device, op))
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float('inf')).item()
-        if not (math.isfinite(grad_norm) and math.isfinite(acc['loss'])):
+        if not (math.isfinite(grad_norm) and math.isfinite(first['sum']['loss'])):
             break
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -348,14 +348,15 @@ while step < max_steps:
     m = {'step': step, 'lr': lr_now, 'reward/mean': r.mean().item(), 'reward/std': r.std().item(),
          **{f'reward/{k}/mean': sum(v) / len(v) for k, v in sc['per_fn'].items()},
          **{f'reward/{k}/errors': v for k, v in sc['errors'].items()},
-         'frac_zero_std': zero_std.float().mean().item(), **acc, 'grad_norm': grad_norm, 'kl_coef': beta_now,
-         'rows_trained': n_seq, 'tokens_trained': n_tok,
+         'frac_zero_std': zero_std.float().mean().item(), **safety.metrics_of(first), 'grad_norm': grad_norm,
+         **(safety.metrics_of(last) if num_iterations > 1 and not skipped else {}), 'kl_coef': beta_now,
+         'rows_trained': n_trained, 'tokens_trained': t_trained,
          'response_len/mean': sum(lens_all) / len(lens_all), 'response_len/max': max(lens_all),
          'response_len/clip_frac': sum(c['truncated'] for c in comps) / len(comps),
          **{f'timing_s/{k}': v for k, v in timing.items()}, **safety.mem_stats(device),
          'perf/gen_tokens_per_s': sum(lens_all) / max(timing['gen'], 1e-9),
          'perf/tokens_per_s': sum(len(p) for p in prompts) * G / max(timing['step'], 1e-9) + sum(lens_all) / max(timing['step'], 1e-9)}
-    m.update(safety.warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn if ref_model is not None else None))
+    m.update(safety.warn(guards, m, t_trained, skipped, grad_norm, max_new_tokens, kl_warn if ref_model is not None else None))
     if eval_every > 0 and (step % eval_every == 0 or step == max_steps):
         m.update(run_eval(step))
     action, finite = safety.guard(guards, m, step, skipped, sc, [c['text'] for c in comps], nan_patience,
@@ -387,8 +388,8 @@ while step < max_steps:
     # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
     last_progress[0] = time.time()
     stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0  # a signal to any rank stops all here
-    if stopping or step % save_every == 0 or step == max_steps:
-        save(step)
+    if (stopping or step % save_every == 0 or step == max_steps) and guards['nan_streak'] == 0:
+        save(step)  # never inside a non-finite streak: a rollback must not return to the weights that caused it
     if master and plot_every > 0 and (step % plot_every == 0 or step == max_steps):
         plot_metrics(metrics_path, os.path.join(out_dir, 'curves.png'))
     if stopping:

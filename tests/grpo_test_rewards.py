@@ -12,3 +12,8 @@ def always_zero(completion, example):
 
 def always_raise(completion, example):
     raise RuntimeError("reward server unreachable")
+
+
+def first_char_even(completion, example):
+    """A coin flip per completion for a random model: about half of the groups of 2 get identical rewards."""
+    return float(ord(completion[:1] or 'a') % 2 == 0)

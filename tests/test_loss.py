@@ -5,18 +5,23 @@ import pytest
 import torch
 
 from batch import micro_batches
-from loss import group_advantages, kl_estimate, policy_loss, token_weights
+from loss import group_advantages, kl_estimate, policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights
 
 
 def test_advantages_grpo_and_dr_grpo():
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
-    adv, zero = group_advantages(r, std_scale=False)
+    adv, zero = group_advantages(r, scale='none')
     assert torch.equal(adv, torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0, 0.0, 0.0, 0.0]])), adv
     assert zero.tolist() == [False, True], "a group with identical rewards has zero std"
-    adv, _ = group_advantages(r, std_scale=True, eps=0.0)
+    adv, _ = group_advantages(r, scale='group', eps=0.0)
     std = math.sqrt((4 * 0.25) / 3)  # unbiased std of [1,0,0,1]
     assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / std), adv
     assert torch.equal(adv[1], torch.zeros(4)), "zero-std groups get zero advantage, not NaN"
+    adv, _ = group_advantages(r, scale='batch', eps=0.0)  # one std for the whole batch: that of all 8 rewards
+    batch_std = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0]).std().item()
+    assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / batch_std) and torch.equal(adv[1], torch.zeros(4))
+    with pytest.raises(ValueError, match='scale_rewards'):
+        group_advantages(r, scale='std')
 
 
 def test_token_weights_each_mode():
@@ -34,18 +39,18 @@ def test_clipping_both_sides():
     logp = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5]))  # ratios 1.5, 1.5, 0.5, 0.5
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     w = torch.ones(4)
-    loss, st = policy_loss(logp, old, adv, w, eps_low=0.2, eps_high=0.28)
+    loss, st = policy_loss(logp, old, adv, w, torch.ones(4, dtype=torch.long), eps_low=0.2, eps_high=0.28)
     # per token: max(-A r, -A clip(r, 0.8, 1.28))
     # A=+1, r=1.5: max(-1.5, -1.28) = -1.28 (clipped: no incentive to raise r further)
     # A=-1, r=1.5: max(1.5, 1.28)   = 1.5   (not clipped: the pessimistic bound keeps the gradient)
     # A=+1, r=0.5: max(-0.5, -0.8)  = -0.5  (not clipped)
     # A=-1, r=0.5: max(0.5, 0.8)    = 0.8   (clipped below)
     assert torch.allclose(st['pg'], torch.tensor([-1.28, 1.5, -0.5, 0.8])), st['pg']
-    assert st['clipped'].tolist() == [True, False, False, True]
+    assert st['clip_high'].tolist() == [True, False, False, False] and st['clip_low'].tolist() == [False, False, False, True]
     assert abs(loss.item() - (-1.28 + 1.5 - 0.5 + 0.8)) < 1e-6
     # a clipped token passes no gradient; an unclipped one passes -A * r
     logp = logp.clone().requires_grad_(True)
-    policy_loss(logp, old, adv, w, 0.2, 0.28)[0].backward()
+    policy_loss(logp, old, adv, w, torch.ones(4, dtype=torch.long), 0.2, 0.28)[0].backward()
     assert torch.allclose(logp.grad, torch.tensor([0.0, 1.5, -0.5, 0.0])), logp.grad
 
 
@@ -54,7 +59,7 @@ def test_on_policy_gradient_is_minus_advantage():
     logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
     adv = torch.tensor([2.0, -1.0, 0.5])
     w = torch.tensor([0.25, 0.25, 0.5])
-    loss, _ = policy_loss(logp, logp.detach(), adv, w, 0.2, 0.28)
+    loss, _ = policy_loss(logp, logp.detach(), adv, w, torch.ones(3, dtype=torch.long), 0.2, 0.28)
     loss.backward()
     assert abs(loss.item() - (-(2 * 0.25) + 0.25 - 0.25)) < 1e-6
     assert torch.allclose(logp.grad, -adv * w)
@@ -65,17 +70,24 @@ def test_kl_estimators():
     assert torch.allclose(kl_estimate(logp, ref, 'k1'), torch.tensor([0.5, -1.0]))
     lr = torch.tensor([-0.5, 1.0])  # ref - logp
     assert torch.allclose(kl_estimate(logp, ref, 'k3'), torch.exp(lr) - lr - 1)
+    assert torch.allclose(kl_estimate(logp, ref, 'k2'), 0.5 * lr ** 2)
     assert (kl_estimate(torch.randn(100), torch.randn(100), 'k3') >= 0).all(), "k3 is never negative"
     big = kl_estimate(torch.tensor([0.0]), torch.tensor([-100.0]), 'k3', clamp=10.0)
     assert torch.allclose(big, torch.exp(torch.tensor(-10.0)) + 10 - 1), "log ratios are clamped before exp"
 
 
 def test_kl_and_entropy_terms_enter_the_loss():
-    logp, ref, ent = torch.tensor([-1.0]), torch.tensor([-1.5]), torch.tensor([2.0])
-    base, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), 0.2, 0.2)
-    with_kl, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), 0.2, 0.2, ref, beta=0.1, kl_estimator='k1')
-    assert abs(with_kl.item() - (base.item() + 0.1 * 0.5)) < 1e-6 and abs(st['kl'].item() - 0.5) < 1e-6
-    with_ent, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), 0.2, 0.2, entropy=ent, entropy_coef=0.01)
+    logp, ref, ent, one = torch.tensor([-1.0]), torch.tensor([-1.5]), torch.tensor([2.0]), torch.ones(1, dtype=torch.long)
+    base, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2)
+    for est, kl in (('k2', 0.5 * 0.5 ** 2), ('k3', math.exp(-0.5) + 0.5 - 1)):
+        with_kl, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, ref_logp=ref, beta=0.1,
+                                  kl_estimator=est)
+        assert abs(with_kl.item() - (base.item() + 0.1 * kl)) < 1e-6 and abs(st['kl'].item() - kl) < 1e-6
+    # k1 is a detached penalty in the advantage: A' = 0 - 0.1 * 0.5, so the loss is -A' * ratio = +0.05
+    with_k1, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, ref_logp=ref, beta=0.1,
+                              kl_estimator='k1')
+    assert abs(with_k1.item() - 0.05) < 1e-6 and abs(st['kl'].item() - 0.5) < 1e-6
+    with_ent, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, entropy=ent, entropy_coef=0.01)
     assert abs(with_ent.item() - (base.item() - 0.02)) < 1e-6
 
 
@@ -97,11 +109,99 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
             logp = torch.log_softmax(theta, 0)[idx]
             A = torch.repeat_interleave(adv_seq[mb], lens[mb])
             w = token_weights(lens[mb], loss_agg, n_tok, n_seq, 8)
-            policy_loss(logp, logp.detach(), A, w, 0.2, 0.28)[0].backward()
+            policy_loss(logp, logp.detach(), A, w, lens[mb], 0.2, 0.28)[0].backward()
         return theta.grad.clone()
 
     g1, gall = grad_with(1), grad_with(n_seq)
     assert torch.allclose(g1, gall, atol=1e-7), f"{loss_agg}: micro-batch 1 vs all differ by {(g1 - gall).abs().max()}"
+
+
+@pytest.mark.parametrize('estimator, direction', [('k1', 'forward'), ('k2', 'forward'), ('k3', 'reverse')])
+def test_kl_estimators_expected_gradient_is_the_kl_gradient(estimator, direction):
+    """On a categorical policy softmax(theta) over 6 tokens, each token a one-token completion: the exact expected
+    gradient of the penalty (sum over tokens of pi(a) * grad loss(a), pi(a) a fixed sampling weight) equals the
+    gradient of KL(pi || ref) (k1 through the advantage, k2) or of KL(ref || pi) (k3). The old k1 in the loss has
+    expected gradient 0 and fails here."""
+    torch.manual_seed(1)
+    theta = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.randn(6, dtype=torch.float64), 0)
+    logp = torch.log_softmax(theta, 0)
+    pi = logp.exp().detach()
+    ones = torch.ones(6, dtype=torch.long)
+    loss, _ = policy_loss(logp, logp.detach(), torch.zeros(6, dtype=torch.float64), pi, ones, 0.2, 0.28,
+                          ref_logp=ref, beta=1.0, kl_estimator=estimator, kl_clamp=100.0)
+    got, = torch.autograd.grad(loss, theta)
+    p = torch.softmax(theta, 0)
+    kl = (p * (torch.log_softmax(theta, 0) - ref)).sum() if direction == 'forward' else \
+        (ref.exp() * (ref - torch.log_softmax(theta, 0))).sum()
+    want, = torch.autograd.grad(kl, theta)
+    assert torch.allclose(got, want, atol=1e-10), f"{estimator}: {got} vs grad KL ({direction}) {want}"
+
+
+def test_k1_penalty_is_the_kl_still_to_come_in_its_sequence():
+    """Two sequences of lengths 2 and 1: token t's advantage loses beta * (k1 of tokens t..end of its sequence)."""
+    logp = torch.tensor([-1.0, -2.0, -0.5])
+    ref = torch.tensor([-1.5, -1.0, -0.5])  # k1 = logp - ref = 0.5, -1.0, 0.0
+    assert torch.allclose(reverse_cumsum(torch.tensor([0.5, -1.0, 0.0]), torch.tensor([2, 1])),
+                          torch.tensor([-0.5, -1.0, 0.0]))
+    _, st = policy_loss(logp, logp, torch.zeros(3), torch.ones(3), torch.tensor([2, 1]), 0.2, 0.28, ref_logp=ref,
+                        beta=0.1, kl_estimator='k1')
+    assert torch.allclose(st['pg'], torch.tensor([-0.05, -0.1, 0.0])), st['pg']  # -A' with A' = -0.1 * to-come
+    assert torch.allclose(segment_sum(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([2, 1])), torch.tensor([3.0, 4.0]))
+
+
+def test_gspo_ratio_is_the_sequences_geometric_mean_clipped_per_sequence():
+    """Sequence 1: token ratios 2 and 0.5 -> geometric mean 1, nothing clips although both tokens are far from 1.
+    Sequence 2: ratios 1.5 and 1.5 -> 1.5, clipped at 1.28 for A > 0: the whole sequence passes no gradient."""
+    old = torch.zeros(4)
+    logp = torch.log(torch.tensor([2.0, 0.5, 1.5, 1.5])).requires_grad_(True)
+    adv, lens = torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([2, 2])
+    loss, st = policy_loss(logp, old, adv, torch.ones(4), lens, 0.2, 0.28, loss_type='gspo')
+    assert torch.allclose(st['ratio'], torch.tensor([1.0, 1.0, 1.5, 1.5]))
+    assert st['clip_high'].tolist() == [False, False, True, True]
+    loss.backward()
+    # each of the sequence's 2 tokens (weight 1) carries -A s, and ds/dlogp_t = s / |y|: 2 * (-1 * 1/2) = -1
+    assert torch.allclose(logp.grad, torch.tensor([-1.0, -1.0, 0.0, 0.0])), logp.grad
+    tok, _ = policy_loss(logp.detach(), old, adv, torch.ones(4), lens, 0.2, 0.28, loss_type='grpo')
+    assert tok.item() != loss.item(), "token-level clipping treats these tokens differently"
+
+
+def test_cispo_clips_the_weight_not_the_gradient():
+    """CISPO: -min(r, 1 + eps_high) (detached) * A * log pi. A token with r = 1.5 > 1.28 keeps a gradient, scaled by
+    1.28, where the PPO clip would pass none; on-policy (r = 1) the gradient is -A, as GRPO's."""
+    old = torch.zeros(2)
+    logp = torch.log(torch.tensor([1.5, 1.0])).requires_grad_(True)
+    adv = torch.tensor([1.0, -2.0])
+    loss, st = policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), 0.2, 0.28, loss_type='cispo')
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([-1.28, 2.0])), logp.grad
+    assert st['clip_high'].tolist() == [True, False]
+    with pytest.raises(ValueError, match='loss_type'):
+        policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), 0.2, 0.28, loss_type='ppo')
+
+
+def test_tis_weights_each_mode():
+    """rho = pi_train / pi_sampler: tokens 4, 0.5 (sequence 1: product 2) and 1 (sequence 2), cap 3."""
+    train, gen, lens = torch.log(torch.tensor([4.0, 0.5, 1.0])), torch.zeros(3), torch.tensor([2, 1])
+    cases = {'token_truncate': ([3.0, 0.5, 1.0], [True, False, False]), 'token_mask': ([0.0, 0.5, 1.0], [True, False, False]),
+             'sequence_truncate': ([2.0, 2.0, 1.0], [False] * 3), 'sequence_mask': ([2.0, 2.0, 1.0], [False] * 3)}
+    for mode, (want, above) in cases.items():
+        w, capped = tis_weights(train, gen, lens, mode, 3.0)
+        assert torch.allclose(w, torch.tensor(want)) and capped.tolist() == above, (mode, w, capped)
+    w, capped = tis_weights(train, gen, lens, 'sequence_mask', 1.5)  # sequence 1's product 2 > 1.5: all of it masked
+    assert w.tolist() == [0.0, 0.0, 1.0] and capped.tolist() == [True, True, False]
+    with pytest.raises(ValueError, match='tis'):
+        tis_weights(train, gen, lens, 'token', 3.0)
+
+
+def test_is_weight_scales_the_policy_gradient_only():
+    logp, ref = torch.tensor([-1.0, -2.0], requires_grad=True), torch.tensor([-1.5, -1.0])
+    adv, w, lens = torch.tensor([1.0, -1.0]), torch.ones(2), torch.ones(2, dtype=torch.long)
+    isw = torch.tensor([0.5, 2.0])
+    loss, st = policy_loss(logp, logp.detach(), adv, w, lens, 0.2, 0.28, ref_logp=ref, beta=0.1, is_weight=isw)
+    loss.backward()
+    k3_grad = 1 - torch.exp(ref - logp.detach())  # d k3 / d logp
+    assert torch.allclose(logp.grad, -adv * isw + 0.1 * k3_grad), logp.grad
 
 
 def test_micro_batches_sizes_and_whole_groups():

@@ -20,7 +20,7 @@ def fake_row(step):
     row = {'step': step, 'lr': 1e-6 * min(1.0, step / 5), 'reward/mean': r, 'reward/std': 0.3 - 0.002 * step,
            'reward/correct/mean': r * 0.9, 'reward/format/mean': min(1.0, 0.5 + 0.03 * step),
            'frac_zero_std': 0.4 - 0.005 * step, 'loss': 0.01 * math.sin(step), 'pg_loss': 0.008 * math.sin(step),
-           'kl': 1e-3 * step, 'entropy': 1.2 - 0.01 * step, 'clip_frac': 0.02 + 0.001 * (step % 7),
+           'kl': 1e-3 * step, 'entropy': 1.2 - 0.01 * step, 'clip/high_frac': 0.02 + 0.001 * (step % 7),
            'grad_norm': 0.5 + 0.1 * math.cos(step), 'response_len/mean': 220 - 2 * step,
            'response_len/clip_frac': max(0.0, 0.2 - 0.006 * step),
            'timing_s/gen': 6.0, 'timing_s/reward': 0.2, 'timing_s/ref': 0.8, 'timing_s/old_logprob': 0.7,

@@ -1,5 +1,6 @@
 """train_grpo.py end to end on CPU: it learns, it resumes exactly, and every guard fires within a step of its cause."""
 import json
+import math
 import os
 import random
 import signal
@@ -70,7 +71,7 @@ def test_metrics_keys_and_files(tmp_path):
     rows = metrics(tmp_path)
     assert [r['step'] for r in rows] == [0, 1, 2]
     need = ['step', 'lr', 'reward/mean', 'reward/std', 'reward/digit_fraction/mean', 'frac_zero_std', 'loss', 'pg_loss',
-            'kl', 'entropy', 'clip_frac', 'grad_norm', 'response_len/mean', 'response_len/clip_frac', 'timing_s/gen',
+            'kl', 'entropy', 'grad_norm', 'response_len/mean', 'response_len/clip_frac', 'timing_s/gen',
             'timing_s/reward', 'timing_s/ref', 'timing_s/old_logprob', 'timing_s/update', 'timing_s/step',
             'mem/allocated_gb', 'mem/reserved_gb', 'mem/peak_gb', 'perf/gen_tokens_per_s', 'perf/tokens_per_s']
     missing = [k for k in need if k not in rows[1]]
@@ -84,6 +85,63 @@ def test_metrics_keys_and_files(tmp_path):
     model, tok = from_pretrained(str(tmp_path / 'hf'))
     sd = weights(tmp_path, 2)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items()), "hf/ export != the step-2 weights"
+
+
+def test_update_metrics_come_from_the_last_iteration(tmp_path):
+    """num_iterations = 1: the ratio is 1, so no clip/ratio metrics are logged (a constant 0 would look like a
+    measurement). num_iterations = 3: the last iteration's clip fractions, ratio range and KL(old || new) show the
+    updates moved the policy."""
+    run(tmp_path / 'mu1', '--max_steps=1')
+    assert not any(k.startswith(('clip/', 'ratio/', 'kl_old_new')) for k in metrics(tmp_path / 'mu1')[1])
+    run(tmp_path / 'mu3', '--max_steps=2', '--num_iterations=3', '--lr=3e-2')
+    row = metrics(tmp_path / 'mu3')[2]
+    assert row['kl_old_new'] > 0 and row['ratio/min'] < 1 < row['ratio/max'], row
+    assert 0 <= row['clip/low_frac'] <= 1 and 0 <= row['clip/high_frac'] <= 1
+    assert row['clip/low_frac'] + row['clip/high_frac'] > 0, "lr 3e-2 over 3 iterations must clip some tokens"
+
+
+def test_zero_std_filter_saves_compute_without_changing_the_gradient(tmp_path):
+    """filter_zero_std leaves zero-spread groups out of the forward/backward but not out of the loss normalisers:
+    the same loss and gradient norm with the filter on or off (before, the gradient grew by 1 / (1 - frac_zero_std))."""
+    args = ['--max_steps=1', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]", '--group_size=2',
+            '--batch_prompts=8', '--loss_agg=seq_mean_token_mean']
+    on, off = run(tmp_path / 'on', *args), run(tmp_path / 'off', *args, '--filter_zero_std=False')
+    a, b = metrics(tmp_path / 'on')[1], metrics(tmp_path / 'off')[1]
+    assert 0 < a['frac_zero_std'] < 1, f"the test needs some zero-spread groups and some not: {a['frac_zero_std']}"
+    assert a['rows_trained'] < b['rows_trained'], "the filter must leave rows out"
+    assert math.isclose(a['grad_norm'], b['grad_norm'], rel_tol=1e-5), (a['grad_norm'], b['grad_norm'])
+    assert math.isclose(a['loss'], b['loss'], rel_tol=1e-5, abs_tol=1e-9), (a['loss'], b['loss'])
+
+
+def test_no_checkpoint_inside_a_nan_streak(tmp_path):
+    """NaN at steps 2 and 3, save_every=2: step 2 is not saved (it is inside the streak), so the rollback at step 3
+    (nan_patience=2) goes to step 0's weights, not to the step the streak started from."""
+    p = run(tmp_path, '--max_steps=5', '--save_every=2', '--keep_last=10', '--fault_nan_steps=[2, 3]', '--nan_patience=2',
+            '--max_rollbacks=2')
+    assert not (tmp_path / 'ckpt_0000002.pt').exists(), "a checkpoint was written inside a non-finite streak"
+    assert 'ckpt_0000000.pt (step 0)' in p.stdout, p.stdout[-2000:]
+
+
+def test_length_penalty_follows_max_new_tokens(tmp_path):
+    """The 'length' reward with no kwargs penalises the last quarter of the run's own max_new_tokens (8 here): before,
+    its fixed 1024-token default gave 0 to every completion of any run with max_new_tokens <= 768."""
+    run(tmp_path, '--max_steps=1', "--rewards=[{'name': 'length'}]")
+    row = metrics(tmp_path)[1]
+    assert row['response_len/clip_frac'] > 0 and row['reward/length/mean'] < 0, row
+
+
+def test_bf16_with_truncated_importance_sampling(tmp_path):
+    """bf16 on the CPU: sampler and trainer compute the policy in different numerics; tis reweights by their ratio
+    and logs the weights."""
+    run(tmp_path, '--max_steps=2', '--dtype=bfloat16', '--tis=token_truncate', '--tis_cap=1.01')
+    row = metrics(tmp_path)[2]
+    assert row['logprob_gen_vs_train'] > 0 and 0 < row['tis/weight_mean'] <= 1.01 and 0 <= row['tis/capped_frac'] <= 1, row
+    assert math.isfinite(row['loss']) and row['grad_norm'] > 0
+
+
+def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
+    p = run(tmp_path, '--max_steps=1', '--top_k=5')
+    assert 'WARNING [off_policy_sampling]' in p.stdout and 'top_k=5' in p.stdout
 
 
 def test_all_zero_std_warning_names_cause_and_fix(tmp_path):
@@ -213,9 +271,9 @@ def test_nan_at_one_step_is_skipped(tmp_path):
     run(tmp_path, '--max_steps=3', '--save_every=1', '--keep_last=10', '--fault_nan_steps=[2]')
     rows = metrics(tmp_path)
     assert rows[2]['guard/skipped_update'] == 1 and rows[1]['guard/skipped_update'] == 0 and rows[3]['guard/skipped_update'] == 0
-    w1, w2, w3 = weights(tmp_path, 1), weights(tmp_path, 2), weights(tmp_path, 3)
-    assert all(torch.equal(w1[k], w2[k]) for k in w1), "a NaN step must leave the weights unchanged"
-    assert not all(torch.equal(w2[k], w3[k]) for k in w2), "training must go on after the NaN step"
+    assert not (tmp_path / 'ckpt_0000002.pt').exists(), "no checkpoint inside a non-finite streak"
+    w1, w3 = weights(tmp_path, 1), weights(tmp_path, 3)
+    assert not all(torch.equal(w1[k], w3[k]) for k in w1), "training must go on after the NaN step"
     all_finite_on_disk(tmp_path)
 
 
