@@ -27,9 +27,14 @@ BUILTIN = ('gsm8k', 'arith')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
 
+_from_files = {}  # path -> module: a task file runs once per process, however often it is resolved
+
+
 def resolve(spec):
     """The task object for a --task value. Raises ValueError with one line naming the task and what is wrong."""
-    if spec.endswith('.py'):
+    if spec.endswith('.py') and os.path.abspath(spec) in _from_files:
+        task = _from_files[os.path.abspath(spec)]
+    elif spec.endswith('.py'):
         if not os.path.isfile(spec):
             raise ValueError(f"task {spec!r}: no such file")
         mod_spec = importlib.util.spec_from_file_location(f"task_{os.path.basename(spec)[:-3]}", spec)
@@ -38,6 +43,7 @@ def resolve(spec):
             mod_spec.loader.exec_module(task)
         except Exception as e:
             raise ValueError(f"task {spec!r}: {type(e).__name__}: {e}") from e
+        _from_files[os.path.abspath(spec)] = task
     elif ':' in spec:
         mod, _, attr = spec.partition(':')
         try:

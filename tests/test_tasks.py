@@ -144,3 +144,13 @@ def test_readme_add_a_task_example_trains_and_evaluates(tmp_path):
              '--rewards=None', '--max_new_tokens=8')
     rows = metrics(out)
     assert 'reward/letters_in_place/mean' in rows[1] and 'reward/correct/mean' in rows[1] and 'eval/pass@1' in rows[1]
+
+
+def test_a_task_file_runs_once_however_often_it_is_resolved(tmp_path):
+    """configure() resolves --task to find its knobs, train_grpo.py resolves it again: a task file with side
+    effects (a download, a cache) must run once, and both must see the same module (its knobs set once)."""
+    log = tmp_path / 'ran.txt'
+    src = (ROOT / 'tests' / 'grpo_test_task.py').read_text()
+    (tmp_path / 'once.py').write_text(f"open({str(log)!r}, 'a').write('ran\\n')\n" + src)
+    a, b = tasks.resolve(str(tmp_path / 'once.py')), tasks.resolve(str(tmp_path / 'once.py'))
+    assert a is b and log.read_text() == 'ran\n'
