@@ -165,6 +165,7 @@ def length_penalty(completion, example, max_len=0, cache_len=0, penalty=1.0, n_t
 
 
 REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty}
+DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512}  # per-sample facts, as train_grpo passes
 
 
 def check_reward_config(rewards):
@@ -199,8 +200,9 @@ def check_reward_config(rewards):
             raise ValueError(f"reward config: {name!r} listed twice")
         if fn in REWARD_FNS.values():  # a dry run, so a bad value (pattern='boxd') fails now, not every step
             try:
-                float(fn('', {'question': '', 'answer': '0', 'solution': ''},
-                         **{**({'max_new_tokens': 512} if fn is length_penalty else {}), **kwargs}))
+                accepts = _accepts(fn)  # with the per-sample facts score() would pass (as train_grpo does)
+                facts = {k: v for k, v in DRY_RUN_FACTS.items() if accepts is None or k in accepts}
+                float(fn('', {'question': '', 'answer': '0', 'solution': ''}, **{**kwargs, **facts}))
             except Exception as e:
                 raise ValueError(f"reward config: {name!r} rejects kwargs {kwargs}: {e}") from e
         out.append((name, fn, float(weight), dict(kwargs)))

@@ -17,8 +17,8 @@ import time
 
 import torch
 
+import tasks
 from parallel import finish
-from reward import extract_answer
 
 
 def new_guards():
@@ -130,7 +130,7 @@ def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compil
 def log_samples(path, step, comps, batch, prompts, totals, tok, task):
     """Four of the step's completions, spread over its groups, with their prompt, the task's answer and grade, the
     reference and the reward, appended to path (samples.jsonl): what the model actually writes."""
-    answer = getattr(task, 'answer', None) or extract_answer
+    answer = tasks.answer_fn(task)
     with open(path, 'a') as f:
         for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
             ex, text = batch[comps[i]['prompt_idx']], comps[i]['text']

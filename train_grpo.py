@@ -298,6 +298,7 @@ while step < max_steps:
         timing['old_logprob'], t = time.time() - t, time.time()
         ref_lp = [logprobs(ref_model, mb)[0].float() for mb in micro] if ref_model is not None else None
     timing['ref'] = time.time() - t
+    gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]  # the sampler's
     mark("old/ref log-probs computed")
     # 5. policy-gradient update: each micro-batch adds its share of the step's loss, so the gradient does not
     #    depend on how the step is cut into micro-batches
@@ -317,11 +318,10 @@ while step < max_steps:
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
             A = torch.repeat_interleave(torch.tensor([rw['adv'] for rw in mb], device=logp.device), lens)
             w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens) * (j < n_real)  # padding weighs 0
-            old, gen = old_lp[j] if old_lp is not None else logp.detach(), torch.tensor(
-                [x for rw in mb for x in rw['gen_logp']], device=logp.device)  # the sampler's log-probs
+            old, gen = old_lp[j] if old_lp is not None else logp.detach(), gen_lp[j]
             isw = tis_weights(old, gen, lens, tis, tis_cap) if tis else None  # (weights, above the cap)
             loss, st = policy_loss(logp, old, A, w, lens, eps_low, eps_high, loss_type, ref_lp[j] if ref_lp is not None
-                                   else None, beta_now, kl_estimator, kl_clamp, ent, entropy_coef, isw and isw[0])
+                                   else None, beta_now, kl_estimator, kl_clamp, ent, entropy_coef, isw[0] if isw else None)
             if step + 1 in fault_nan_steps:
                 loss = loss * float('nan')
             (loss * world).backward()  # DDP/FSDP average the ranks' gradients: the step's gradient is their sum

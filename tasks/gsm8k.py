@@ -2,7 +2,7 @@
 GSM8K grade-school math (openai/gsm8k, MIT): the hub, or a local directory of train/test .jsonl or .parquet.
 An example is {'question', 'answer' (the final answer, commas dropped), 'solution' (the reference working)}.
 """
-from data import parse_rows, read_rows
+from data import parse_rows, question_messages, read_rows
 from reward import is_correct
 
 skip_bad_rows = False  # malformed rows: False = stop with file:line, True = skip and count them
@@ -55,13 +55,11 @@ def load(split, data_dir='', seed=0, stats=None):
 def messages(example, system_prompt=SYSTEM_PROMPT, instruction=INSTRUCTION, few_shot=()):
     """Chat messages for one example. few_shot: examples shown as earlier user/assistant turns (for base models);
     their answers take the format the instruction asks for, since a demonstration in another format teaches that."""
-    def user(ex):
-        return f"{ex['question']}\n{instruction}" if instruction else ex['question']
-    msgs = [{'role': 'system', 'content': system_prompt}] if system_prompt else []
+    *msgs, last = question_messages(example['question'], system_prompt, instruction)
     for shot in few_shot:
         answer = boxed_solution(shot['solution']) if instruction and '\\boxed' in instruction else shot['solution']
-        msgs += [{'role': 'user', 'content': user(shot)}, {'role': 'assistant', 'content': answer}]
-    return msgs + [{'role': 'user', 'content': user(example)}]
+        msgs += question_messages(shot['question'], '', instruction) + [{'role': 'assistant', 'content': answer}]
+    return msgs + [last]
 
 
 def grade(completion, example):
