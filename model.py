@@ -2,8 +2,8 @@
 One hand-written decoder-only transformer for two checkpoint families:
 - Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied head;
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
-Plus a preallocated KV cache with per-row lengths for batched sampling, and loading / saving of
-Hugging Face snapshot directories (config.json + safetensors + tokenizer files).
+Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated KV cache with
+per-row lengths for batched sampling, and loading / saving of Hugging Face snapshot directories.
 """
 import json
 import math
@@ -33,6 +33,8 @@ class ModelConfig:
     tie_word_embeddings: bool = True  # LM head shares the token embedding matrix
     bos_token_id: int | None = None  # written back into config.json on export
     eos_token_id: int | list | None = None  # same
+    num_labels: int = 0              # > 0: a sequence classifier (reward model): a score head replaces the LM head
+    pad_token_id: int | None = None  # a classifier reads each row at its rightmost token that is not this id
 
     @property
     def head_dim(self):
@@ -202,7 +204,9 @@ class GPT(nn.Module):
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, rms=cfg.arch == 'qwen2')
         # a tied head is not a module: one tensor, so loading with assign=True cannot untie it
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings or cfg.num_labels else \
+            nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.score = nn.Linear(cfg.n_embd, cfg.num_labels, bias=False) if cfg.num_labels else None  # classifier head
         self.grad_checkpoint = False  # training sets it: recompute activations in backward instead of storing them
 
     @property
@@ -232,6 +236,12 @@ class GPT(nn.Module):
         if select is not None:
             h = h[select] if select.dtype == torch.bool else h.flatten(0, 1)[select]
         return F.linear(h, self.lm_head_weight) if head is None else head(h, self.lm_head_weight)
+
+    def sequence_scores(self, idx):
+        """Classifier: idx (B, T) -> (B, num_labels) at each row's rightmost token that is not pad_token_id, as
+        transformers pools (right padding needs no mask; a real last token equal to the pad id is passed over)."""
+        last = (torch.arange(idx.size(1), device=idx.device) * (idx != self.config.pad_token_id)).argmax(-1)
+        return self.score(self.hidden(idx)[torch.arange(len(idx), device=idx.device), last])
 
     def hidden(self, idx, kv_cache=None, input_lengths=None, pos=None, attn_mask=None):
         """Final-normed hidden states (B, T, n_embd), for computing log-probs a chunk of the vocab at a time."""
@@ -333,7 +343,9 @@ def hf_layout(cfg, prefix):
                       for s in ('weight', 'bias')]
         for n in names:
             lay[n] = ([prefix + n], None, n.endswith('weight') and ('.c_' in n))
-    if not cfg.tie_word_embeddings:
+    if cfg.num_labels:
+        lay['score.weight'] = (['score.weight'], None, False)
+    elif not cfg.tie_word_embeddings:
         lay['lm_head.weight'] = (['lm_head.weight'], None, False)
     return lay
 
@@ -361,6 +373,7 @@ HF_KEYS = {
 }
 HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
            'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
+CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification', 'gpt2': 'GPT2ForSequenceClassification'}
 SUPPORTED = {  # config.json settings that change the math: the values we implement (save writes the first)
     'qwen2': dict(hidden_act=['silu'], use_sliding_window=[False]),
     'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
@@ -376,6 +389,10 @@ def config_from_hf(hf, file):
     if arch == 'qwen2' and 'rope_theta' not in hf:  # transformers>=5 writes it inside rope_parameters
         hf = {**hf, **(hf.get('rope_parameters') or {})}
     kw = dict(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
+    if CLASSIFIER[arch] in (hf.get('architectures') or []):  # num_labels as transformers reads it (2 if no id2label)
+        if not isinstance(hf.get('pad_token_id'), int):
+            raise ModelLoadError(f"{file}: missing field 'pad_token_id' (a classifier reads each row's last token)")
+        kw.update(num_labels=len(hf.get('id2label') or '01'), pad_token_id=hf['pad_token_id'])
     for ours, (key, default) in HF_KEYS[arch].items():
         v = default if hf.get(key) is None else hf[key]
         if v is ...:
@@ -400,10 +417,12 @@ def config_from_hf(hf, file):
 
 
 def config_to_hf(cfg, dtype):
+    head = dict(architectures=[CLASSIFIER[cfg.arch]], pad_token_id=cfg.pad_token_id,
+                id2label={i: f'LABEL_{i}' for i in range(cfg.num_labels)}) if cfg.num_labels else {}
     return {**HF_ARCH[cfg.arch], **{k: ok[0] for k, ok in SUPPORTED[cfg.arch].items()},
             **{key: getattr(cfg, ours) for ours, (key, _) in HF_KEYS[cfg.arch].items()},
             'bos_token_id': cfg.bos_token_id, 'eos_token_id': cfg.eos_token_id,
-            'torch_dtype': str(dtype).removeprefix('torch.')}
+            'torch_dtype': str(dtype).removeprefix('torch.'), **head}
 
 
 def _one_line(e):
@@ -489,11 +508,12 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
         if tuple(f.get_slice(k).get_shape()) != meta.shape:
             raise ModelLoadError(f"{file}: tensor '{k}' has shape {tuple(f.get_slice(k).get_shape())}, "
                                  f"expected {tuple(meta.shape)}")
-    sd = {}
-    for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
-        t = torch.cat([where[n][0].get_tensor(n).to(device=device, dtype=dtype) for n in names])
-        sd[ours] = (t.t() if transpose else t).contiguous()
-    model.load_state_dict(sd, assign=True)
+    if torch.device(device).type != 'meta':  # 'meta': every name and shape checked, no weight read (a config check)
+        sd = {}
+        for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
+            t = torch.cat([where[n][0].get_tensor(n).to(device=device, dtype=dtype) for n in names])
+            sd[ours] = (t.t() if transpose else t).contiguous()
+        model.load_state_dict(sd, assign=True)
     tok = None
     if any(os.path.exists(os.path.join(path, f)) for f in ('tokenizer.json', 'vocab.json')):
         from tokenizer import load_tokenizer  # imported here: the model alone needs no tokenizer

@@ -1,12 +1,14 @@
 """
 Answer extraction, grading and the reward functions GRPO optimises.
 
-Every reward function has one contract, fn(completion: str, example: dict, **kwargs) -> float, and the
-config says which run, with what weight and what keyword arguments:
+Every reward function has one contract, fn(completion: str, example: dict, **kwargs) -> float, or its batched form
+(fn.batched = True), fn(completions: [str], examples: [dict], **kwargs) -> [float], called once per step with every
+completion (a model scores them in batches, not one call each); the config says which run, with what weight and what
+keyword arguments:
     rewards = [{'name': 'correct', 'weight': 1.0, 'kwargs': {'correct': 1.0}},
-               ('format', 0.1, {'pattern': 'boxed'}), ('length', 1.0)]
+               ('format', 0.1, {'pattern': 'boxed'}), ('length', 1.0), ('reward_model', 1.0, {'path': DIR})]
 check_reward_config() rejects unknown names and unknown kwargs up front, because a kwarg that is silently
-dropped looks exactly like a kwarg that works.
+dropped looks exactly like a kwarg that works. The model-based rewards ('reward_model', 'judge') are in reward_model.py.
 """
 import importlib
 import inspect
@@ -165,6 +167,7 @@ def length_penalty(completion, example, max_len=0, cache_len=0, penalty=1.0, n_t
 
 
 REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty}
+MODEL_REWARDS = ('reward_model', 'judge')  # reward_model.py's, imported on first use: it needs torch and model.py
 DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512}  # per-sample facts, as train_grpo passes
 
 
@@ -184,21 +187,27 @@ def check_reward_config(rewards):
             if not 1 <= len(entry) <= 3:
                 raise ValueError(f"reward config {entry!r}: expected (name, weight, kwargs)")
             name, weight, kwargs = (entry + (1.0, {})[len(entry) - 1:])[:3]  # defaults fill what is missing
-        fn = name if callable(name) else REWARD_FNS.get(name)
+        fn = name if callable(name) else _builtin(name)
         if fn is None:
-            raise ValueError(f"reward config: unknown reward {name!r}; known: {sorted(REWARD_FNS)}")
+            known = sorted(REWARD_FNS) + list(MODEL_REWARDS)
+            raise ValueError(f"reward config: unknown reward {name!r}; known: {known}")
         name = getattr(fn, '__name__', str(fn)) if callable(name) else name
-        params = inspect.signature(fn).parameters
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            bad = sorted(set(kwargs) - (set(params) - {'completion', 'example'}))
+        params = set(inspect.signature(fn).parameters) - {'completion', 'example', 'completions', 'examples'}
+        if _accepts(fn) is not None:
+            bad = sorted(set(kwargs) - params)
             if bad:
                 raise ValueError(f"reward config: {name!r} has no keyword argument(s) {bad}; "
-                                 f"it accepts {sorted(set(params) - {'completion', 'example'})}")
+                                 f"it accepts {sorted(params)}")
         if not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"reward config: weight of {name!r} must be a finite number, got {weight!r}")
         if name in [o[0] for o in out]:
             raise ValueError(f"reward config: {name!r} listed twice")
-        if fn in REWARD_FNS.values():  # a dry run, so a bad value (pattern='boxd') fails now, not every step
+        if callable(getattr(fn, 'check', None)):  # a model reward: its snapshot and template checked, no weights read
+            try:
+                fn.check(**kwargs)
+            except (ValueError, OSError, TypeError) as e:  # TypeError: a required kwarg (path) is missing
+                raise ValueError(f"reward config: {name!r}: {e}") from None
+        elif fn in REWARD_FNS.values():  # a dry run, so a bad value (pattern='boxd') fails now, not every step
             try:
                 accepts = _accepts(fn)  # with the per-sample facts score() would pass (as train_grpo does)
                 facts = {k: v for k, v in DRY_RUN_FACTS.items() if accepts is None or k in accepts}
@@ -216,9 +225,18 @@ def grade_reward(grade):
     return correct
 
 
-def resolve_rewards(entries, grade=None):
+def _builtin(name):
+    if name in MODEL_REWARDS:
+        import reward_model
+        return getattr(reward_model, name)
+    return REWARD_FNS.get(name)
+
+
+def resolve_rewards(entries, grade=None, **run):
     """The config's reward entries made runnable: a 'module:function' name imported (a user's reward function), and
-    'correct' paying the task's grade() when one is given, so the reward and eval/pass@1 judge alike. Checked by
+    'correct' paying the task's grade() when one is given, so the reward and eval/pass@1 judge alike. run: facts of
+    the run (device, dtype, messages: the task's prompt messages of an example) given to each fn that names them in
+    its signature, unless the entry's kwargs set them. Returns {'name', 'weight', 'kwargs'} dicts, checked by
     check_reward_config. Raises ValueError naming the entry."""
     out = []
     for entry in entries:
@@ -237,8 +255,9 @@ def resolve_rewards(entries, grade=None):
         elif name == 'correct' and grade is not None:
             entry = named(grade_reward(grade))
         out.append(entry)
-    check_reward_config(out)
-    return out
+    return [{'name': name if _builtin(name) is fn else fn, 'weight': weight,
+             'kwargs': {**{k: v for k, v in run.items() if k in inspect.signature(fn).parameters}, **kwargs}}
+            for name, fn, weight, kwargs in check_reward_config(out)]
 
 
 def _accepts(fn):
@@ -247,8 +266,30 @@ def _accepts(fn):
     return None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else set(params)
 
 
+def _values(fn, completions, examples, kwargs, extra_kwargs):
+    """fn's value for each sample, or the exception raised in its place. A batched fn is called once for them all,
+    with each per-sample fact it accepts as a list over the samples; any other fn once per sample."""
+    accepts = _accepts(fn)
+    if getattr(fn, 'batched', False):
+        names = {k for extra in extra_kwargs for k in extra if accepts is None or k in accepts}
+        try:
+            vs = list(fn(completions, examples, **{**kwargs, **{k: [e.get(k) for e in extra_kwargs] for k in names}}))
+            if len(vs) != len(completions):
+                raise ValueError(f"returned {len(vs)} values for {len(completions)} completions")
+            return vs
+        except Exception as e:
+            return [e] * len(completions)
+    out = []
+    for c, ex, extra in zip(completions, examples, extra_kwargs):
+        try:
+            out.append(fn(c, ex, **{**kwargs, **{k: x for k, x in extra.items() if accepts is None or k in accepts}}))
+        except Exception as e:
+            out.append(e)
+    return out
+
+
 def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None, max_msgs=5):
-    """Weighted sum of the configured rewards per sample.
+    """Weighted sum of the configured rewards per sample (a batched fn called once for all of them).
     extra_kwargs: None or one dict per sample (e.g. {'n_tokens': 87}), passed to the fns that accept them.
     A fn that raises (or returns a non-finite value) scores failure_reward for that sample, weighted like a
     normal value; it is counted in errors[name], and the first max_msgs messages are kept.
@@ -261,17 +302,18 @@ def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None,
     total = [0.0] * len(completions)
     per_fn, errors, msgs, failed = {}, {}, [], [False] * len(completions)
     for name, fn, weight, kwargs in config:
-        per_fn[name], errors[name], accepts = [], 0, _accepts(fn)
-        for i, (c, ex, extra) in enumerate(zip(completions, examples, extra_kwargs)):
+        per_fn[name], errors[name] = [], 0
+        for i, v in enumerate(_values(fn, completions, examples, kwargs, extra_kwargs)):
             try:
-                facts = {k: x for k, x in extra.items() if accepts is None or k in accepts}  # override config
-                v = float(fn(c, ex, **{**kwargs, **facts}))
+                if isinstance(v, Exception):
+                    raise v
+                v = float(v)
                 if not math.isfinite(v):
                     raise ValueError(f"returned non-finite {v}")
             except Exception as e:
                 v, failed[i] = float(failure_reward), True
                 errors[name] += 1
-                if len(msgs) < max_msgs:
+                if len(msgs) < max_msgs and (not getattr(fn, 'batched', False) or errors[name] == 1):  # one per call
                     msgs.append(f"{name} on sample {i}: {type(e).__name__}: {e}")
             per_fn[name].append(v)
             total[i] += weight * v
