@@ -180,7 +180,8 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, n
                   file=sys.stderr, flush=True)
     n = max(len(rows), 1)
     summary = {'n': len(rows), 'pass@1': sum(r['correct'][0] for r in rows) / n,
-               'truncated': sum(r['truncated'][0] for r in rows) / n, 'seconds': round(time.time() - t0, 2)}
+               'truncated': sum(r['truncated'][0] for r in rows) / n, 'seconds': round(time.time() - t0, 2),
+               **tasks.eval_metrics(task, [r['completions'][0] for r in rows], examples)}  # the task's, on greedy
     if n_samples > 1:
         summary[f'pass@{n_samples}'] = sum(any(r['correct'][1:]) for r in rows) / n
         summary[f'mean@{n_samples}'] = sum(sum(r['correct'][1:]) / n_samples for r in rows) / n

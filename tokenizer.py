@@ -36,14 +36,15 @@ def bytes_to_unicode():
 
 
 class Tokenizer:
-    def __init__(self, enc, nfc=False, files=None):
+    def __init__(self, enc, nfc=False, files=None, eos=None):
         self.enc = enc
         self.nfc = nfc  # Qwen2's tokenizer.json normalises to NFC before splitting
         self.files = files or {}  # the snapshot's tokenizer files, written back verbatim by save()
         self.special = dict(enc._special_tokens)
         self.vocab_size = enc.n_vocab
         end = self.special.get('<|endoftext|>')
-        self.eos_id = self.special.get('<|im_end|>', end)
+        # eos: the config's own, where it names one (a GPT-2 export may list ChatML tokens it never learned)
+        self.eos_id = self.special[eos] if eos in self.special else self.special.get('<|im_end|>', end)
         self.stop_ids = sorted({i for i in (self.eos_id, end) if i is not None})
         self.pad_id = self.special.get('<|pad|>', end if end is not None else 0)
         self.chat = '<|im_start|>' in self.special and '<|im_end|>' in self.special
@@ -97,7 +98,8 @@ def _read(path, what):
 def load_tokenizer(path):
     """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+ tokenizer_config.json)."""
     files = {}
-    for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt'):
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
+                 'added_tokens.json'):
         if os.path.isfile(os.path.join(path, name)):
             files[name] = _read(os.path.join(path, name), name)
     if 'tokenizer.json' in files:
@@ -109,7 +111,7 @@ def load_tokenizer(path):
         vocab, merges = model['vocab'], model.get('merges', [])
         merges = [m.split(' ') if isinstance(m, str) else m for m in merges]
         added = {t['content']: t['id'] for t in spec.get('added_tokens', [])}
-        pattern, nfc = _pattern_from_spec(spec, src)
+        pattern, nfc, eos = *_pattern_from_spec(spec, src), None
     elif 'vocab.json' in files and 'merges.txt' in files:
         src = os.path.join(path, 'vocab.json')
         vocab = files['vocab.json'][1]
@@ -117,8 +119,15 @@ def load_tokenizer(path):
         merges = [l.split(' ') for l in lines if l and not l.startswith('#version')]
         conf = files.get('tokenizer_config.json', (None, {}))[1]
         added = {t['content']: int(i) for i, t in conf.get('added_tokens_decoder', {}).items()}
+        added.update(files.get('added_tokens.json', (None, {}))[1])
+        # the old GPT-2 layout names its specials only as bos/eos/unk (here or in special_tokens_map.json), and they
+        # sit in vocab.json: without this, '<|endoftext|>' is ordinary text and generation never stops
+        named = {**files.get('special_tokens_map.json', (None, {}))[1], **conf}
+        names = {k: v.get('content') if isinstance(v, dict) else v for k, v in named.items() if k.endswith('_token')}
+        added.update({t: vocab[t] for t in names.values() if isinstance(t, str) and t in vocab and t not in added})
         qwen = 'qwen' in str(conf.get('tokenizer_class', '')).lower()
         pattern, nfc = (QWEN2_PATTERN, True) if qwen else (GPT2_PATTERN, False)
+        eos = None if qwen else names.get('eos_token')  # Qwen2's eos stays its ChatML turn end, as for tokenizer.json
     else:
         raise TokenizerError(f"{path}: no tokenizer files (expected tokenizer.json, or vocab.json and merges.txt)")
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
@@ -139,7 +148,7 @@ def load_tokenizer(path):
     specials = {t: i for t, i in added.items()}
     enc = tiktoken.Encoding(name=os.path.basename(os.path.abspath(path)), pat_str=pattern,
                             mergeable_ranks=ranks, special_tokens=specials)
-    return Tokenizer(enc, nfc=nfc, files={n: raw for n, (raw, _) in files.items()})
+    return Tokenizer(enc, nfc=nfc, files={n: raw for n, (raw, _) in files.items()}, eos=eos)
 
 
 def _pattern_from_spec(spec, src):

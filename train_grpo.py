@@ -232,9 +232,9 @@ def run_eval(at_step):
                  compile=compile_decode, progress=verbose and master)
     if ddp:
         n, hits, trunc = all_reduce([s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']], device)
-        s = {'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
+        s = {**s, 'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}  # task's: rank 0's share
     print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f} on {s['n']} problems ({time.time() - t:.1f}s)", flush=True)
-    return {'eval/pass@1': s['pass@1'], 'eval/truncated': s['truncated'], 'timing_s/eval': time.time() - t}
+    return {**{f'eval/{k}': v for k, v in s.items() if k not in ('n', 'seconds')}, 'timing_s/eval': time.time() - t}
 
 
 # ----------------------------------------------------------------------------- supervised warm start

@@ -10,6 +10,9 @@ Optional:
     rewards = [...]                 the task's default reward config (reward.py's format); else [correct]
     solution(example) -> str        the supervised warm start's target (sft_steps > 0)
     answer(completion) -> str|None  what maj@k votes on (default: reward.extract_answer)
+    metrics(completions, examples) -> {name: float}   the task's own eval numbers beside pass@1, on the greedy
+                                    completions (tasks/chess.py: legal_rate, ...): in evaluate()'s summary and
+                                    train_grpo's eval/<name> (names other than n, pass@1, truncated, seconds)
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict, None) are its
 knobs: config files and --key=value set them as they set train_grpo.py's own (tasks/arith.py: arith_difficulty, ...).
 
@@ -22,8 +25,8 @@ import inspect
 import os
 
 REQUIRED = ('load', 'messages', 'grade')
-INTERFACE = REQUIRED + ('rewards', 'solution', 'answer')
-BUILTIN = ('gsm8k', 'arith')
+INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics')
+BUILTIN = ('gsm8k', 'arith', 'chess')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
 
@@ -95,3 +98,9 @@ def default_rewards(task):
 def answer_fn(task):
     from reward import extract_answer
     return getattr(task, 'answer', None) or extract_answer
+
+
+def eval_metrics(task, completions, examples):
+    """The task's metrics() hook on the completions ({} without one), its values as floats."""
+    hook = getattr(task, 'metrics', None)
+    return {k: float(v) for k, v in hook(completions, examples).items()} if callable(hook) else {}

@@ -1,0 +1,330 @@
+"""
+Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engine runs per sample. Three sub-tasks:
+
+    policy       prompt 'P: <fen>'                 completion '<padding>M: <moves>  E: <evals>  B: <best move>'
+    mate         the policy format, on positions with a mate in one: right when B: mates
+    environment  prompt 'A: <fen>+<move>+<history>+' completion '<new fen>+<reward>+<terminated>+<truncated>'
+
+Positions come from random legal play, a pure function of the seed, and every label a reward needs (legal moves,
+mating moves, next FEN, reward and flags) is computed into the example when it is made, so the rewards are pure
+functions of (completion, example) that never raise. With --data_dir, rows {'fen', ...} of DIR/{split}.jsonl are
+used instead (e.g. with Stockfish's candidates and evals: 'moves', 'evals', 'best'); their labels are recomputed
+from the FEN the same way. Prompts are raw text (no chat template), as RookWorld-LM was trained.
+"""
+import math
+import random
+import re
+from functools import lru_cache
+
+import chess
+
+from data import parse_rows, read_rows
+
+chess_subtask = 'environment'  # 'policy', 'mate', 'environment', or several joined by ',' (interleaved)
+chess_n_train = 5000  # training positions per sub-task
+chess_n_test = 200  # held-out positions per sub-task (made first from the stream, so n_train does not change them)
+chess_min_plies = 0  # random plies played from the start position before a position is taken ...
+chess_max_plies = 80  # ... up to this many (drawn uniformly; a game that ends earlier is cut there)
+chess_illegal_frac = 0.0  # environment: share of moves that are illegal (reward -1, truncated 1, state unchanged)
+chess_history = 10  # environment: moves in the history field, the current one included (RookWorld: 10)
+skip_bad_rows = False  # --data_dir rows that do not parse: False = stop with file:line, True = skip them
+
+SUBTASKS = ('policy', 'mate', 'environment')
+# the reward the environment writes for the mover: RookWorld's values
+LEGAL, WIN, DRAW, ILLEGAL = '0.001', '1.0', '0.5', '-1.0'
+_UCI = re.compile(r'[a-h][1-8][a-h][1-8][qrbn]?')
+
+
+def load(split, data_dir='', seed=0):
+    """The split's examples, sub-tasks interleaved; from random play (seed) or from data_dir's {split}.jsonl."""
+    subtasks = [s.strip() for s in chess_subtask.split(',') if s.strip()]
+    bad = [s for s in subtasks if s not in SUBTASKS]
+    if bad or not subtasks:
+        raise ValueError(f"chess_subtask={chess_subtask!r}: expected one or more of {SUBTASKS} joined by ','")
+    if data_dir:
+        parts = [parse_rows(read_rows(data_dir, split), lambda row: from_row(row, s), skip_bad_rows, 'chess')
+                 for s in subtasks]
+    else:
+        parts = [list(_splits(s, chess_n_train, chess_n_test, seed, chess_min_plies, chess_max_plies,
+                              chess_illegal_frac, chess_history)[split == 'test']) for s in subtasks]
+    return [p[i] for i in range(max(map(len, parts))) for p in parts if i < len(p)]  # round-robin
+
+
+def messages(example):
+    """The raw prompt: 'P: <fen>' with no trailing space (so its GPT-2 tokens are a prefix of the training line's),
+    or 'A: <fen>+<move>+<history>+'."""
+    return example['question']
+
+
+def grade(completion, example):
+    """environment: the whole next state exact; mate: B: mates; policy: B: is the engine's best when the example
+    has engine labels, else B: is legal."""
+    if example['subtask'] == 'environment':
+        return _env_fields(completion) == _env_fields(example['solution'])
+    best = parse_policy(completion)['best']
+    if example['subtask'] == 'mate':
+        return best in example['mates']
+    return best == example['best'] if example.get('best') else best in example['legal']
+
+
+def solution(example):
+    """The warm start's target: the environment's next state, or the policy line's completion (engine labels
+    needed: random play has no evaluations to write in E:)."""
+    if example['subtask'] == 'environment':
+        return example['solution']
+    if not example.get('moves'):
+        raise ValueError(f"chess {example['subtask']} example {example['fen']!r} has no engine labels "
+                         "('moves', 'evals', 'best') to warm start on; use the environment sub-task or labelled data")
+    fen = example['fen']
+    return (' ' * (90 - len(fen)) + 'M: ' + ' '.join(example['moves']).ljust(30) + 'E: '
+            + ' '.join(map(str, example['evals'])).ljust(40) + 'B: ' + example['best'])
+
+
+def answer(completion):
+    """What maj@k votes on: the B: move, or the predicted next state."""
+    fields = _env_fields(completion)
+    return parse_policy(completion)['best'] or ('+'.join(fields) if fields else None)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# rewards: fn(completion, example) -> float in [0, 1], 0 on anything that does not parse; never raise
+
+
+def chess_format(completion, example):
+    """Share of the sub-task's fields that parse. Policy/mate: M: holds 1-5 UCI moves, E: as many numbers, B: one
+    UCI move. Environment: four '+'-separated fields, a valid FEN, a number, and 0/1 flags."""
+    if example['subtask'] != 'environment':
+        p = parse_policy(completion)
+        ok = [bool(p['moves']) and len(p['moves']) <= 5, p['evals'] is not None and p['moves'] is not None
+              and len(p['evals']) == len(p['moves']), p['best'] is not None]
+        return sum(ok) / len(ok)
+    parts = [p.strip() for p in completion.strip().split('+')]
+    fen, rew, term, trunc = (parts + [''] * 4)[:4]
+    ok = [len(parts) == 4, _board(fen) is not None, _number(rew) is not None, term in ('0', '1'), trunc in ('0', '1')]
+    return sum(ok) / len(ok)
+
+
+def chess_legal(completion, example):
+    """1 when B: is a legal move in the position (as python-chess writes it: 'e1g1', never the 'e1h1' it also
+    accepts), else 0. Environment examples: 0."""
+    return float(example['subtask'] != 'environment' and parse_policy(completion)['best'] in example['legal'])
+
+
+def chess_mate(completion, example):
+    """1 when B: gives mate at once, else 0 (also where the position has no mate in one)."""
+    return float(example['subtask'] != 'environment' and parse_policy(completion)['best'] in example['mates'])
+
+
+def chess_best(completion, example, best=1.0, candidate=0.5):
+    """With engine labels: `best` for the engine's best move, `candidate` for another of its candidates; else 0.
+    (RookWorld's own B: labels are the worst candidate when Black moves: label your data with an engine.)"""
+    if example['subtask'] == 'environment' or not example.get('best'):
+        return 0.0
+    move = parse_policy(completion)['best']
+    return best if move == example['best'] else candidate if move in (example.get('moves') or ()) else 0.0
+
+
+def chess_transition(completion, example):
+    """Environment: 1 for the exact next state; else partial credit, 0.8 x the FEN's fields (the board counted
+    rank by rank) + 0.2 x the reward and flags, each exact. Policy/mate examples: 0."""
+    if example['subtask'] != 'environment':
+        return 0.0
+    got, want = _env_fields(completion), _env_fields(example['solution'])
+    if got is None:
+        return 0.0
+    if got == want:
+        return 1.0
+    fen, ref = got[0].split(' '), want[0].split(' ')
+    ranks, ref_ranks = fen[0].split('/'), ref[0].split('/')
+    board = sum(a == b for a, b in zip(ranks, ref_ranks)) / 8 if len(ranks) == 8 else 0.0
+    fields = [board] + [float(a == b) for a, b in zip(fen[1:6], ref[1:6])] + [0.0] * (5 - len(fen[1:6]))
+    flags = [_number(got[1]) == _number(want[1]) and _number(got[1]) is not None, got[2] == want[2], got[3] == want[3]]
+    return 0.8 * sum(fields) / 6 + 0.2 * sum(flags) / 3
+
+
+# each pays only on its own sub-task's examples (and chess_best only with engine labels), so one list serves all
+rewards = [{'name': 'correct', 'weight': 1.0}, {'name': chess_format, 'weight': 0.1},
+           {'name': chess_legal, 'weight': 0.2}, {'name': chess_mate, 'weight': 0.5},
+           {'name': chess_best, 'weight': 0.5}, {'name': chess_transition, 'weight': 0.5}]
+
+
+def metrics(completions, examples):
+    """Per-task eval numbers beside pass@1 (tasks/__init__.py): legal-move rate, mate-in-one accuracy (on the
+    positions that have one), next-state accuracy, format rate; those with no example to count are left out."""
+    def mean(pairs):
+        pairs = list(pairs)
+        return sum(pairs) / len(pairs) if pairs else None
+    pol = [(c, e) for c, e in zip(completions, examples) if e['subtask'] != 'environment']
+    out = {'legal_rate': mean(chess_legal(c, e) for c, e in pol),
+           'mate_rate': mean(chess_mate(c, e) for c, e in pol if e['mates']),
+           'next_state_acc': mean(float(grade(c, e)) for c, e in zip(completions, examples)
+                                  if e['subtask'] == 'environment'),
+           'format_rate': mean(chess_format(c, e) == 1.0 for c, e in zip(completions, examples))}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# -------------------------------------------------------------------------------------------------------------
+# parsing
+
+
+def parse_policy(text):
+    """{'moves', 'evals', 'best'} from a policy completion (each None when its field is missing or malformed)."""
+    out = {'moves': None, 'evals': None, 'best': None}
+    if not isinstance(text, str):
+        return out
+    m = re.search(r'M:(.*?)(?=E:|B:|$)', text, re.S)
+    if m and all(_UCI.fullmatch(t) for t in m[1].split()):
+        out['moves'] = m[1].split()
+    e = re.search(r'E:(.*?)(?=B:|$)', text, re.S)
+    if e:
+        vals = [_number(t) for t in e[1].split()]
+        out['evals'] = vals if vals and None not in vals else None
+    b = re.search(r'B:\s*(\S+)', text)
+    if b and _UCI.fullmatch(b[1]):
+        out['best'] = b[1]
+    return out
+
+
+def _env_fields(text):
+    """(fen, reward, terminated, truncated) as written, or None unless the text is exactly four '+' fields."""
+    parts = text.strip().split('+') if isinstance(text, str) else []
+    return tuple(p.strip() for p in parts) if len(parts) == 4 else None
+
+
+def _number(s):
+    try:
+        v = float(s)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _board(fen):
+    """chess.Board for a valid FEN, else None."""
+    try:
+        board = chess.Board(fen.strip())
+    except Exception:  # python-chess raises ValueError on a bad FEN; a reward must not raise on anything
+        return None
+    return board if board.is_valid() else None
+
+
+# -------------------------------------------------------------------------------------------------------------
+# examples: labels computed once, here
+
+
+def mating_moves(board):
+    """UCI moves that mate at once (only checking moves can)."""
+    out = []
+    for m in board.legal_moves:
+        if board.gives_check(m):
+            board.push(m)
+            if board.is_checkmate():
+                out.append(board.uci(m))
+            board.pop()
+    return out
+
+
+def policy_example(fen, subtask='policy', moves=None, evals=None, best=None):
+    board = _board(fen)
+    if board is None:
+        raise ValueError(f"invalid FEN {fen!r}")
+    legal = sorted(board.uci(m) for m in board.legal_moves)
+    ex = {'subtask': subtask, 'fen': board.fen(), 'question': 'P: ' + board.fen(), 'legal': legal,
+          'mates': mating_moves(board)}
+    if moves:
+        if best not in moves or not evals or len(evals) != len(moves):
+            raise ValueError(f"engine labels of {fen!r}: need 'best' among 'moves' and one eval per move")
+        ex.update(moves=list(moves), evals=[float(v) for v in evals], best=best)
+    ex['answer'] = ex.get('best') or ' '.join(ex['mates'] if subtask == 'mate' else legal)
+    return ex
+
+
+def environment_example(fen, move, history):
+    """The transition RookWorld's environment writes for `move` (UCI text) after `history` (earlier moves)."""
+    board = _board(fen)
+    if board is None:
+        raise ValueError(f"invalid FEN {fen!r}")
+    ex = {'subtask': 'environment', 'fen': board.fen(), 'move': move, 'legal': [], 'mates': []}  # policy labels
+    history = (list(history) + [move])[-chess_history:]
+    legal = {board.uci(m): m for m in board.legal_moves}
+    if move in legal:
+        board.push(legal[move])
+        over = board.is_game_over()  # automatic ends only: no claimed threefold or fifty-move draw
+        reward = WIN if board.is_checkmate() else DRAW if over else LEGAL
+        state = (board.fen(), reward, str(int(over)), '0')
+    else:
+        state = (board.fen(), ILLEGAL, '0', '1')
+    ex['question'] = f"A: {ex['fen']}+{move}+{' '.join(history)}+"
+    ex['solution'] = ex['answer'] = '+'.join(state)
+    return ex
+
+
+def from_row(row, subtask):
+    """An example from a data_dir row {'fen', ['move', 'history'] | ['moves', 'evals', 'best']}."""
+    if not isinstance(row, dict) or not isinstance(row.get('fen'), str):
+        raise ValueError("expected a JSON object with a 'fen' string")
+    if subtask == 'environment':
+        if not isinstance(row.get('move'), str):
+            raise ValueError("environment rows need a 'move' (UCI)")
+        return environment_example(row['fen'], row['move'], row.get('history') or [])
+    ex = policy_example(row['fen'], subtask, row.get('moves'), row.get('evals'), row.get('best'))
+    if subtask == 'mate' and not ex['mates']:
+        raise ValueError(f"mate row {row['fen']!r} has no mate in one")
+    return ex
+
+
+def _illegal_move(board, rng):
+    """A move that looks like one (a piece of the side to move, to another square) and is not legal."""
+    legal = {board.uci(m) for m in board.legal_moves}
+    own = list(chess.SquareSet(board.occupied_co[board.turn]))
+    for _ in range(100):
+        uci = chess.square_name(rng.choice(own)) + chess.square_name(rng.randrange(64))
+        if uci[:2] != uci[2:] and uci not in legal:
+            return uci
+    return 'a1a1'  # unreachable in practice: some piece always has an illegal target
+
+
+def chess_stream(subtask, seed, min_plies=0, max_plies=80, illegal_frac=0.0):
+    """Endless examples of one sub-task from random legal play, a pure function of the arguments."""
+    rng = random.Random(f'chess {subtask} {seed}')
+    while True:
+        board, played = chess.Board(), []
+        for _ in range(rng.randint(min_plies, max_plies)):
+            if board.is_game_over():
+                break
+            played.append(board.uci(rng.choice(list(board.legal_moves))))
+            board.push_uci(played[-1])
+        if board.is_game_over():
+            continue
+        if subtask == 'environment':
+            illegal = rng.random() < illegal_frac
+            move = _illegal_move(board, rng) if illegal else board.uci(rng.choice(list(board.legal_moves)))
+            yield environment_example(board.fen(), move, played)
+        elif subtask == 'policy':
+            yield policy_example(board.fen(), subtask)
+        else:  # mate: play on to the first position with a mate in one (1 in ~60 random-play positions has one)
+            while not board.is_game_over() and board.ply() < max_plies + 200 and not mating_moves(board):
+                board.push(rng.choice(list(board.legal_moves)))
+            if not board.is_game_over() and mating_moves(board):
+                yield policy_example(board.fen(), subtask)
+
+
+@lru_cache(maxsize=4)
+def _splits(subtask, n_train, n_test, seed, min_plies, max_plies, illegal_frac, history):
+    """(train, test) with no position (environment: position and move) in both; test first from the stream."""
+    if not (0 <= min_plies <= max_plies and n_train >= 0 and n_test >= 0 and 0 <= illegal_frac <= 1 and history >= 1):
+        raise ValueError(f"chess knobs: need 0 <= chess_min_plies <= chess_max_plies (got {min_plies}, {max_plies}), "
+                         f"0 <= chess_illegal_frac <= 1 (got {illegal_frac}), chess_history >= 1 (got {history})")
+    stream, seen, test, train, tries = chess_stream(subtask, seed, min_plies, max_plies, illegal_frac), set(), [], [], 0
+    while len(test) < n_test or len(train) < n_train:
+        ex, tries = next(stream), tries + 1
+        if tries > 50 * (n_train + n_test) + 1000:  # a space too small (max_plies=0) ends in an error, not a hang
+            raise ValueError(f"chess {subtask}: too few distinct positions for {n_test} test + {n_train} train "
+                             f"examples with plies {min_plies}..{max_plies}; raise chess_max_plies")
+        key = ex['question']
+        if len(test) < n_test and key not in seen:
+            seen.add(key)
+            test.append(ex)
+        elif len(test) >= n_test and key not in seen:
+            train.append(ex)
+    return tuple(train), tuple(test)
