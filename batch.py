@@ -2,12 +2,9 @@
 The batch layout: a step's completions cut into micro-batches, each laid out for one forward pass (one row per
 completion, or one packed row per group), and the per-token log-probs and entropies that pass gives.
 """
-import contextlib
-
 import torch
-import torch.nn.functional as F
 
-from kernels import chunked_token_logprobs, token_logprobs
+from kernels import lm_head_logprobs
 
 
 def micro_batches(rows, size, whole_groups):
@@ -76,15 +73,15 @@ def pack_groups(rows, pad_id, device='cpu'):
             torch.tensor(targets, device=device))
 
 
-def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, chunk=0, dtype=torch.float32, compiled=False,
-                        head_fp32=True):
+def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype=torch.float32, compiled=False,
+                        head_fp32=True, tiles=(0, 0)):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at `temperature`,
-    through the fused kernel (chunk > 0: its chunked hidden-state form, never holding more than chunk x vocab logits).
-    rows: {'prompt', 'ids'[, 'group']} dicts; with share_prompt and groups, each group's prompt runs once
-    (pack_groups). The trunk runs under autocast to dtype; the kernels do their own fp32 math. head_fp32: the LM head's
-    matmul in fp32 too (under bf16 autocast its logits would be rounded to bf16 before the kernel sees them; in fp32
-    they are the full-precision logits of the policy being trained). compiled: net is a torch.compile'd model, whose
-    graph must not take in the kernels."""
+    through the fused LM head (kernels.lm_head_logprobs: never more logits than one tile of `tiles` = (tokens,
+    vocabulary), 0 = its default). rows: {'prompt', 'ids'[, 'group']} dicts; with share_prompt and groups, each
+    group's prompt runs once (pack_groups). The trunk runs under autocast to dtype; the head does its own fp32 math.
+    head_fp32: the LM head's matmul in fp32 too (under bf16 autocast its logits would be rounded to bf16; in fp32 they
+    are the full-precision logits of the policy being trained). compiled: net is a torch.compile'd model, whose graph
+    must not take in the head."""
     device = next(net.parameters()).device
     if share_prompt and 'group' in rows[0]:
         x, pos, amask, select, targets = pack_groups(rows, pad_id, device)
@@ -92,18 +89,9 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, chunk
     else:
         x, select = pack(rows, pad_id, device)
         targets, x, kw = x[:, 1:][select], x[:, :-1], dict(select=select)
-    no_autocast = torch.autocast(device.type, enabled=False)
 
     def head(h, weight):  # runs inside net's forward: a DDP/FSDP wrapper sees (FSDP has gathered) the LM head weight
-        if head_fp32:
-            h, weight = h.float(), weight.float()
-        if chunk > 0:
-            with no_autocast:
-                return chunked_token_logprobs(h, weight, targets, temperature, chunk_size=chunk)
-        with no_autocast if head_fp32 else contextlib.nullcontext():
-            logits = F.linear(h, weight)
-        with no_autocast:
-            return token_logprobs(logits, targets, temperature)
+        return lm_head_logprobs(h, weight, targets, temperature, head_fp32=head_fp32, tiles=tiles)
 
     if compiled:  # torch.compile the trunk only; the kernels run as they are
         head = torch.compiler.disable(head)

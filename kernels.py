@@ -12,7 +12,6 @@ import struct
 import torch
 import triton
 import triton.language as tl
-from torch.utils.checkpoint import checkpoint
 
 # -----------------------------------------------------------------------------
 # log-prob + entropy: triton kernels
@@ -157,27 +156,244 @@ def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=No
     return _TokenLogprobs.apply(logits, targets, mask, 1.0 / temperature, block)
 
 
-def chunked_token_logprobs(hidden, weight, targets, temperature=1.0, mask=None, chunk_size=1024, *,
-                           use_triton=None, block_size=None):
-    """
-    token_logprobs(hidden @ weight.T, ...) computed chunk_size tokens at a time, for when even one logits
-    tensor will not fit. hidden (..., D), weight (V, D). Each chunk is checkpointed: forward keeps no
-    logits, backward recomputes one chunk's logits at a time, so at most one chunk of logits is alive.
-    """
-    w = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)  # e.g. bf16 autocast hiddens
+# -----------------------------------------------------------------------------
+# LM head: log-prob + entropy straight from hidden states, never holding [tokens, vocab]
+# Each (token tile x vocab tile) of logits is projected into one reused buffer and folded into per-token running
+# statistics relative to the running max m: s = sum e, w = sum e * d with d = z - m, e = exp(d) (H = log s - w / s).
+# Backward recomputes each tile, overwrites it with dlogits and adds its two products to the fp32 gradients.
 
-    def one_chunk(h, t, mk):
-        return token_logprobs(h @ w.t(), t, temperature, mk, use_triton=use_triton, block_size=block_size)
+@triton.jit
+def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, xt_ptr, inv_temp,
+                     BLOCK: tl.constexpr):
+    # one program per token: fold one tile row into that token's (m, s, w); the same update as _logprob_fwd_kernel
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride
+    m = tl.load(m_ptr + row)
+    s = tl.load(s_ptr + row)
+    w = tl.load(w_ptr + row)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < n_cols, other=float('-inf')).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        shift = (m - m_new) * inv_temp
+        alpha = tl.exp(shift)
+        d = (x - m_new) * inv_temp
+        e = tl.exp(d)
+        w = alpha * (w + tl.where(s > 0, shift * s, 0.0)) + tl.sum(tl.where(e > 0, e * d, 0.0), 0)
+        s = alpha * s + tl.sum(e, 0)
+        m = m_new
+    tl.store(m_ptr + row, m)
+    tl.store(s_ptr + row, s)
+    tl.store(w_ptr + row, w)
+    local = tl.load(tgt_ptr + row) - col0
+    if (local >= 0) & (local < n_cols):  # this tile holds the target's logit
+        tl.store(xt_ptr + row, tl.load(base + local).to(tl.float32))
 
-    h = hidden.reshape(-1, hidden.shape[-1])
-    ts = targets.reshape(-1).split(chunk_size)
-    mks = mask.reshape(-1).split(chunk_size) if mask is not None else [None] * len(ts)
-    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    outs = [checkpoint(one_chunk, hc, tc, mc, use_reentrant=False, preserve_rng_state=False) if need_grad
-            else one_chunk(hc, tc, mc)
-            for hc, tc, mc in zip(h.split(chunk_size), ts, mks)]  # split: its backward is one concat
-    logp, ent = (torch.cat(o).view(hidden.shape[:-1]) for o in zip(*outs))
-    return logp, ent
+
+@triton.jit
+def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, lse_ptr, a_ptr, b_ptr, g_lp_ptr, inv_temp,
+                     BLOCK: tl.constexpr):
+    # grid (tokens, column blocks): overwrite the tile with dlogits = (p * (a + b * log p) + [i == t] g_lp) / T,
+    # where a = -g_lp - g_ent * H and b = -g_ent fold both outputs' gradients into two floats per token
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ptrs = x_ptr + row * stride + cols
+    x = tl.load(ptrs, mask=cols < n_cols, other=0.0).to(tl.float32)
+    logq = x * inv_temp - tl.load(lse_ptr + row)  # lse = log sum exp(x / T)
+    p = tl.exp(logq)
+    dz = p * (tl.load(a_ptr + row) + tl.load(b_ptr + row) * logq)
+    dz += tl.where(cols + col0 == tl.load(tgt_ptr + row), tl.load(g_lp_ptr + row), 0.0)
+    tl.store(ptrs, (dz * inv_temp).to(x_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def _fold_fwd_torch(z, e, tgt, col0, m, s, w, zt):
+    """_head_fwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z (n, v) fp32 is clobbered,
+    e is scratch of its shape; updates m, s, w, zt (n,) in place."""
+    local = tgt - col0
+    inside = (local >= 0) & (local < z.shape[1])
+    zt.copy_(torch.where(inside, z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1), zt))
+    m_new = torch.maximum(m, z.amax(1))
+    z.sub_(m_new[:, None])
+    torch.exp(z, out=e)
+    shift = m - m_new  # <= 0; the sentinel -1e30 (not -inf) keeps shift * s = 0, not nan, before the first tile
+    alpha = shift.exp()
+    w.add_(shift * s).mul_(alpha).add_(torch.bmm(e[:, None], z[:, :, None]).view(-1))  # bmm: rowwise dot, no temp
+    s.mul_(alpha).add_(e.sum(1))
+    m.copy_(m_new)
+
+
+def _fold_bwd_torch(z, e, tgt, col0, shift, a, b, g_lp):
+    """_head_bwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z becomes dlogits.
+    shift = m + log s, so z - shift = log p."""
+    z.sub_(shift[:, None])
+    torch.exp(z, out=e)
+    if b is None:  # no entropy gradient
+        torch.mul(e, a[:, None], out=z)
+    else:
+        torch.addcmul(a[:, None], z, b[:, None], out=z).mul_(e)
+    local = tgt - col0
+    rows = ((local >= 0) & (local < z.shape[1])).nonzero().squeeze(1)
+    if g_lp is not None and len(rows):
+        z.index_put_((rows, local[rows]), g_lp[rows], accumulate=True)
+
+
+def _addmm_fp32(acc, x, y):
+    """acc += x @ y in fp32 without rounding the product to x's dtype first (bf16 tiles)."""
+    if acc.is_cuda and x.dtype != torch.float32:
+        torch.addmm(acc, x, y, out_dtype=torch.float32, out=acc)
+    else:
+        acc.addmm_(x.float(), y.float())  # no copies for fp32
+
+
+def _grad_goes_to(weight, acc_node):
+    """The weight's .grad, when backward may add to it directly instead of returning a second full-size gradient
+    for autograd to add: a later micro-batch of .backward() (so .grad exists), fp32, and nothing between autograd
+    and .grad. Not under autograd.grad (which must leave .grad alone: its AccumulateGrad node will not run), not with
+    tensor hooks (they would miss this share), and not with FSDP2 (whose unsharded weight has no .grad here).
+    A tied embedding is safe: its own share reaches AccumulateGrad after ours (the head runs last in forward, so
+    first in backward), and DDP's hook, which fires there, reads .grad whole."""
+    g = weight.grad
+    if acc_node is None or g is None or weight._backward_hooks or g.dtype != torch.float32 or g.layout != torch.strided:
+        return None
+    try:
+        runs = torch._C._will_engine_execute_node(acc_node)
+    except (RuntimeError, AttributeError):  # raised for a leaf's node under autograd.grad(): it does not run there
+        runs = False
+    return g if runs and g.shape == weight.shape else None
+
+
+def _tiles(hidden, weight, inv_temp, cd, tiles, triton_fold):
+    """Yield (hidden tile, first token, first vocab id, logits tile, scratch, weight tile) for every tile, the logits
+    tile projected in dtype cd into one reused buffer. The Triton fold reads raw logits x and divides by T itself;
+    the torch fold gets fp32 z = x / T: in fp32 from hidden scaled once (_prescaled), else as an fp32 copy of the
+    tile scaled on the way (scaling a bf16 hidden would round it twice)."""
+    hs = hidden.float().mul(inv_temp).to(cd) if _prescaled(cd, inv_temp, triton_fold) else hidden.to(cd)
+    N, V = hidden.shape[0], weight.shape[0]
+    tt, vt = min(tiles[0], N), min(tiles[1], V)
+    buf = torch.empty(tt * vt, device=hidden.device, dtype=cd)
+    f32 = None if triton_fold or cd == torch.float32 else torch.empty(tt * vt, device=hidden.device,
+                                                                       dtype=torch.float32)
+    e = None if triton_fold else torch.empty(tt * vt, device=hidden.device, dtype=torch.float32)  # exp's output
+    for t0 in range(0, N, tt):
+        h = hs[t0:t0 + tt]
+        for v0 in range(0, V, vt):
+            wt = weight[v0:v0 + vt].to(cd)
+            n, v = h.shape[0], wt.shape[0]
+            tile = buf[:n * v].view(n, v)
+            torch.mm(h, wt.t(), out=tile)
+            if f32 is not None:  # (torch.mul(tile, k, out=fp32) would multiply in bf16)
+                tile = f32[:n * v].view(n, v).copy_(tile).mul_(inv_temp)
+            yield h, t0, v0, tile, None if e is None else e[:n * v].view(n, v), wt
+
+
+def _prescaled(cd, inv_temp, triton_fold):
+    """Whether the torch fold's hidden states are scaled by 1/T before the projection (fp32 only)."""
+    return not triton_fold and cd == torch.float32 and inv_temp != 1.0
+
+
+class _LMHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, inv_temp, cd, tiles, triton_fold, acc_node):
+        ctx.set_materialize_grads(False)  # an output nobody differentiates (often entropy) costs nothing in backward
+        N = hidden.shape[0]
+        f32 = dict(device=hidden.device, dtype=torch.float32)
+        m = torch.full((N,), -1e30, **f32)  # finite sentinel: see _fold_fwd_torch
+        s, w, xt = (torch.zeros(N, **f32) for _ in range(3))
+        with torch.autocast(hidden.device.type, enabled=False):
+            for h, t0, v0, tile, e, wt in _tiles(hidden, weight, inv_temp, cd, tiles, triton_fold):
+                n, v = tile.shape
+                if triton_fold:
+                    blk = min(4096, triton.next_power_of_2(v))
+                    _head_fwd_kernel[(n,)](tile, tile.stride(0), v, v0, targets[t0:], m[t0:], s[t0:], w[t0:], xt[t0:],
+                                           inv_temp, BLOCK=blk, num_warps=_num_warps(blk))
+                else:
+                    _fold_fwd_torch(tile, e, targets[t0:t0 + n], v0, m[t0:t0 + n], s[t0:t0 + n], w[t0:t0 + n],
+                                    xt[t0:t0 + n])
+        u = inv_temp if triton_fold else 1.0  # the Triton fold's m and xt are raw logits, the torch fold's z = x / T
+        logs = torch.log(s)
+        logp, ent = (xt - m) * u - logs, logs - w / s
+        ctx.save_for_backward(hidden, weight, targets, m * u + logs, ent)  # log p = z - (m*u + logs)
+        ctx.args = inv_temp, cd, tiles, triton_fold, acc_node
+        return logp, ent
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_lp, g_ent):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
+        inv_temp, cd, tiles, triton_fold, acc_node = ctx.args
+        need_h, need_w = ctx.needs_input_grad[:2]
+        if g_lp is None and g_ent is None:
+            return (None,) * 8
+        pre = _prescaled(cd, inv_temp, triton_fold)
+        # dlogits = p * (a + b * log p) + [i == target] * g_lp, times dz/dtile: the torch fold folds that factor
+        # (1/T unless the hidden states were prescaled) into a, b and g_lp; the Triton kernel applies 1/T itself
+        k = 1.0 if triton_fold or pre else inv_temp
+        g_lp = g_lp.float().contiguous() * k if g_lp is not None else None  # .contiguous(): .sum()'s grad is an expand
+        b = -g_ent.float() * k if g_ent is not None else None
+        a = (-g_lp if g_lp is not None else 0.0) + (b * ent if b is not None else 0.0)
+        if triton_fold:  # the kernel reads every vector: a missing gradient is zeros
+            g_lp = g_lp if g_lp is not None else torch.zeros_like(ent)
+            b = b if b is not None else torch.zeros_like(ent)
+        gh = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32) if need_h else None
+        into = _grad_goes_to(weight, acc_node) if need_w else None
+        gw = into if into is not None else (torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
+                                            if need_w else None)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for h, t0, v0, tile, e, wt in _tiles(hidden, weight, inv_temp, cd, tiles, triton_fold):
+                n, v = tile.shape
+                sl = slice(t0, t0 + n)
+                if triton_fold:
+                    blk = min(4096, triton.next_power_of_2(v))
+                    _head_bwd_kernel[(n, triton.cdiv(v, blk))](tile, tile.stride(0), v, v0, targets[t0:], lse[t0:],
+                                                               a[t0:], b[t0:], g_lp[t0:], inv_temp, BLOCK=blk,
+                                                               num_warps=_num_warps(blk))
+                else:
+                    _fold_bwd_torch(tile, e, targets[sl], v0, lse[sl], a[sl], None if b is None else b[sl],
+                                    None if g_lp is None else g_lp[sl])
+                if gh is not None:
+                    _addmm_fp32(gh[sl], tile, wt)
+                if gw is not None:  # prescaled: h is hidden / T, as the chain rule wants
+                    _addmm_fp32(gw[v0:v0 + v], tile.t(), h)
+        if gh is not None:
+            gh = (gh.mul_(inv_temp) if pre else gh).to(hidden.dtype)
+        if gw is not None:
+            gw = None if into is not None else gw.to(weight.dtype)
+        return gh, gw, None, None, None, None, None, None
+
+
+# CPU: measured on the 2-core machine, 2,048 tokens x vocab 151,936 x hidden 896, fp32 (bench/bench_logprob.py):
+# see README's performance section. CUDA: not measured yet; tiles big enough for full-speed GEMMs
+HEAD_TILES = {'cpu': (2048, 4096), 'cuda': (4096, 16384)}
+
+
+def lm_head_logprobs(hidden, weight, targets, temperature=1.0, mask=None, *, head_fp32=False, tiles=None,
+                     use_triton=None):
+    """
+    Per-token log p(target) and entropy under softmax(hidden @ weight.T / temperature), never holding more logits
+    than one tile of tiles = (tokens, vocab) (None or 0: HEAD_TILES for the device): forward keeps four floats per token,
+    backward recomputes each tile. hidden (..., D), weight (V, D), targets (...) int, mask (...) bool or None (False:
+    outputs 0, zero gradient, the target may be anything). Returns (logp, entropy) fp32 of shape (...), differentiable
+    w.r.t. hidden and weight; their gradients are accumulated in fp32 (a later micro-batch adds the weight's straight
+    into weight.grad: _grad_goes_to). The projection runs in hidden's dtype, or in fp32 with head_fp32 (hidden and
+    weight upcast; under bf16 autocast the logits are then not rounded to bf16). Softmax math is always fp32.
+    The fold is Triton on CUDA tensors (or when use_triton=True), torch tile ops otherwise.
+    """
+    assert temperature > 0, 'temperature must be > 0 for log-probs'
+    triton_fold = hidden.is_cuda if use_triton is None else use_triton
+    tiles = tuple(t or d for t, d in zip(tiles or (0, 0), HEAD_TILES['cuda' if hidden.is_cuda else 'cpu']))
+    shape = hidden.shape[:-1]
+    h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
+    if mask is not None:  # score the kept tokens only
+        keep = mask.reshape(-1)
+        h, t = h[keep], t[keep]
+    acc_node = None  # weight's AccumulateGrad, when backward may add into weight.grad directly
+    if torch.is_grad_enabled() and weight.requires_grad and weight.is_leaf:
+        acc_node = torch.autograd.graph.get_gradient_edge(weight).node
+    cd = torch.float32 if head_fp32 else hidden.dtype
+    logp, ent = _LMHead.apply(h, weight, t.contiguous(), 1.0 / temperature, cd, tiles, triton_fold, acc_node)
+    if mask is not None:  # masked_scatter keeps an all-masked batch connected to the graph
+        logp, ent = (x.new_zeros(keep.shape).masked_scatter(keep, x) for x in (logp, ent))
+    return logp.view(shape), ent.view(shape)
 
 
 # -----------------------------------------------------------------------------

@@ -65,7 +65,7 @@ kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
 filter_zero_std = True  # skip groups whose rewards are all equal (zero gradient when beta = entropy_coef = 0)
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
-logprob_chunk = 0  # 0: logits for the micro-batch at once; N: LM head in chunks of N tokens (memory-lean)
+lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: never more logits than that; 0 = kernels.HEAD_TILES
 lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob; batch.py)
 tis = ''  # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*' (loss.py)
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
@@ -187,7 +187,7 @@ sync_gen_model = (lambda: copy_weights(gen_model, model)) if gen_model is not mo
 
 def logprobs(net, rows, temp=None):  # per-token log-probs and entropies of rows' completions (batch.py)
     return completion_logprobs(net, rows, tok.pad_id, temperature if temp is None else temp, share_prompt,
-                               logprob_chunk, ptdtype, compile, lm_head_fp32)
+                               ptdtype, compile, lm_head_fp32, lm_head_tiles)
 
 
 decay = [p for p in model.parameters() if p.dim() >= 2]
