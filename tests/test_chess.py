@@ -39,8 +39,8 @@ def examples(subtask, n_train=30, n_test=10, seed=0, **knobs):
 
 def policy_line(ex, moves, evals, best):
     """A RookWorld policy training line, as its generator writes it."""
-    return ('P: ' + ex['fen'].ljust(90) + 'M: ' + ' '.join(moves).ljust(30) + 'E: ' + ' '.join(map(str, evals)).ljust(40)
-            + 'B: ' + best)
+    evals = ' '.join(map(str, evals))
+    return 'P: ' + ex['fen'].ljust(90) + 'M: ' + ' '.join(moves).ljust(30) + 'E: ' + evals.ljust(40) + 'B: ' + best
 
 
 # ------------------------------------------------------------------------------------------------ labels and data
@@ -179,7 +179,7 @@ def test_fuzz_rewards_never_raise(text):
     assert all(0 <= v <= 1 for v in C.metrics([text] * len(exs), exs).values())
 
 
-# ------------------------------------------------------------------------------------------------ a RookWorld-shaped snapshot
+# ------------------------------------------------------------------------------------ a RookWorld-shaped snapshot
 
 def chess_corpus():
     """Lines in both formats, for training the test's BPE."""
