@@ -19,6 +19,9 @@ import torch
 
 import tasks
 from parallel import finish
+from reward import MODEL_REWARDS
+
+SPREAD_WARN = 0.5  # a model reward that ties all G completions in more than this share of groups is likely broken
 
 
 def new_guards():
@@ -72,6 +75,10 @@ def warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn=None):
     if m['response_len/clip_frac'] > 0.5:
         warns.append(('truncated', f"{m['response_len/clip_frac']:.0%} of completions hit max_new_tokens={max_new_tokens}: "
                       "raise max_new_tokens, or add the 'length' overlong penalty; their answers are likely missing"))
+    for name in MODEL_REWARDS:
+        if m.get(f'reward/{name}/frac_zero_std', 0.0) > SPREAD_WARN:
+            warns.append((f'{name}_zero_spread', f"{name} gave all completions of a group the same score in "
+                          f"{m[f'reward/{name}/frac_zero_std']:.0%} of groups: " + model_reward_hint(name, m)))
     guards['kl_hist'] = (guards['kl_hist'] + [m['kl']])[-10:]
     if kl_warn is not None and m['kl'] > kl_warn:
         warns.append(('kl', f"KL to the reference {m['kl']:.4f} > kl_warn={kl_warn} (last steps: "
@@ -182,6 +189,27 @@ def reduce_metrics(acc, all_reduce):
             acc[part] = dict(zip(acc[part], all_reduce(list(acc[part].values()), op)))
 
 
+def reward_spread(sc, G):
+    """Per reward function: the std of its scores and the share of groups (G consecutive samples) whose G scores are
+    all equal, i.e. groups that function gives no signal to."""
+    out = {}
+    for k, v in sc['per_fn'].items():
+        mean, groups = sum(v) / len(v), [v[i:i + G] for i in range(0, len(v), G)]
+        out[f'reward/{k}/std'] = math.sqrt(sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1))
+        out[f'reward/{k}/frac_zero_std'] = sum(max(g) == min(g) for g in groups) / max(len(groups), 1)
+    return out
+
+
+def model_reward_hint(name, m):
+    """What to check when a model reward gives no signal: said by the zero-spread warning and the zero-reward stop."""
+    clip = m.get('response_len/clip_frac')
+    return (f"check that its 'path' is the scorer you meant (see the 'reward: loaded' line), that "
+            f"{'its chat template' if name == 'reward_model' else 'the template'} shows it the prompt and the whole "
+            "completion (truncated completions score alike" + (f"; {clip:.0%} truncated" if clip is not None else '')
+            + f"), and that its scores are not saturated (reward/{name}/mean {m.get(f'reward/{name}/mean', 0):.3f}; a "
+            "judge's P(yes) stuck at 0 or 1 ties every group)")
+
+
 def metrics_of(acc):
     return {**acc['sum'], **{k: -v if k == 'ratio/min' else v for k, v in acc['max'].items()}}
 
@@ -199,10 +227,13 @@ def step_line(m):
 def zero_reward_report(guards, sc, patience):
     """The stop message when the reward mean has been 0 (or every reward failed) for `patience` steps in a row."""
     errs = {k: v for k, v in sc['errors'].items() if v}
+    means = {k: round(sum(v) / max(len(v), 1), 4) for k, v in sc['per_fn'].items()}
+    models = [k for k in sc['per_fn'] if k in MODEL_REWARDS]
     return (f"reward mean has been 0 (or every reward failed) for {guards['zero_streak']} steps in a row "
-            f"(zero_reward_patience={patience}).\nReward errors this step: {errs or 'none'} "
+            f"(zero_reward_patience={patience}).\nReward means this step: {means}; errors: {errs or 'none'} "
             f"{sc['error_msgs'][:3]}\nRecent completions:\n" + '\n---\n'.join(x[:300] for x in guards['recent']) +
-            "\nCheck the reward function, the prompt format and max_new_tokens.")
+            "\nCheck the reward function, the prompt format and max_new_tokens." +
+            ''.join(f"\n{k}: " + model_reward_hint(k, {f'reward/{k}/mean': means[k]}) for k in models))
 
 
 def start_watchdog(last_progress, watchdog_s, out_dir, exit_after):
