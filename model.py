@@ -391,7 +391,8 @@ def config_from_hf(hf, file):
     kw = dict(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
     if CLASSIFIER[arch] in (hf.get('architectures') or []):  # num_labels as transformers reads it (2 if no id2label)
         if not isinstance(hf.get('pad_token_id'), int):
-            raise ModelLoadError(f"{file}: missing field 'pad_token_id' (a classifier reads each row's last token)")
+            raise ModelLoadError(f"{file}: missing field 'pad_token_id' (a classifier reads each row's last token "
+                                 "that is not this id: set it to the tokenizer's pad token, e.g. 151643 for Qwen2.5)")
         kw.update(num_labels=len(hf.get('id2label') or '01'), pad_token_id=hf['pad_token_id'])
     for ours, (key, default) in HF_KEYS[arch].items():
         v = default if hf.get(key) is None else hf[key]
