@@ -99,27 +99,35 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype
         return net(x, head=head, **kw)
 
 
-def train_rows(comps, adv, zero_std, prompts, mine, filter_zero_std=True, mask_truncated=False):
+def train_rows(comps, adv, zero_std, prompts, mine, groups, filter_zero_std=True, mask_truncated=False):
     """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp', 'group'}: those of
-    this rank's prompts (`mine`), less truncated completions (mask_truncated) and empty ones. Returns (rows, n_tok,
-    n_seq, (rows_trained, tokens_trained)): the loss normalisers, counted over every rank's rows, the whole step's, and
-    how many of the whole step's rows and tokens are trained on (0 rows: nothing to update). filter_zero_std leaves out the rows
-    of groups whose rewards were all equal after counting them, so it only saves compute: their advantage is 0, and
-    with the normalisers unchanged the step's gradient is the same with the filter on or off (only true when nothing
-    but the advantage gives them a gradient: no KL or entropy term; the caller checks)."""
-    G = len(comps) // len(zero_std)
+    the kept `groups` (the step's prompt indices; row k of adv and zero_std is groups[k]'s, so dynamic sampling can
+    drop groups) that this rank generated (`mine`: it holds their sampler log-probs), less truncated completions
+    (mask_truncated) and empty ones. Returns (rows, n_tok, n_seq, (rows_trained, tokens_trained)): the loss
+    normalisers, counted over every rank's rows of the kept groups, and how many of those rows and tokens are
+    trained on (0 rows: nothing to update). filter_zero_std leaves out the rows of groups whose rewards were all
+    equal after counting them, so it only saves compute: their advantage is 0, and with the normalisers unchanged the
+    step's gradient is the same with the filter on or off (only true when nothing but the advantage gives them a
+    gradient: no KL or entropy term; the caller checks)."""
+    at = {g: k for k, g in enumerate(groups)}
     rows, n_tok, n_seq, n_trained, t_trained = [], 0, 0, 0, 0
-    for i, c in enumerate(comps):
-        if (mask_truncated and c['truncated']) or not c['ids']:
+    for c in comps:
+        k = at.get(c['prompt_idx'])
+        if k is None or (mask_truncated and c['truncated']) or not c['ids']:
             continue
         n_tok, n_seq = n_tok + len(c['ids']), n_seq + 1
-        if filter_zero_std and zero_std[i // G]:
+        if filter_zero_std and zero_std[k]:
             continue
         n_trained, t_trained = n_trained + 1, t_trained + len(c['ids'])
         if c['prompt_idx'] in mine:
-            rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv.view(-1)[i]),
+            rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv[k, c['sample_idx']]),
                          'gen_logp': c['logprobs'], 'group': c['prompt_idx']})
     return rows, n_tok, n_seq, (n_trained, t_trained)
+
+
+def keep_groups(zero_std, n_groups):
+    """Dynamic sampling (DAPO): the indices of the first n_groups groups whose rewards differ, in the order drawn."""
+    return [i for i, z in enumerate(zero_std.tolist()) if not z][:n_groups]
 
 
 def pad_micro_batches(micro, pad_id, device):

@@ -5,6 +5,7 @@ A checkpoint is one torch.save file, ckpt_{step:07d}.pt, written to a temporary 
 a reader sees the old file or the new one, never half of one. The directory is fsync'd after the rename so the
 rename itself survives a power cut.
 """
+import copy
 import glob
 import json
 import os
@@ -155,6 +156,17 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state
 # ----------------------------------------------------------------------------- whole state under FSDP
 # Checkpoints always hold whole tensors in the one-process format, so any checkpoint resumes on any number of ranks,
 # FSDP or not. Under FSDP the weights and Adam moments live as shards and are gathered (DCP's state_dict helpers).
+
+def reference_model(policy, dtype, path, resumed, master, device):
+    """The frozen KL reference: a copy of the policy GRPO starts from (after the warm start, if any) in the compute
+    dtype, written to path at the start and read back on resume (init_from alone cannot rebuild it after SFT)."""
+    ref = copy.deepcopy(policy).to(dtype).eval().requires_grad_(False)
+    if resumed:
+        ref.load_state_dict(torch.load(path, map_location=device))
+    elif master:
+        atomic_write(path, lambda f: torch.save(ref.state_dict(), f))
+    return ref
+
 
 def full_state(model, optimizer, fsdp):
     """(model, optimizer) state dicts of whole tensors. FSDP gathers them onto rank 0, in CPU memory; the other

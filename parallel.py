@@ -8,6 +8,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from reward import merge_scores
+
 
 def setup(device, batch_prompts, fsdp):
     """(rank, world, device). torchrun sets RANK: join the process group; each rank samples and trains on its share
@@ -68,13 +70,7 @@ def gather_step(comps, sc):
     parts = [None] * world
     dist.all_gather_object(parts, ([{k: v for k, v in c.items() if k != 'logprobs'} for c in comps], sc))
     parts[rank] = (comps, sc)
-    scs = [s for _, s in parts]
-    return [c for cs, _ in parts for c in cs], {
-        'total': [x for s in scs for x in s['total']],
-        'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in sc['per_fn']},
-        'errors': {k: sum(s['errors'][k] for s in scs) for k in sc['errors']},
-        'error_msgs': [msg for s in scs for msg in s['error_msgs']][:5],
-        'all_failed': all(s['all_failed'] for s in scs)}
+    return [c for cs, _ in parts for c in cs], merge_scores([s for _, s in parts])
 
 
 def finish(code=0, together=True):

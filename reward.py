@@ -319,3 +319,12 @@ def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None,
             total[i] += weight * v
     return dict(total=total, per_fn=per_fn, errors=errors, error_msgs=msgs,
                 all_failed=bool(failed) and all(failed))
+
+
+def merge_scores(scs):
+    """score()'s results for consecutive slices of samples (ranks, dynamic-sampling rounds) as one result."""
+    return {'total': [x for s in scs for x in s['total']],
+            'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in scs[0]['per_fn']},
+            'errors': {k: sum(s['errors'][k] for s in scs) for k in scs[0]['errors']},
+            'error_msgs': [msg for s in scs for msg in s['error_msgs']][:5],
+            'all_failed': all(s['all_failed'] for s in scs)}

@@ -79,6 +79,11 @@ def warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn=None):
         if m.get(f'reward/{name}/frac_zero_std', 0.0) > SPREAD_WARN:
             warns.append((f'{name}_zero_spread', f"{name} gave all completions of a group the same score in "
                           f"{m[f'reward/{name}/frac_zero_std']:.0%} of groups: " + model_reward_hint(name, m)))
+    if m.get('dynamic/groups_short', 0) > 0:
+        warns.append(('dynamic_short', f"dynamic sampling found {m['dynamic/groups_short']} groups too few with a reward "
+                      f"spread in {m['dynamic/rounds']} rounds ({m['dynamic/prompts']} prompts drawn), so this step trains "
+                      "on fewer: most prompts are all-right or all-wrong for the policy; raise dynamic_sampling, "
+                      "group_size or temperature, or use harder/easier data"))
     guards['kl_hist'] = (guards['kl_hist'] + [m['kl']])[-10:]
     if kl_warn is not None and m['kl'] > kl_warn:
         warns.append(('kl', f"KL to the reference {m['kl']:.4f} > kl_warn={kl_warn} (last steps: "
@@ -208,6 +213,20 @@ def model_reward_hint(name, m):
             "completion (truncated completions score alike" + (f"; {clip:.0%} truncated" if clip is not None else '')
             + f"), and that its scores are not saturated (reward/{name}/mean {m.get(f'reward/{name}/mean', 0):.3f}; a "
             "judge's P(yes) stuck at 0 or 1 ties every group)")
+
+
+def rollout_metrics(r, zero_std, sc, comps, prompts, G, timing):
+    """The step's rewards (r: (groups, G), every group drawn; per function: reward_spread), completion lengths,
+    timing and throughput."""
+    lens = [len(c['ids']) for c in comps]
+    return {'reward/mean': r.mean().item(), 'reward/std': r.std().item(),
+            **{f'reward/{k}/mean': sum(v) / len(v) for k, v in sc['per_fn'].items()},
+            **reward_spread(sc, G), **{f'reward/{k}/errors': v for k, v in sc['errors'].items()},
+            'frac_zero_std': zero_std.float().mean().item(),
+            'response_len/mean': sum(lens) / len(lens), 'response_len/max': max(lens),
+            'response_len/clip_frac': sum(c['truncated'] for c in comps) / len(comps),
+            **{f'timing_s/{k}': v for k, v in timing.items()}, 'perf/gen_tokens_per_s': sum(lens) / max(timing['gen'], 1e-9),
+            'perf/tokens_per_s': (sum(len(p) for p in prompts) * G + sum(lens)) / max(timing['step'], 1e-9)}
 
 
 def metrics_of(acc):

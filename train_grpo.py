@@ -63,6 +63,7 @@ kl_estimator = 'k3'  # 'k3': gradient of KL(ref||pi) (GRPO, TRL); 'k2': of KL(pi
 kl_clamp = 10.0  # log ratios are clamped to +-this before the KL estimate
 kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
 filter_zero_std = True  # skip groups whose rewards are all equal (zero gradient when beta = entropy_coef = 0)
+dynamic_sampling = 0  # DAPO: up to N more rounds of prompts per step until batch_prompts groups have a reward spread
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
 lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: never more logits than that; 0 = kernels.HEAD_TILES
@@ -122,13 +123,13 @@ if plot:
     plot_metrics(os.path.join(plot, 'metrics.jsonl'), os.path.join(plot, 'curves.png'))
     sys.exit(0)
 
-from batch import completion_logprobs, micro_batches, pad_micro_batches, train_rows  # noqa: E402
-from checkpoint import atomic_write, load_newest_everywhere, load_state, resume_run, save_run  # noqa: E402
+from batch import completion_logprobs, keep_groups, micro_batches, pad_micro_batches, train_rows  # noqa: E402
+from checkpoint import load_newest_everywhere, load_state, reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from loss import LOSS_TYPES, TIS_MODES, group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
 from model import copy_weights, load_model  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
-from reward import resolve_rewards, score  # noqa: E402
+from reward import merge_scores, resolve_rewards, score  # noqa: E402
 import safety  # noqa: E402
 from sft import warm_start  # noqa: E402
 from sample import encode_prompts, evaluate, generate  # noqa: E402
@@ -141,6 +142,8 @@ for key, allowed in [('loss_agg', ('token_mean', 'seq_mean_token_mean', 'seq_sum
         die(f"--{key}={config[key]!r}: expected one of {allowed}", 2)
 if group_size < 2:
     die(f"--group_size={group_size}: GRPO needs at least 2 samples per prompt to compare them", 2)
+if dynamic_sampling < 0:
+    die(f"--dynamic_sampling={dynamic_sampling}: the number of extra rounds of prompts, >= 0", 2)
 task_mod = tasks.resolve(task)
 tasks.set_knobs(task_mod, config)
 try:
@@ -243,15 +246,9 @@ if state is None and sft_steps > 0:
         {'prompt': p, 'ids': tok.encode(task_mod.solution(ex)) + [tok.eos_id]} for p, ex in zip(prompts_for(batch), batch)],
         sft_steps, sft_batch_size, seed + 1, lambda it: lr_at(it, sft_lr, sft_steps, max(1, sft_steps // 10)))
     sync_gen_model()
-# frozen reference (beta > 0): the policy GRPO starts from (after SFT, if any), kept beside the checkpoints, since a
-# resumed run cannot rebuild it from init_from when SFT made it
-ref_model, ref_path = None, os.path.join(out_dir, 'ref.pt')
-if beta > 0:
-    ref_model = copy.deepcopy(gen_model if fsdp else model).to(ptdtype).eval().requires_grad_(False)
-    if state is not None:
-        ref_model.load_state_dict(torch.load(ref_path, map_location=device))
-    elif master:
-        atomic_write(ref_path, lambda f: torch.save(ref_model.state_dict(), f))
+# frozen KL reference (beta > 0): the policy GRPO starts from, kept beside the checkpoints as ref.pt
+ref_model = reference_model(gen_model if fsdp else model, ptdtype, os.path.join(out_dir, 'ref.pt'), state is not None,
+                            master, device) if beta > 0 else None
 if state is None:
     log_metrics({'step': 0, **(run_eval(0) if eval_every > 0 else {})})
     save(0)  # the first rollback target
@@ -262,32 +259,42 @@ stop_signal = safety.catch_signals()
 # ----------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
 print(safety.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode), flush=True)
+
+
+def rollout(examples, first, step, timing):  # this rank samples and scores whole groups for its share of examples;
+    # a row's randomness comes from its index in the step's prompts (first + i), not from the number of ranks
+    mine, prompts = range(first + rank * len(examples) // world, first + (rank + 1) * len(examples) // world), prompts_for(examples)
+    t = time.time()
+    comps = generate(gen_model, tok, [prompts[i - first] for i in mine], G, max_new_tokens, temperature, top_k, top_p,
+                     seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
+                     progress=master and (step == 0 or verbose), on_step=lambda: last_progress.__setitem__(0, time.time()))
+    timing['gen'], t = timing.get('gen', 0.0) + time.time() - t, time.time()
+    sc = score([c['text'] for c in comps], [examples[c['prompt_idx'] - first] for c in comps], reward_fns, failure_reward,
+               [{'n_tokens': len(c['ids']), 'truncated': c['truncated'], 'max_new_tokens': max_new_tokens} for c in comps])
+    timing['reward'] = timing.get('reward', 0.0) + time.time() - t
+    return (prompts, mine, *gather_step(comps, sc))  # torchrun: every rank's completions and rewards on every rank
+
+
 while step < max_steps:
     t_step = time.time()
     timing, mark = {}, safety.stage_marker(step + 1, t_step, last_progress, verbose, device)
-    # 1. prompts and completions: each rank samples whole groups for its share of the prompts; a row's randomness
-    #    comes from its global prompt index, so completions do not depend on the number of ranks
-    batch, next_cursor = batch_at(train_set, seed, cursor, P)
-    prompts = prompts_for(batch)
-    mine = range(rank * P // world, (rank + 1) * P // world)
-    t = time.time()
-    comps = generate(gen_model, tok, [prompts[i] for i in mine], G, max_new_tokens, temperature, top_k, top_p,
-                     seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
-                     progress=master and (step == 0 or verbose), on_step=lambda: last_progress.__setitem__(0, time.time()))
-    timing['gen'] = time.time() - t
-    mark(f"generated {len(comps)} completions")
-    # 2. rewards
-    t = time.time()
-    sc = score([c['text'] for c in comps], [batch[c['prompt_idx']] for c in comps], reward_fns, failure_reward,
-               [{'n_tokens': len(c['ids']), 'truncated': c['truncated'], 'max_new_tokens': max_new_tokens} for c in comps])
-    timing['reward'] = time.time() - t
-    comps, sc = gather_step(comps, sc)  # torchrun: the whole step's completions and rewards on every rank, so
-    mark("rewards scored")  # advantages, loss normalisers, guards and metrics are the numbers one process computes
-    # 3. group-relative advantages; the rows to train on
-    r = torch.tensor(sc['total'], dtype=torch.float32).view(P, G)
-    adv, zero_std = group_advantages(r, scale_rewards, adv_eps)
+    # 1-2. prompts, completions, rewards; dynamic_sampling (DAPO): draw more prompts until P groups have a spread
+    batch, prompts, comps, scs, owned, next_cursor = [], [], [], [], set(), cursor
+    for rnd in range(1 + dynamic_sampling):  # a refill draws enough prompts to fill the step at the rate seen so far
+        n = P if rnd == 0 else min(P, math.ceil((P - n_spread) * len(batch) / max(n_spread, 1)))
+        more, next_cursor = batch_at(train_set, seed, next_cursor, n)
+        p, mine, c, sc = rollout(more, len(batch), step, timing)
+        batch, prompts, comps, scs, owned = batch + more, prompts + p, comps + c, scs + [sc], owned | set(mine)
+        r_all = torch.tensor([x for s in scs for x in s['total']], dtype=torch.float32).view(-1, G)
+        if (n_spread := int((~group_advantages(r_all, scale_rewards, adv_eps)[1]).sum())) >= P:
+            break
+    sc, zero_all = merge_scores(scs), group_advantages(r_all, scale_rewards, adv_eps)[1]
+    mark(f"generated and scored {len(comps)} completions")
+    # 3. group-relative advantages of the step's groups (dynamic sampling: the first P with a spread); rows to train on
+    kept = keep_groups(zero_all, P) if dynamic_sampling else list(range(P))
+    adv, zero_std = group_advantages(r_all[kept], scale_rewards, adv_eps)
     rows, n_tok, n_seq, (n_trained, t_trained) = train_rows(  # a zero-spread group's gradient is 0 without KL/entropy
-        comps, adv, zero_std, prompts, mine, filter_zero_std and not (beta or entropy_coef), mask_truncated)
+        comps, adv, zero_std, prompts, owned, kept, filter_zero_std and not (beta or entropy_coef), mask_truncated)
     micro = micro_batches(rows, micro_batch_size, whole_groups=share_prompt)  # share_prompt packs whole groups
     n_real = len(micro)  # (torchrun: padded with passes of weight 0, as many on every rank)
     micro = pad_micro_batches(micro, tok.pad_id, device) if ddp else micro
@@ -344,18 +351,11 @@ while step < max_steps:
     timing['step'] = time.time() - t_step
     if ddp:  # the slowest rank's: the step waits for it
         timing = dict(zip(timing, all_reduce(list(timing.values()), device, 'max')))
-    lens_all = [len(c['ids']) for c in comps]
-    m = {'step': step, 'lr': lr_now, 'reward/mean': r.mean().item(), 'reward/std': r.std().item(),
-         **{f'reward/{k}/mean': sum(v) / len(v) for k, v in sc['per_fn'].items()},
-         **{f'reward/{k}/errors': v for k, v in sc['errors'].items()},
-         'frac_zero_std': zero_std.float().mean().item(), **safety.metrics_of(first), 'grad_norm': grad_norm,
+    m = {'step': step, 'lr': lr_now, **safety.rollout_metrics(r_all, zero_all, sc, comps, prompts, G, timing),
+         **({'dynamic/prompts': len(batch), 'dynamic/rounds': rnd + 1, 'dynamic/groups_short': P - len(kept)}
+            if dynamic_sampling else {}), **safety.metrics_of(first), 'grad_norm': grad_norm,
          **(safety.metrics_of(last) if num_iterations > 1 and not skipped else {}), 'kl_coef': beta_now,
-         'rows_trained': n_trained, 'tokens_trained': t_trained,
-         'response_len/mean': sum(lens_all) / len(lens_all), 'response_len/max': max(lens_all),
-         'response_len/clip_frac': sum(c['truncated'] for c in comps) / len(comps),
-         **{f'timing_s/{k}': v for k, v in timing.items()}, **safety.mem_stats(device),
-         'perf/gen_tokens_per_s': sum(lens_all) / max(timing['gen'], 1e-9),
-         'perf/tokens_per_s': sum(len(p) for p in prompts) * G / max(timing['step'], 1e-9) + sum(lens_all) / max(timing['step'], 1e-9)}
+         'rows_trained': n_trained, 'tokens_trained': t_trained, **safety.mem_stats(device)}
     m.update(safety.warn(guards, m, t_trained, skipped, grad_norm, max_new_tokens, kl_warn if ref_model is not None else None))
     if eval_every > 0 and (step % eval_every == 0 or step == max_steps):
         m.update(run_eval(step))

@@ -83,6 +83,16 @@ def test_two_fsdp_ranks_match_one_process(one_process, tmp_path):
     assert_same_run(one_process, tmp_path, 'FSDP2, 2 ranks')
 
 
+def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):
+    """Refill rounds split each round's prompts between the ranks, and a kept group trains on the rank that sampled
+    it (it holds the sampler's log-probs): the same prompts, completions and weights as one process."""
+    args = ['--group_size=2', '--dynamic_sampling=4', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
+    run(tmp_path / 'one', 0, *args)
+    run(tmp_path / 'two', 2, *args)
+    assert_same_run(tmp_path / 'one', tmp_path / 'two', 'DDP, 2 ranks, dynamic sampling')
+    assert any(r.get('dynamic/rounds', 0) > 1 for r in metrics(tmp_path / 'two')), "no refill happened"
+
+
 def worker_pids(pid):
     """torchrun's workers: its children (each in a session of its own, so not in torchrun's process group)."""
     kids = []

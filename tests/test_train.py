@@ -113,6 +113,27 @@ def test_zero_std_filter_saves_compute_without_changing_the_gradient(tmp_path):
     assert math.isclose(a['loss'], b['loss'], rel_tol=1e-5, abs_tol=1e-9), (a['loss'], b['loss'])
 
 
+def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_path):
+    """dynamic_sampling (DAPO): a coin-flip reward leaves about half of the groups of 2 with equal rewards; the step
+    draws more prompts until 8 groups have a spread and trains on exactly those. The data cursor moves past every
+    prompt drawn, so a resumed run continues with the same prompts as one that did not stop."""
+    args = ['--group_size=2', '--batch_prompts=8', '--dynamic_sampling=6', '--save_every=1',
+            "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
+    run(tmp_path / 'a', '--max_steps=3', *args)
+    rows = metrics(tmp_path / 'a')[1:]
+    for row in rows:
+        assert row['dynamic/prompts'] > 8 and row['dynamic/rounds'] >= 2, row
+        assert row['dynamic/groups_short'] == 0 and row['rows_trained'] == 16, row  # 8 groups x 2, all with a spread
+        assert 0 < row['frac_zero_std'] < 1, row
+    ckpt = torch.load(tmp_path / 'a' / 'ckpt_0000003.pt', weights_only=False)
+    assert ckpt['cursor'] == sum(r['dynamic/prompts'] for r in rows), "the cursor must move past every prompt drawn"
+    run(tmp_path / 'b', '--max_steps=2', *args)
+    run(tmp_path / 'b', '--max_steps=3', *args)
+    assert stable(metrics(tmp_path / 'b')[-1]) == stable(rows[-1]), "resume after refills continues elsewhere"
+    p = run(tmp_path / 'c', '--max_steps=1', *args[:2], '--dynamic_sampling=1', "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]")
+    assert 'WARNING [dynamic_short]' in p.stdout and metrics(tmp_path / 'c')[1]['dynamic/groups_short'] == 8, p.stdout
+
+
 def test_no_checkpoint_inside_a_nan_streak(tmp_path):
     """NaN at steps 2 and 3, save_every=2: step 2 is not saved (it is inside the streak), so the rollback at step 3
     (nan_patience=2) goes to step 0's weights, not to the step the streak started from."""
