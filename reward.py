@@ -232,13 +232,13 @@ def _builtin(name):
     return REWARD_FNS.get(name)
 
 
-def resolve_rewards(entries, grade=None, **run):
+def resolve_rewards(entries, grade=None, device='cpu', dtype='float32', messages=None):
     """The config's reward entries made runnable: a 'module:function' name imported (a user's reward function), and
-    'correct' paying the task's grade() when one is given, so the reward and eval/pass@1 judge alike. run: facts of
-    the run (device, dtype, messages: the task's prompt messages of an example) given to each fn that names them in
-    its signature, unless the entry's kwargs set them. Returns {'name', 'weight', 'kwargs'} dicts, checked by
-    check_reward_config. Raises ValueError naming the entry."""
-    out = []
+    'correct' paying the task's grade() when one is given, so the reward and eval/pass@1 judge alike. The run's
+    device, compute dtype and messages (example -> the task's prompt messages) are given to each fn that names them
+    in its signature (the model rewards), unless the entry's kwargs set them. Returns {'name', 'weight', 'kwargs'}
+    dicts, checked by check_reward_config. Raises ValueError naming the entry."""
+    out, run = [], {'device': device, 'dtype': dtype, 'messages': messages}
     for entry in entries:
         if isinstance(entry, dict):
             name, named = entry.get('name'), lambda fn: {**entry, 'name': fn}

@@ -70,7 +70,7 @@ lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: never more logits than
 lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob; batch.py)
 tis = ''  # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*' (loss.py)
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
-# rewards: built-in names from reward.REWARD_FNS or 'module:function'; every kwarg reaches the function
+# rewards: reward.REWARD_FNS names, 'reward_model'/'judge' (reward_model.py) or 'module:function'; kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
 failure_reward = 0.0  # reward of a sample whose reward function raised
 # optimization
@@ -148,7 +148,8 @@ task_mod = tasks.resolve(task)
 tasks.set_knobs(task_mod, config)
 try:
     tasks.check_prompt_overrides(task_mod, task, system_prompt, instruction)
-    reward_fns = resolve_rewards(rewards if rewards is not None else tasks.default_rewards(task_mod), task_mod.grade)
+    reward_fns = resolve_rewards(tasks.default_rewards(task_mod) if rewards is None else rewards, task_mod.grade,
+                                 device, dtype, lambda ex: tasks.messages(task_mod, ex, system_prompt, instruction))
 except ValueError as e:
     die(str(e), 2)
 if sft_steps > 0 and not callable(getattr(task_mod, 'solution', None)):
@@ -160,7 +161,6 @@ if master:
     safety.startup_warnings(config)
 torch.manual_seed(seed)
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-
 # ----------------------------------------------------------------------------- data
 try:
     train_set, test_set = (task_mod.load(split, data_dir=data_dir, seed=seed) for split in ('train', 'test'))

@@ -117,6 +117,10 @@ def test_chat_template_renders_as_transformers_renders_it(classifier):
         assert RM.render(RM.snapshot(path), msgs, gen) == want, f'{msgs}: rendered unlike apply_chat_template'
 
 
+def task_messages(ex):  # what train_grpo passes: the task's prompt messages for an example
+    return [{'role': 'system', 'content': 'Reason step by step.'}, {'role': 'user', 'content': ex['question']}]
+
+
 def test_reward_model_scores_as_transformers_with_scale_shift_and_clip(classifier):
     """The whole path: task messages + completion through the RM's template, batches sorted and padded, the
     label's logit (one label) or probability (two), then scale/shift/clip; against transformers row by row."""
@@ -125,14 +129,14 @@ def test_reward_model_scores_as_transformers_with_scale_shift_and_clip(classifie
     exs = [EX[i % 2] for i in range(len(COMPLETIONS))]
     want = []
     for c, ex in zip(COMPLETIONS, exs):
-        ids = hf_tok.apply_chat_template([{'role': 'user', 'content': ex['question']}, {'role': 'assistant',
-                                          'content': c}], tokenize=True)['input_ids']
+        ids = hf_tok.apply_chat_template(task_messages(ex) + [{'role': 'assistant', 'content': c}],
+                                         tokenize=True)['input_ids']
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0]
         want.append((logits[0] if len(logits) == 1 else logits.softmax(-1)[-1]).item())
-    got = RM.reward_model(COMPLETIONS, exs, path, batch_size=3)
+    got = RM.reward_model(COMPLETIONS, exs, path, batch_size=3, messages=task_messages)
     assert max(abs(a - b) for a, b in zip(got, want)) <= TOL, f'scores {got} != transformers {want}'
-    got = RM.reward_model(COMPLETIONS, exs, path, batch_size=2, scale=3.0, shift=-1.0, clip=0.5)
+    got = RM.reward_model(COMPLETIONS, exs, path, batch_size=2, scale=3.0, shift=-1.0, clip=0.5, messages=task_messages)
     want = [min(0.5, max(-0.5, 3.0 * w - 1.0)) for w in want]
     assert max(abs(a - b) for a, b in zip(got, want)) <= TOL, f'scale/shift/clip: {got} != {want}'
 
@@ -306,7 +310,7 @@ def test_bad_reward_model_is_one_line_naming_file_and_field(case, rm_dir, tmp_pa
         from safetensors.torch import load_file, save_file
         f = os.path.join(rm_dir, 'model.safetensors')
         save_file({k: v[:200] if k == 'model.embed_tokens.weight' else v for k, v in load_file(f).items()}, f)
-        path, needle = edit_config(rm_dir, vocab_size=200), r"tokenizer\.json: the tokenizer has 260 tokens.*'vocab_size'"
+        path, needle = edit_config(rm_dir, vocab_size=200), r"tokenizer\.json: the tokenizer has 260 tokens.*vocab_size"
     else:  # a template that drops the assistant turn
         conf = json.loads(Path(rm_dir, 'tokenizer_config.json').read_text())
         conf['chat_template'] = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
@@ -367,3 +371,20 @@ def test_zero_spread_warning_names_the_model_reward_and_what_to_check(capsys):
     m['reward/judge/frac_zero_std'] = 0.4
     assert 'warn/judge_zero_spread' not in safety.warn(safety.new_guards(), m, 10, False, 1.0, 8), \
         'a reward with a spread in most groups is not warned about'
+
+
+def test_train_grpo_warns_when_a_judge_ties_every_group(tmp_path):
+    """A judge that answers the same whatever it reads (P(yes) = 0.8 by construction): train_grpo logs its per-function
+    spread and warns, naming the judge and what to check."""
+    judge = constant_judge(tmp_path / 'judge', 0.8)
+    from test_train import TINY
+    args = [a for a in TINY if not a.startswith('--rewards=')] + [
+        f"--rewards=[{{'name': 'judge', 'kwargs': {{'path': '{judge}', 'yes': 'Y', 'no': 'N'}}}}]",
+        f'--out_dir={tmp_path / "run"}', '--max_steps=2']
+    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'})
+    assert p.returncode == 0, f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')][1:]
+    assert all(m['reward/judge/frac_zero_std'] == 1.0 and m['reward/judge/std'] == 0.0 for m in rows), rows
+    assert all(abs(m['reward/judge/mean'] - 0.8) < 1e-5 for m in rows), rows
+    assert p.stdout.count('WARNING [judge_zero_spread]: judge gave all completions of a group the same score') == 2
