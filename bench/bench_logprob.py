@@ -7,11 +7,13 @@ the same inputs, each in its own process (so one method's freed memory or warm a
   trl     TRL 1.16's ChunkedLogProbFunction (what GRPOTrainer runs by default), 4,096 tokens x 32,768 vocabulary
   naive   logits = hidden @ weight.T, log_softmax, gather; entropy from the same log-softmax
 
-Each process builds the inputs from one seed, then runs forward+backward twice: the first with no .grad (a
-step's first micro-batch), the second adding into the existing .grad (gradient accumulation: a method that returns
-a fresh weight gradient for autograd to add holds two of them then). Peak memory is above the inputs: the process
-resident-set high-water mark on CPU (large frees go straight back to the OS), torch.cuda.max_memory_allocated on GPU.
-Agreement: every method's log-probs, entropies, hidden gradient and 512 rows of the weight gradient against naive's.
+Each process builds the inputs from one seed, warms up on 64 tokens (Triton compiles, BLAS and thread pools start),
+then runs forward+backward twice: the first with no .grad (a step's first micro-batch), the second adding into the
+existing .grad (gradient accumulation: a method that returns a fresh weight gradient for autograd to add holds two of
+them then). Peak memory is above the inputs: the process resident-set high-water mark on CPU (large frees go straight
+back to the OS), torch.cuda.max_memory_allocated on GPU. Agreement: every method's log-probs, entropies, hidden
+gradient and 512 rows of the weight gradient against naive's. GPU: ours' TFLOP/s and fraction of the matmul peak
+(four GEMMs of tokens x vocab x hidden per forward+backward) and of HBM peak (the bytes its tiles move, a model).
 
   python bench/bench_logprob.py                  # CPU: fp32, 2,048 tokens, Qwen2.5-0.5B's head (896 x 151,936)
   python bench/bench_logprob.py --gpu            # GPU: bf16 (fp32 weight, as under autocast), 16,384 tokens
@@ -102,6 +104,9 @@ def worker(name):
         ctypes.CDLL('libc.so.6').mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB, fixed
     fn = method_fn(name)
     hidden, weight, targets = inputs()
+    h = hidden[:64].detach().requires_grad_()  # warm-up on a slice: Triton compiles, BLAS and thread pools start
+    sum(fn(h, weight, targets[:64])).sum().backward()
+    weight.grad = None
     runs = []
     for i in range(2):  # 0: no .grad yet; 1: accumulating into it
         hidden.grad = None  # the hidden gradient never accumulates in training (it flows on into the trunk)
