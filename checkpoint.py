@@ -9,6 +9,7 @@ import copy
 import glob
 import json
 import os
+import pickle
 import random
 import time
 
@@ -76,23 +77,40 @@ def load_newest_everywhere(out_dir, master=True):
     return found if master else load_newest(out_dir)
 
 
+# what a checkpoint may hold beyond tensors and plain values: numpy's RNG state (an array of uint32)
+SAFE_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_checkpoint(path, map_location='cpu'):
+    """torch.load that runs no code from the file: tensors, plain Python values and numpy's RNG state only
+    (weights_only). A file that needs anything else (a pickle that would import or call something, e.g. planted in a
+    shared out_dir) raises ValueError naming the file and the refused global."""
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=map_location == 'cpu')
+    except pickle.UnpicklingError as e:
+        what = next((ln.strip() for ln in str(e).splitlines() if 'GLOBAL' in ln), 'an object torch will not rebuild')
+        raise ValueError(f"{path}: refused to load: it would run code, not only rebuild tensors and plain values "
+                         f"({what.rstrip('.')}); load such a file only if you made it") from None
+
+
 def load_newest(out_dir, map_location='cpu'):
     """(path, state) of the newest checkpoint that loads; a broken one is reported and the next older one tried."""
     for tmp in glob.glob(os.path.join(out_dir, '*.tmp.*')):  # left by a write that was killed: never complete
         os.remove(tmp)
     for path in list_checkpoints(out_dir):
         try:
-            state = torch.load(path, map_location=map_location, weights_only=False)
+            state = load_checkpoint(path, map_location)
             if 'step' not in state or 'model' not in state:
                 raise ValueError("missing 'step' or 'model'")
             return path, state
         except Exception as e:
-            print(f"resume: {path} does not load ({type(e).__name__}: {str(e).splitlines()[0][:200]}); trying an older one")
+            print(f"resume: {path} does not load ({type(e).__name__}: {str(e).splitlines()[0][:500]}); trying an older one")
     return None, None
 
 
 def trim_metrics(path, last_step):
-    """Drop metric rows after last_step (written after the checkpoint we resume from) and any torn last line,
+    """Drop rows (metrics.jsonl, samples.jsonl) after last_step (written after the checkpoint we resume from) and any torn last line,
     so a resumed run appends without duplicate steps."""
     if not os.path.exists(path):
         return
@@ -110,30 +128,80 @@ def trim_metrics(path, last_step):
 
 # ----------------------------------------------------------------------------- a run's checkpoints
 
-def resume_run(out_dir, resume, master, model, optimizer, fsdp):
+def reference_model(policy, dtype, path, resumed, master, device, initial=None):
+    """The frozen KL reference: a copy of the policy GRPO starts from (after the warm start, if any) in the compute
+    dtype, written to path at the start and read back on resume (init_from alone cannot rebuild it after SFT).
+    A resumed run whose start had no reference (beta was 0) gets initial() (the init_from weights: only right
+    without a warm start; None: the run stops with a line saying so)."""
+    from parallel import die
+    ref = copy.deepcopy(policy).to(dtype).eval().requires_grad_(False)
+    if resumed and os.path.exists(path):
+        ref.load_state_dict(load_checkpoint(path, device))
+        return ref
+    if resumed and initial is None:
+        die(f"beta > 0, but this run started with beta = 0 and kept no KL reference ({path}); its warm start "
+            "(sft_steps) cannot be rebuilt from init_from. Resume with --beta=0, or start a new --out_dir", 2)
+    if resumed:
+        print(f"resume: no KL reference at {path} (the run started with beta = 0): using init_from's weights")
+        ref.load_state_dict(initial().state_dict())
+    if master:
+        atomic_write(path, lambda f: torch.save(ref.state_dict(), f))
+    return ref
+
+
+
+# knobs a resumed run may change without changing what it computes (what it logs, saves, prints or waits for)
+RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples', 'eval_batch_size', 'verbose',
+               'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every', 'export_dtype', 'plot_every',
+               'plot', 'watchdog_s', 'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name',
+               'fault_stall_step', 'fault_stall_s')
+
+
+def config_changes(saved, config):
+    """Lines naming each knob whose value differs from the checkpoint's run, and whether any of them changes what
+    the run computes (anything outside RESUME_SAFE: its trajectory is then not the one a run without the stop had)."""
+    keys = sorted(k for k in set(saved) | set(config) if saved.get(k, '(unset)') != config.get(k, '(unset)'))
+    lines = [f"  {k}: {saved.get(k, '(unset)')!r} -> {config.get(k, '(unset)')!r}"
+             + ('' if k in RESUME_SAFE else '   (changes the run)') for k in keys]
+    return lines, any(k not in RESUME_SAFE for k in keys)
+
+
+def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, resume_changed=False):
     """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer, restore the RNG
-    state, trim metrics.jsonl back to its step, and return its state dict; None to start fresh (then a metrics.jsonl
-    already there is renamed aside, never overwritten). resume='never' refuses an out_dir that holds checkpoints."""
+    state, trim metrics.jsonl and samples.jsonl back to its step, and return its state dict; None to start fresh
+    (then a metrics.jsonl already there is renamed aside, never overwritten). resume='never' refuses an out_dir that
+    holds checkpoints. Knobs that differ from the checkpoint's run are printed; one that changes what the run
+    computes (config_changes) needs resume_changed=True, else the run stops before touching anything."""
     from parallel import barrier, die
     path, state = load_newest_everywhere(out_dir, master) if resume == 'auto' else (None, None)
     if resume == 'never' and list_checkpoints(out_dir):
         die(f"resume='never' but {out_dir} holds checkpoints; pick a new --out_dir (nothing is overwritten)", 2)
+    if state is not None and config is not None and state.get('config') is not None:
+        lines, changes_run = config_changes(state['config'], config)
+        if lines and master:
+            print(f"resume: {path} was written with other knob values:\n" + '\n'.join(lines), flush=True)
+        if changes_run and not resume_changed:
+            die(f"resume: knobs marked '(changes the run)' differ from {path}'s run, so it would not continue as it "
+                "would have; pass --resume_changed=True to resume anyway, or use a new --out_dir", 2)
     barrier()  # every rank has chosen before rank 0 writes anything
     metrics = os.path.join(out_dir, 'metrics.jsonl')
     if state is not None:
         load_state(model, optimizer, state['model'], state['optimizer'], fsdp)
         set_rng_state(state['rng'])
         if master:
-            trim_metrics(metrics, state['step'])
+            for log in (metrics, os.path.join(out_dir, 'samples.jsonl')):
+                trim_metrics(log, state['step'])
         print(f"resume: {path} (step {state['step']}, data cursor {state['cursor']}, lr scale {state['lr_scale']})")
     elif master and os.path.exists(metrics):
         os.replace(metrics, metrics + f'.old.{int(time.time())}')
     return state
 
 
-def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state, tok=None, config=None):
-    """Checkpoint step (with run_state: cursor, lr_scale, guards, ...) and, given tok, the HF export out_dir/hf with the
-    run's config beside it (grpo_run.json, which sample.py reads), only from finite weights: a bad model is never
+def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state, tok=None, config=None,
+             export_dtype=None, keep_export=False):
+    """Checkpoint step (with run_state: cursor, lr_scale, guards, ...) and, given tok, the HF export out_dir/hf (in
+    export_dtype, default the weights' fp32; keep_export: also out_dir/hf_{step:07d}, kept) with the run's config
+    beside it (grpo_run.json, which sample.py reads), only from finite weights: a bad model is never
     written over a good one. Rank 0 writes (FSDP first gathers the weights onto it); the others wait, so no rank reads
     a checkpoint still being written. Every rank restores the one RNG state saved: they all seed alike."""
     from parallel import barrier
@@ -145,10 +213,10 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state
     elif master:
         save_checkpoint(out_dir, step, {'model': msd, 'optimizer': osd, 'step': step, 'rng': rng_state(),
                                         'config': config, **run_state}, keep_last)
-        if tok is not None:
-            save_pretrained(model, tok, os.path.join(out_dir, 'hf'), state_dict=msd)
+        for name in (['hf'] + [f'hf_{step:07d}'] * keep_export) if tok is not None else []:
+            save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=msd, dtype=export_dtype)
             run = json.dumps({**config, 'step': step}, indent=2, sort_keys=True, default=str)
-            atomic_write(os.path.join(out_dir, 'hf', 'grpo_run.json'), lambda f: f.write(run.encode()))
+            atomic_write(os.path.join(out_dir, name, 'grpo_run.json'), lambda f: f.write(run.encode()))
     barrier()
     return ok
 
@@ -156,17 +224,6 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state
 # ----------------------------------------------------------------------------- whole state under FSDP
 # Checkpoints always hold whole tensors in the one-process format, so any checkpoint resumes on any number of ranks,
 # FSDP or not. Under FSDP the weights and Adam moments live as shards and are gathered (DCP's state_dict helpers).
-
-def reference_model(policy, dtype, path, resumed, master, device):
-    """The frozen KL reference: a copy of the policy GRPO starts from (after the warm start, if any) in the compute
-    dtype, written to path at the start and read back on resume (init_from alone cannot rebuild it after SFT)."""
-    ref = copy.deepcopy(policy).to(dtype).eval().requires_grad_(False)
-    if resumed:
-        ref.load_state_dict(torch.load(path, map_location=device))
-    elif master:
-        atomic_write(path, lambda f: torch.save(ref.state_dict(), f))
-    return ref
-
 
 def full_state(model, optimizer, fsdp):
     """(model, optimizer) state dicts of whole tensors. FSDP gathers them onto rank 0, in CPU memory; the other

@@ -547,15 +547,16 @@ def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, n_layer=4, 
     return model, tok
 
 
-def save_pretrained(model, tokenizer, out_dir, state_dict=None):
-    """Write an HF snapshot (config.json + model.safetensors in the model's dtype + tokenizer files) that
-    from_pretrained and transformers both load. Written beside out_dir, then renamed into place, so a crash
-    never leaves a half-written snapshot where an old one was. state_dict: the weights to write instead of
-    model's own (e.g. gathered whole from FSDP shards)."""
+def save_pretrained(model, tokenizer, out_dir, state_dict=None, dtype=None):
+    """Write an HF snapshot (config.json + model.safetensors in dtype, default the weights' own + tokenizer files +
+    generation_config.json naming the stop ids, so transformers and vLLM stop where we stop) that from_pretrained and
+    transformers both load. Written beside out_dir, then renamed into place, so a crash never leaves a half-written
+    snapshot where an old one was. state_dict: the weights to write instead of model's own (e.g. gathered whole
+    from FSDP shards)."""
     from safetensors.torch import save_file
     cfg, out_dir = model.config, os.path.abspath(out_dir)
     state_dict = model.state_dict() if state_dict is None else state_dict
-    dtype = state_dict['wte.weight'].dtype
+    dtype = dtype or state_dict['wte.weight'].dtype
     tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -563,11 +564,13 @@ def save_pretrained(model, tokenizer, out_dir, state_dict=None):
         with open(os.path.join(tmp, 'config.json'), 'w') as f:
             json.dump(config_to_hf(cfg, dtype), f, indent=2)
         # own, dense copies: safetensors refuses views that share storage (our fused q/k/v split apart)
-        tensors = {k: v.detach().to('cpu').clone(memory_format=torch.contiguous_format)
-                   for k, v in to_hf(state_dict, cfg).items()}
+        tensors = {k: v.detach().to('cpu', dtype if v.is_floating_point() else v.dtype).clone(
+                   memory_format=torch.contiguous_format) for k, v in to_hf(state_dict, cfg).items()}
         save_file(tensors, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
         if tokenizer is not None:
             tokenizer.save(tmp)
+            with open(os.path.join(tmp, 'generation_config.json'), 'w') as f:
+                json.dump({'eos_token_id': tokenizer.stop_ids, 'pad_token_id': tokenizer.pad_id}, f, indent=2)
         if os.path.exists(out_dir):
             os.rename(out_dir, old)
         os.rename(tmp, out_dir)

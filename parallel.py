@@ -78,6 +78,8 @@ def finish(code=0, together=True):
     os._exit, skipping interpreter teardown: gloo's worker threads may still be dropping finished work that holds
     tensors, need the GIL for it while Python finalizes, and abort the rank ("terminate called without an active
     exception", pytorch#179291; DDP keeps the group alive, so destroy_process_group does not join those threads)."""
+    if getattr(sys.modules.get('wandb'), 'run', None) is not None:  # wandb_log: flush it before os._exit can skip that
+        sys.modules['wandb'].run.finish(exit_code=code)
     sys.stdout.flush()
     sys.stderr.flush()
     if dist.is_initialized():

@@ -45,6 +45,22 @@ def mem_stats(device):
     return {'mem/allocated_gb': rss, 'mem/reserved_gb': rss, 'mem/peak_gb': peak}
 
 
+def bad_knob(c):
+    """The first knob whose value the run cannot use, as a one-line error (None: all fine)."""
+    from loss import LOSS_TYPES, TIS_MODES
+    for key, allowed in [('loss_agg', ('token_mean', 'seq_mean_token_mean', 'seq_sum_const')), ('resume', ('auto', 'never')),
+                         ('kl_estimator', ('k1', 'k2', 'k3')), ('on_kl_max', ('rollback', 'stop')), ('loss_type', LOSS_TYPES),
+                         ('scale_rewards', ('group', 'batch', 'none')), ('tis', ('',) + TIS_MODES),
+                         ('export_dtype', ('', 'float32', 'bfloat16', 'float16'))]:
+        if c[key] not in allowed:
+            return f"--{key}={c[key]!r}: expected one of {allowed}"
+    if c['group_size'] < 2:
+        return f"--group_size={c['group_size']}: GRPO needs at least 2 samples per prompt to compare them"
+    if c['dynamic_sampling'] < 0:
+        return f"--dynamic_sampling={c['dynamic_sampling']}: the number of extra rounds of prompts, >= 0"
+    return None
+
+
 def startup_warnings(c):
     """Settings that run, but not as their user may think: said once, before anything is spent."""
     if c['top_k'] > 0 or c['top_p'] < 1.0:
@@ -279,11 +295,21 @@ def start_watchdog(last_progress, watchdog_s, out_dir, exit_after):
         threading.Thread(target=watch, daemon=True).start()
 
 
-def catch_signals():
-    """SIGINT/SIGTERM are noted, not acted on: the loop checkpoints at the end of the step and exits 128 + signal."""
+def catch_signals(again_after_s=1.0):
+    """The first SIGINT/SIGTERM is noted, not acted on: the loop checkpoints at the end of the step and exits
+    128 + signal. A second one, at least again_after_s later (a repeat within it is the same Ctrl-C reaching us twice,
+    e.g. through torchrun), exits at once without a checkpoint: for a step stuck in a collective or a long generation."""
     caught = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda s, f: caught.append(s))
+
+    def on_signal(sig, frame):
+        if caught and time.time() - caught[1] >= again_after_s:
+            os.write(2, f"signal {sig} again: exiting now, no checkpoint (the newest one on disk stays)\n".encode())
+            os._exit(128 + sig)
+        if not caught:
+            caught.extend([sig, time.time()])
+            os.write(1, f"signal {sig}: saving at the end of this step, then exiting (again to exit now)\n".encode())
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_signal)
     return caught
 
 

@@ -204,8 +204,28 @@ def majority_correct(row):
     return row['correct'][1:][row['answers'][1:].index(best)]
 
 
+def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
+    """(model, tokenizer) of a train_grpo.py checkpoint (OUT_DIR/ckpt_*.pt): the model built as its run built it
+    (init_from and shape from the config saved in it), with its weights. Loads no code from the file."""
+    from checkpoint import load_checkpoint
+    from model import load_model
+    state = load_checkpoint(path)
+    run = state.get('config') or {}
+    if 'init_from' not in run or 'model' not in state:
+        raise ValueError(f"{path}: not a train_grpo.py checkpoint (no 'model' or no config.init_from)")
+    shape = {k: run[k] for k in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'max_seq_len') if k in run}
+    model, tok = load_model(run['init_from'], dtype, device, run.get('seed', 0), **shape)
+    model.load_state_dict(state['model'])
+    return model, tok
+
+
 def run_config(init_from):
-    """The training run's config saved beside an hf/ export (grpo_run.json), or {} for any other model."""
+    """The training run's config saved beside an hf/ export (grpo_run.json) or in a checkpoint (OUT_DIR/ckpt_*.pt), or
+    {} for any other model."""
+    if init_from.endswith('.pt') and os.path.isfile(init_from):
+        from checkpoint import load_checkpoint
+        state = load_checkpoint(init_from)
+        return {**(state.get('config') or {}), 'step': state.get('step')}
     path = os.path.join(init_from, 'grpo_run.json')
     if not os.path.isfile(path):
         return {}
@@ -220,7 +240,7 @@ if __name__ == '__main__':
     # -----------------------------------------------------------------------------
     # None: the training run's value when init_from is a train_grpo.py export (OUT_DIR/hf holds the run's config,
     # grpo_run.json), so `python sample.py --init_from=OUT_DIR/hf` evaluates exactly as the run did; else the fallback
-    init_from = 'scratch'  # HF snapshot dir or hub id; 'scratch' = tiny random model + byte tokenizer (smoke test)
+    init_from = 'scratch'  # HF snapshot dir, hub id, or a checkpoint OUT_DIR/ckpt_*.pt; 'scratch' = tiny random model
     prompt = ''  # if set: print completions for this prompt (chat-formatted) and exit
     task = None  # None: the run's, else 'gsm8k'; 'arith', 'module:attr' or 'path/to/task.py' (tasks/)
     data_dir = None  # None: the run's, else '' (the task's default source, e.g. the hub for gsm8k)
@@ -264,7 +284,10 @@ if __name__ == '__main__':
     try:
         task_mod = tasks.resolve(task)
         tasks.set_knobs(task_mod, config)
-        model, tok = load_model(init_from, getattr(torch, dtype), device, seed)
+        if init_from.endswith('.pt'):  # a checkpoint: its run's model with its weights
+            model, tok = load_run_checkpoint(init_from, getattr(torch, dtype), device)
+        else:
+            model, tok = load_model(init_from, getattr(torch, dtype), device, seed)
     except Exception as e:  # loading errors are written to be read: one line, no library stack
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

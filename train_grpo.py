@@ -12,7 +12,6 @@ are in files named for them: tasks/, batch.py, loss.py, safety.py, parallel.py, 
 """
 import contextlib
 import copy
-import json
 import math
 import os
 import signal
@@ -25,6 +24,7 @@ import torch
 out_dir = 'out/grpo'  # metrics.jsonl, samples.jsonl, curves.png, checkpoints, hf/ go here
 init_from = 'Qwen/Qwen2.5-0.5B-Instruct'  # HF snapshot dir or hub id; 'scratch' = a small random model (byte tokenizer)
 resume = 'auto'  # 'auto': continue from the newest checkpoint in out_dir that loads; 'never': start fresh
+resume_changed = False  # resume even though knobs that change the run differ from the checkpoint's (printed)
 plot = ''  # --plot=OUT_DIR: redraw OUT_DIR/curves.png from its metrics.jsonl and exit
 # task (tasks/): its data, prompts, grading and default rewards; its own knobs (e.g. arith_*) are in its file
 task = 'gsm8k'  # 'gsm8k', 'arith' (built-in, offline), 'mymodule:my_task' or 'path/to/task.py'
@@ -92,6 +92,11 @@ verbose = False  # numbered per-stage lines with elapsed time and memory
 save_every = 50  # checkpoint every N steps (also on SIGINT/SIGTERM and at the end)
 keep_last = 2  # checkpoints kept on disk
 export_hf = True  # also write out_dir/hf/ (HF snapshot of the latest weights) at each checkpoint
+export_dtype = ''  # the HF snapshot's weights: '' = as trained (float32), 'bfloat16' (half the disk)
+export_every = 0  # also checkpoint and keep out_dir/hf_{step:07d}/ every N steps, for later comparison (0 = off)
+wandb_log = False  # also send every metrics.jsonl row to Weights & Biases (pip install wandb; curves.png needs none)
+wandb_project = 'grpo'  # its project
+wandb_run_name = ''  # its run name ('' = wandb's); a resumed run continues the same wandb run (out_dir/wandb_id)
 nan_patience = 3  # non-finite loss/grad this many steps in a row -> roll back to the last checkpoint
 rollback_lr_scale = 0.5  # LR multiplier applied at each rollback
 max_rollbacks = 2  # more rollbacks than this -> stop with a diagnosis
@@ -116,7 +121,7 @@ seed = 1337  # data order, sampling and init: the whole run is a function of it
 # -----------------------------------------------------------------------------
 import tasks  # noqa: E402
 from configurator import configure, save_config  # noqa: E402
-from plot import plot_metrics  # noqa: E402
+from plot import metrics_log, plot_metrics  # noqa: E402
 
 config = configure(globals(), more_knobs=lambda s: tasks.knobs(tasks.resolve(s['task'])))  # + the task's knobs
 if plot:
@@ -126,7 +131,7 @@ if plot:
 from batch import completion_logprobs, keep_groups, micro_batches, pad_micro_batches, train_rows  # noqa: E402
 from checkpoint import load_newest_everywhere, load_state, reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
-from loss import LOSS_TYPES, TIS_MODES, group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
+from loss import group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
 from model import copy_weights, load_model  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
@@ -134,16 +139,8 @@ import safety  # noqa: E402
 from sft import warm_start  # noqa: E402
 from sample import encode_prompts, evaluate, generate  # noqa: E402
 
-# knob checks: a typo'd choice is an error here, not a silent default deep in the loop
-for key, allowed in [('loss_agg', ('token_mean', 'seq_mean_token_mean', 'seq_sum_const')), ('kl_estimator', ('k1', 'k2', 'k3')),
-                     ('on_kl_max', ('rollback', 'stop')), ('resume', ('auto', 'never')), ('loss_type', LOSS_TYPES),
-                     ('scale_rewards', ('group', 'batch', 'none')), ('tis', ('',) + TIS_MODES)]:
-    if config[key] not in allowed:
-        die(f"--{key}={config[key]!r}: expected one of {allowed}", 2)
-if group_size < 2:
-    die(f"--group_size={group_size}: GRPO needs at least 2 samples per prompt to compare them", 2)
-if dynamic_sampling < 0:
-    die(f"--dynamic_sampling={dynamic_sampling}: the number of extra rounds of prompts, >= 0", 2)
+if (error := safety.bad_knob(config)) is not None:  # a typo'd choice is an error here, not deep in the loop
+    die(error, 2)
 task_mod = tasks.resolve(task)
 tasks.set_knobs(task_mod, config)
 try:
@@ -209,7 +206,7 @@ def lr_at(step, peak, total, warmup):
 # ----------------------------------------------------------------------------- resume / fresh start
 step, cursor, lr_scale, rollbacks, metrics_path = 0, 0, 1.0, 0, os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # saved with checkpoints
-state = resume_run(out_dir, resume, master, model, optimizer, fsdp)  # None: a fresh start
+state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config, resume_changed)  # None: a fresh start
 if state is not None:
     step, cursor, lr_scale, rollbacks, guards = (state[k] for k in ('step', 'cursor', 'lr_scale', 'rollbacks', 'guards'))
     sync_gen_model()
@@ -218,13 +215,11 @@ if state is not None:
 def save(step_done):  # checkpoint.py: atomic, finite weights only, rank 0 writes, with the HF export
     return save_run(out_dir, step_done, model, optimizer, fsdp, master, keep_last, {
         'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks, 'guards': guards, 'ref_source': init_from},
-        tok if export_hf else None, config)
+        tok if export_hf else None, config, getattr(torch, export_dtype or 'float32'),
+        export_every > 0 and step_done % export_every == 0)
 
 
-def log_metrics(row):
-    if master:
-        with open(metrics_path, 'a') as f:
-            f.write(json.dumps(row) + '\n')
+log_metrics = metrics_log(metrics_path, master, out_dir, wandb_log, wandb_project, wandb_run_name, config)  # plot.py
 
 
 def run_eval(at_step):
@@ -248,7 +243,8 @@ if state is None and sft_steps > 0:
     sync_gen_model()
 # frozen KL reference (beta > 0): the policy GRPO starts from, kept beside the checkpoints as ref.pt
 ref_model = reference_model(gen_model if fsdp else model, ptdtype, os.path.join(out_dir, 'ref.pt'), state is not None,
-                            master, device) if beta > 0 else None
+                            master, device, None if sft_steps else lambda: load_model(init_from, torch.float32, 'cpu', seed,
+                            n_layer, n_head, n_kv_head, n_embd, max_seq_len)[0]) if beta > 0 else None
 if state is None:
     log_metrics({'step': 0, **(run_eval(0) if eval_every > 0 else {})})
     save(0)  # the first rollback target
@@ -373,14 +369,12 @@ while step < max_steps:
     if guards['zero_streak'] >= zero_reward_patience:
         safety.stop(safety.zero_reward_report(guards, sc, zero_reward_patience), master)
     if action is not None:  # roll back to the newest checkpoint, at a lower learning rate, and go on with new data
-        rollbacks += 1
+        rollbacks, lr_scale, guards['nan_streak'] = rollbacks + 1, lr_scale * rollback_lr_scale, 0
         if rollbacks > max_rollbacks:
             safety.stop(f"{action[1]}; already rolled back {max_rollbacks} times (max_rollbacks). Lower lr, check the "
                         "data and the reward; the last good checkpoint is in out_dir.", master)
         path, good = load_newest_everywhere(out_dir, master)
         load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
-        lr_scale *= rollback_lr_scale
-        guards['nan_streak'] = 0
         sync_gen_model()
         print(f"guard: {action[1]} -> rolled back to {path} (step {good['step']}); lr scale now {lr_scale} "
               f"(rollback {rollbacks}/{max_rollbacks}); continuing with new data", flush=True)
@@ -388,7 +382,8 @@ while step < max_steps:
     # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
     last_progress[0] = time.time()
     stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0  # a signal to any rank stops all here
-    if (stopping or step % save_every == 0 or step == max_steps) and guards['nan_streak'] == 0:
+    if (stopping or step % save_every == 0 or step == max_steps or export_every and step % export_every == 0) \
+            and guards['nan_streak'] == 0:
         save(step)  # never inside a non-finite streak: a rollback must not return to the weights that caused it
     if master and plot_every > 0 and (step % plot_every == 0 or step == max_steps):
         plot_metrics(metrics_path, os.path.join(out_dir, 'curves.png'))

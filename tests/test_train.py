@@ -128,7 +128,7 @@ def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_pa
     ckpt = torch.load(tmp_path / 'a' / 'ckpt_0000003.pt', weights_only=False)
     assert ckpt['cursor'] == sum(r['dynamic/prompts'] for r in rows), "the cursor must move past every prompt drawn"
     run(tmp_path / 'b', '--max_steps=2', *args)
-    run(tmp_path / 'b', '--max_steps=3', *args)
+    run(tmp_path / 'b', '--max_steps=3', '--resume_changed=True', *args)  # the same LR at every step here
     assert stable(metrics(tmp_path / 'b')[-1]) == stable(rows[-1]), "resume after refills continues elsewhere"
     p = run(tmp_path / 'c', '--max_steps=1', *args[:2], '--dynamic_sampling=1', "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]")
     assert 'WARNING [dynamic_short]' in p.stdout and metrics(tmp_path / 'c')[1]['dynamic/groups_short'] == 8, p.stdout
@@ -270,7 +270,7 @@ def test_kill_at_random_instants(tmp_path):
     assert after >= 20 // 3, f"only {after}/20 kills landed after a checkpoint: the test covered start-up only: {positions}"
     assert any(w == 'startup' for w, _, _ in positions), positions
     last = resumed_from[-1] + 3  # finish a few steps past the last checkpoint (max_steps only shapes the LR schedule)
-    p = run(tmp_path, *args[1:], f'--max_steps={last}', timeout=300)
+    p = run(tmp_path, *args[1:], f'--max_steps={last}', '--resume_changed=True', timeout=300)
     assert f"resume: " in p.stdout
     steps = [r['step'] for r in metrics(tmp_path)]
     assert steps == list(range(last + 1)), f"steps lost or duplicated across 20 kills: {steps}"
