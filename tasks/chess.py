@@ -7,9 +7,10 @@ Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engi
 
 Positions come from random legal play, a pure function of the seed, and every label a reward needs (legal moves,
 mating moves, next FEN, reward and flags) is computed into the example when it is made, so the rewards are pure
-functions of (completion, example) that never raise. With --data_dir, rows {'fen', ...} of DIR/{split}.jsonl are
-used instead (e.g. with Stockfish's candidates and evals: 'moves', 'evals', 'best'); their labels are recomputed
-from the FEN the same way. Prompts are raw text (no chat template), as RookWorld-LM was trained.
+functions of (completion, example) that never raise. With --data_dir (one sub-task), rows {'fen', ...} of
+DIR/{split}.jsonl are used instead (e.g. with Stockfish's candidates and evals: 'moves', 'evals', 'best', written by
+tools/chess_labels.py); their labels are recomputed from the FEN the same way. Prompts are raw text (no chat
+template), as RookWorld-LM was trained.
 """
 import math
 import random
@@ -41,9 +42,10 @@ def load(split, data_dir='', seed=0):
     bad = [s for s in subtasks if s not in SUBTASKS]
     if bad or not subtasks:
         raise ValueError(f"chess_subtask={chess_subtask!r}: expected one or more of {SUBTASKS} joined by ','")
+    if data_dir and len(subtasks) > 1:
+        raise ValueError(f"chess_subtask={chess_subtask!r} with --data_dir={data_dir}: one sub-task per data directory")
     if data_dir:
-        parts = [parse_rows(read_rows(data_dir, split), lambda row: from_row(row, s), skip_bad_rows, 'chess')
-                 for s in subtasks]
+        parts = [parse_rows(read_rows(data_dir, split), lambda row: from_row(row, subtasks[0]), skip_bad_rows, 'chess')]
     else:
         parts = [list(_splits(s, chess_n_train, chess_n_test, seed, chess_min_plies, chess_max_plies,
                               chess_illegal_frac, chess_history)[split == 'test']) for s in subtasks]

@@ -275,3 +275,20 @@ def test_chess_is_a_builtin_task():
     assert 'metrics' not in tasks.knobs(C) and tasks.eval_metrics(C, [], []) == {}
     with pytest.raises(ValueError, match='chess_subtask'):
         examples('openings')
+
+
+def test_data_dir_rows_and_bad_rows(tmp_path):
+    """--data_dir rows (as tools/chess_labels.py writes them) are relabelled by python-chess; a bad row is one error
+    naming file and line."""
+    rows = [{'fen': START, 'moves': ['e2e4', 'd2d4'], 'evals': [0.3, 0.2], 'best': 'e2e4'}, {'fen': FOOL}]
+    (tmp_path / 'test.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    old = C.chess_subtask
+    try:
+        C.chess_subtask = 'policy'
+        got = C.load('test', data_dir=str(tmp_path))
+        assert [e['best'] if 'best' in e else None for e in got] == ['e2e4', None] and got[1]['mates'] == ['d8h4']
+        (tmp_path / 'test.jsonl').write_text(json.dumps(rows[0]) + '\n' + '{"fen": "8/8/8 w"}\n')
+        with pytest.raises(ValueError, match=r"test.jsonl:2: malformed chess row: invalid FEN"):
+            C.load('test', data_dir=str(tmp_path))
+    finally:
+        C.chess_subtask = old
