@@ -105,13 +105,14 @@ def load_newest(out_dir, map_location='cpu'):
                 raise ValueError("missing 'step' or 'model'")
             return path, state
         except Exception as e:
-            print(f"resume: {path} does not load ({type(e).__name__}: {str(e).splitlines()[0][:500]}); trying an older one")
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:500]}"
+            print(f"resume: {path} does not load ({why}); trying an older one")
     return None, None
 
 
 def trim_metrics(path, last_step):
-    """Drop rows (metrics.jsonl, samples.jsonl) after last_step (written after the checkpoint we resume from) and any torn last line,
-    so a resumed run appends without duplicate steps."""
+    """Drop rows (metrics.jsonl, samples.jsonl) after last_step (written after the checkpoint we resume from) and
+    any torn last line, so a resumed run appends without duplicate steps."""
     if not os.path.exists(path):
         return
     keep = []
@@ -152,7 +153,8 @@ def reference_model(policy, dtype, path, resumed, master, device, initial=None):
 
 # knobs a resumed run may change without changing what it computes (what it logs, saves, prints or waits for)
 RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples', 'eval_batch_size', 'verbose',
-               'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every', 'export_dtype', 'plot_every',
+               'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every', 'export_dtype',
+               'plot_every',
                'plot', 'watchdog_s', 'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name',
                'fault_stall_step', 'fault_stall_s')
 

@@ -259,7 +259,8 @@ print(safety.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_siz
 
 def rollout(examples, first, step, timing):  # this rank samples and scores whole groups for its share of examples;
     # a row's randomness comes from its index in the step's prompts (first + i), not from the number of ranks
-    mine, prompts = range(first + rank * len(examples) // world, first + (rank + 1) * len(examples) // world), prompts_for(examples)
+    mine, prompts = range(first + rank * len(examples) // world, first + (rank + 1) * len(examples) // world), \
+        prompts_for(examples)
     t = time.time()
     comps = generate(gen_model, tok, [prompts[i - first] for i in mine], G, max_new_tokens, temperature, top_k, top_p,
                      seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
