@@ -1,6 +1,8 @@
 """
-One hand-written decoder-only transformer for two checkpoint families:
+One hand-written decoder-only transformer for these checkpoint families:
 - Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied head;
+- Qwen3 and Llama 3.x: the same without q/k/v biases, with an explicit head_dim; Qwen3 adds a per-head RMSNorm on
+  q and k before RoPE, Llama 3.x may scale RoPE frequencies ('llama3' rope_scaling);
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
 Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated KV cache with
 per-row lengths for batched sampling, and loading / saving of Hugging Face snapshot directories.
@@ -20,7 +22,7 @@ import torch.utils.checkpoint
 
 @dataclass
 class ModelConfig:
-    arch: str = 'qwen2'              # 'qwen2' or 'gpt2'
+    arch: str = 'qwen2'              # 'qwen2', 'qwen3', 'llama' or 'gpt2'
     vocab_size: int = 260            # rows of the embedding (and of the LM head)
     n_layer: int = 2                 # transformer blocks
     n_head: int = 4                  # query heads
@@ -28,7 +30,9 @@ class ModelConfig:
     n_embd: int = 64                 # residual stream width
     intermediate_size: int = 256     # MLP hidden size
     max_seq_len: int = 1024          # max_position_embeddings (gpt2: size of the position table)
-    rope_theta: float = 10000.0      # RoPE base (qwen2 only)
+    rope_theta: float = 10000.0      # RoPE base (not gpt2)
+    rope_scaling: tuple | None = None  # 'llama3' RoPE: (factor, low_freq_factor, high_freq_factor, original max_len)
+    head_size: int = 0               # explicit head_dim (qwen3/llama may differ from n_embd // n_head); 0: that
     norm_eps: float = 1e-6           # rms_norm_eps (qwen2) / layer_norm_epsilon (gpt2)
     tie_word_embeddings: bool = True  # LM head shares the token embedding matrix
     bos_token_id: int | None = None  # written back into config.json on export
@@ -38,7 +42,7 @@ class ModelConfig:
 
     @property
     def head_dim(self):
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
 
 
 def qwen25_05b_config():
@@ -70,11 +74,17 @@ class Norm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
-def rope_cos_sin(pos, head_dim, theta, dtype):
+def rope_cos_sin(pos, head_dim, theta, dtype, scaling=None):
     """cos/sin for integer positions pos (..., T) -> (..., T, head_dim), computed in fp32 exactly as HF's
     Qwen2 does, then cast. Computed per call rather than kept as a buffer: model.to(bfloat16) would cast a
     buffer and lose precision at large positions."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=pos.device) / head_dim))
+    if scaling:  # llama3: long wavelengths slowed by factor, short kept, smooth in between (as HF's, op for op)
+        factor, lo, hi, old = scaling
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old / wavelen - lo) / (hi - lo)
+        inv_freq = torch.where(wavelen > old / lo, inv_freq / factor, torch.where(
+            wavelen < old / hi, inv_freq, (1 - smooth) * inv_freq / factor + smooth * inv_freq))
     freqs = pos[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -92,14 +102,18 @@ class Attention(nn.Module):
         hd = cfg.head_dim
         self.sizes = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
         # q, k, v in one matmul (GPT-2 stores them fused; Qwen2's three are concatenated on load)
-        self.c_attn = nn.Linear(cfg.n_embd, sum(self.sizes), bias=True)
+        self.c_attn = nn.Linear(cfg.n_embd, sum(self.sizes), bias=cfg.arch in ('qwen2', 'gpt2'))
         self.c_proj = nn.Linear(cfg.n_head * hd, cfg.n_embd, bias=cfg.arch == 'gpt2')
+        # qwen3: a per-head RMSNorm of queries and of keys (weights of head_dim)
+        self.q_norm, self.k_norm = [Norm(hd, cfg.norm_eps, True) if cfg.arch == 'qwen3' else None for _ in 'qk']
 
     def forward(self, x, rope, mask, kv):
         B, T, _ = x.shape
         nh, nkv, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
         qk, v = self.c_attn(x).split([self.sizes[0] + self.sizes[1], self.sizes[2]], dim=-1)
         qk = qk.view(B, T, nh + nkv, hd).transpose(1, 2)  # (B, nh + nkv, T, hd): queries then keys
+        if self.q_norm is not None:  # qwen3: each head's query and key RMS-normed before RoPE
+            qk = torch.cat([self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])], dim=1)
         if rope is not None:
             qk = apply_rope(qk, *rope)  # both at once: one set of kernels, not two
         q, k = qk.split([nh, nkv], dim=1)               # (B, nh, T, hd), (B, nkv, T, hd)
@@ -132,7 +146,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.swiglu = cfg.arch == 'qwen2'
+        self.swiglu = cfg.arch != 'gpt2'
         # qwen2: gate and up projections fused into one matmul, split before SiLU(gate) * up
         n_out = 2 * cfg.intermediate_size if self.swiglu else cfg.intermediate_size
         self.c_fc = nn.Linear(cfg.n_embd, n_out, bias=not self.swiglu)
@@ -148,7 +162,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        rms = cfg.arch == 'qwen2'
+        rms = cfg.arch != 'gpt2'
         self.ln_1 = Norm(cfg.n_embd, cfg.norm_eps, rms)
         self.attn = Attention(cfg)
         self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms)
@@ -191,18 +205,19 @@ class KVCache:
 
 
 class GPT(nn.Module):
-    """Qwen2 or GPT-2, switched on cfg.arch. Parameter names follow nanoGPT; hf_layout maps them to HF's."""
+    """Qwen2, Qwen3, Llama or GPT-2, switched on cfg.arch. Parameter names follow nanoGPT; hf_layout maps them to
+    HF's."""
 
     def __init__(self, cfg):
         super().__init__()
-        assert cfg.arch in ('qwen2', 'gpt2'), cfg.arch
-        assert cfg.n_embd % cfg.n_head == 0 and cfg.n_head % cfg.n_kv_head == 0
-        assert cfg.arch == 'qwen2' or cfg.n_kv_head == cfg.n_head
+        assert cfg.arch in HF_ARCH, cfg.arch
+        assert (cfg.head_size or cfg.n_embd % cfg.n_head == 0) and cfg.n_head % cfg.n_kv_head == 0
+        assert cfg.arch != 'gpt2' or cfg.n_kv_head == cfg.n_head
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.arch == 'gpt2' else None
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-        self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, rms=cfg.arch == 'qwen2')
+        self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, rms=cfg.arch != 'gpt2')
         # a tied head is not a module: one tensor, so loading with assign=True cannot untie it
         self.lm_head = None if cfg.tie_word_embeddings or cfg.num_labels else \
             nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -271,7 +286,8 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(pos)
         else:
-            rope = tuple(t[:, None] for t in rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype))
+            rope = tuple(t[:, None] for t in rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype,
+                                                                 cfg.rope_scaling))
         for i, block in enumerate(self.h):
             if self.grad_checkpoint and self.training and cache is None and torch.is_grad_enabled():
                 # keep only each block's input; recompute its activations in backward (long completions)
@@ -322,16 +338,18 @@ def hf_layout(cfg, prefix):
     """Our parameter name -> (HF tensor names, concatenated in this order along dim 0, and their row counts,
     and whether HF stores it transposed: GPT-2's Conv1D keeps weights as (in, out))."""
     lay = {}
-    if cfg.arch == 'qwen2':
+    if cfg.arch != 'gpt2':
         hd, I = cfg.head_dim, cfg.intermediate_size
         qkv = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
         lay['wte.weight'] = ([prefix + 'embed_tokens.weight'], None, False)
         for i in range(cfg.n_layer):
             a, p = f'{prefix}layers.{i}.', f'h.{i}.'
             lay[p + 'ln_1.weight'] = ([a + 'input_layernorm.weight'], None, False)
-            for s in ('weight', 'bias'):
+            for s in ('weight', 'bias')[:1 + (cfg.arch == 'qwen2')]:  # only qwen2 has q/k/v biases
                 lay[p + f'attn.c_attn.{s}'] = ([a + f'self_attn.{n}_proj.{s}' for n in 'qkv'], qkv, False)
             lay[p + 'attn.c_proj.weight'] = ([a + 'self_attn.o_proj.weight'], None, False)
+            for n in ('q_norm', 'k_norm')[:2 * (cfg.arch == 'qwen3')]:
+                lay[p + f'attn.{n}.weight'] = ([a + f'self_attn.{n}.weight'], None, False)
             lay[p + 'ln_2.weight'] = ([a + 'post_attention_layernorm.weight'], None, False)
             lay[p + 'mlp.c_fc.weight'] = ([a + 'mlp.gate_proj.weight', a + 'mlp.up_proj.weight'], [I, I], False)
             lay[p + 'mlp.c_proj.weight'] = ([a + 'mlp.down_proj.weight'], None, False)
@@ -352,7 +370,7 @@ def hf_layout(cfg, prefix):
 
 def to_hf(state_dict, cfg, prefix=None):
     """Our state dict -> HF-named tensors (views where possible; a tied head is left out, as HF does)."""
-    prefix = ('model.' if cfg.arch == 'qwen2' else 'transformer.') if prefix is None else prefix
+    prefix = ('model.' if cfg.arch != 'gpt2' else 'transformer.') if prefix is None else prefix
     out = {}
     for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
         t = state_dict[ours].t() if transpose else state_dict[ours]
@@ -371,11 +389,18 @@ HF_KEYS = {
                  n_embd=('n_embd', ...), intermediate_size=('n_inner', None), max_seq_len=('n_positions', 1024),
                  norm_eps=('layer_norm_epsilon', 1e-5), tie_word_embeddings=('tie_word_embeddings', True)),
 }
+HF_KEYS['qwen3'] = HF_KEYS['llama'] = HF_KEYS['qwen2']  # same fields; head_dim and rope_scaling read apart
 HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
+           'qwen3': dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3'),
+           'llama': dict(architectures=['LlamaForCausalLM'], model_type='llama'),
            'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
-CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification', 'gpt2': 'GPT2ForSequenceClassification'}
+CLASSIFIER = {a: f'{n}ForSequenceClassification' for a, n in (('qwen2', 'Qwen2'), ('qwen3', 'Qwen3'),
+                                                               ('llama', 'Llama'), ('gpt2', 'GPT2'))}
+LLAMA3_ROPE = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
 SUPPORTED = {  # config.json settings that change the math: the values we implement (save writes the first)
     'qwen2': dict(hidden_act=['silu'], use_sliding_window=[False]),
+    'qwen3': dict(hidden_act=['silu'], use_sliding_window=[False], attention_bias=[False]),
+    'llama': dict(hidden_act=['silu'], attention_bias=[False], mlp_bias=[False], pretraining_tp=[1]),
     'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
                  scale_attn_by_inverse_layer_idx=[False]),
 }
@@ -385,8 +410,9 @@ def config_from_hf(hf, file):
     """HF config.json dict -> ModelConfig; refuses variants this model does not implement."""
     arch = hf.get('model_type')
     if arch not in HF_KEYS:
-        raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2 or gpt2)")
-    if arch == 'qwen2' and 'rope_theta' not in hf:  # transformers>=5 writes it inside rope_parameters
+        raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama or gpt2; "
+                             "no mixture-of-experts)")
+    if arch != 'gpt2' and hf.get('rope_theta') is None:  # transformers>=5 writes it inside rope_parameters
         hf = {**hf, **(hf.get('rope_parameters') or {})}
     kw = dict(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
     if CLASSIFIER[arch] in (hf.get('architectures') or []):  # num_labels as transformers reads it (2 if no id2label)
@@ -407,11 +433,22 @@ def config_from_hf(hf, file):
     for key, ok in SUPPORTED[arch].items():
         if key in hf and hf[key] not in ok:
             raise ModelLoadError(f"{file}: {key}={hf[key]!r} is not supported")
-    rope = hf.get('rope_scaling') or hf.get('rope_parameters') or {}
-    if rope.get('rope_type', rope.get('type', 'default')) != 'default':
-        raise ModelLoadError(f"{file}: rope scaling {rope!r} is not supported")
+    field = 'rope_scaling' if hf.get('rope_scaling') else 'rope_parameters'
+    rope = hf.get(field) or {}
+    kind = rope.get('rope_type', rope.get('type', 'default'))
+    if kind == 'llama3' and arch != 'gpt2':
+        if any(not isinstance(rope.get(k), (int, float)) for k in LLAMA3_ROPE):
+            raise ModelLoadError(f"{file}: field '{field}' of rope_type 'llama3' needs numbers "
+                                 + ', '.join(LLAMA3_ROPE))
+        kw['rope_scaling'] = tuple(rope[k] for k in LLAMA3_ROPE)
+    elif kind != 'default':
+        raise ModelLoadError(f"{file}: field '{field}' has rope_type {kind!r}, not supported (default or llama3)")
+    hd = hf.get('head_dim')
+    if arch in ('qwen3', 'llama') and type(hd) is int and hd != kw['n_embd'] // kw['n_head']:
+        kw['head_size'] = hd  # kept only where it differs, so a config saved and loaded back compares equal
     cfg = ModelConfig(**kw)
-    if cfg.n_embd % cfg.n_head or cfg.n_head % cfg.n_kv_head or hf.get('head_dim', cfg.head_dim) != cfg.head_dim:
+    if (not cfg.head_size and cfg.n_embd % cfg.n_head) or cfg.n_head % cfg.n_kv_head or \
+            hf.get('head_dim', cfg.head_dim) != cfg.head_dim:
         raise ModelLoadError(f"{file}: inconsistent head sizes (hidden {cfg.n_embd}, heads {cfg.n_head}, "
                              f"kv heads {cfg.n_kv_head}, head_dim {hf.get('head_dim')})")
     return cfg
@@ -423,6 +460,9 @@ def config_to_hf(cfg, dtype):
     return {**HF_ARCH[cfg.arch], **{k: ok[0] for k, ok in SUPPORTED[cfg.arch].items()},
             **{key: getattr(cfg, ours) for ours, (key, _) in HF_KEYS[cfg.arch].items()},
             'bos_token_id': cfg.bos_token_id, 'eos_token_id': cfg.eos_token_id,
+            **({'head_dim': cfg.head_dim} if cfg.arch in ('qwen3', 'llama') else {}),
+            **({'rope_scaling': dict(rope_type='llama3', **dict(zip(LLAMA3_ROPE, cfg.rope_scaling)))}
+               if cfg.rope_scaling else {}),
             'torch_dtype': str(dtype).removeprefix('torch.'), **head}
 
 
@@ -492,7 +532,7 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
         model = GPT(cfg)
     where, ckpt = _open_checkpoint(path)
     # GPT-2 checkpoints come with or without the 'transformer.' prefix
-    prefix = 'model.' if cfg.arch == 'qwen2' else 'transformer.' * any(k.startswith('transformer.') for k in where)
+    prefix = 'model.' if cfg.arch != 'gpt2' else 'transformer.' * any(k.startswith('transformer.') for k in where)
     expected = to_hf(model.state_dict(), cfg, prefix)  # meta tensors: the names and shapes we need
     missing = [k for k in expected if k not in where]
     if missing:
