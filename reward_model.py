@@ -9,7 +9,6 @@ A snapshot is checked at start-up without reading its weights (check_*: one-line
 field), and its weights are loaded on the first call, once per process.
 """
 import functools
-import json
 import os
 import time
 
@@ -24,8 +23,9 @@ PROBE = ([{'role': 'user', 'content': 'What is 2 + 3?'}], 'Adding them: 2 + 3 = 
 
 @functools.lru_cache(maxsize=None)
 def snapshot(path):
-    """A snapshot's config (every tensor name and shape checked, no weight read), tokenizer and chat template,
-    validated once per process: dict(path, cfg, tok, template: compiled Jinja or None, template_file)."""
+    """A snapshot's config (every tensor name and shape checked, no weight read), tokenizer and chat template
+    (compiled by load_tokenizer), validated once per process: dict(path, cfg, tok, template: compiled Jinja or None,
+    template_file)."""
     path = resolve_snapshot(path)
     meta, tok = from_pretrained(path, device='meta')
     cfg, tfile = meta.config, os.path.join(path, 'tokenizer.json')
@@ -37,42 +37,15 @@ def snapshot(path):
                              f"config.json's 'vocab_size' is {cfg.vocab_size}: not this model's tokenizer")
     if cfg.num_labels and not 0 <= cfg.pad_token_id < cfg.vocab_size:
         raise ModelLoadError(f"{path}/config.json: field 'pad_token_id' {cfg.pad_token_id} is outside the vocabulary")
-    # the chat template as transformers finds it: chat_template.jinja, else tokenizer_config.json's field
-    tfile, conf = os.path.join(path, 'chat_template.jinja'), json.loads(tok.files.get('tokenizer_config.json', b'{}'))
-    source = open(tfile, encoding='utf-8').read() if os.path.exists(tfile) else conf.get('chat_template')
-    if isinstance(source, list):  # named templates: transformers uses 'default'
-        source = {t.get('name'): t.get('template') for t in source}.get('default')
-    tfile = tfile if os.path.exists(tfile) else os.path.join(path, 'tokenizer_config.json')
-    template = None
-    if source:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,  # as transformers compiles it
-                                            extensions=['jinja2.ext.loopcontrols'])
-        env.filters['tojson'] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals['raise_exception'] = _raise
-        try:
-            template = env.from_string(source)
-        except Exception as e:
-            raise ModelLoadError(f"{tfile}: field 'chat_template' does not compile ({type(e).__name__}: {e})") from None
-    specials = {k: v for k, v in conf.items() if k.endswith('_token') and isinstance(v, str)}  # bos_token, ...
-    return dict(path=path, cfg=cfg, tok=tok, template=template, template_file=tfile, specials=specials)
-
-
-def _raise(msg):  # what chat templates call to refuse a conversation
-    raise ValueError(msg)
+    # the chat template (chat_template.jinja, else tokenizer_config.json's field) is the tokenizer's: tokenizer.py
+    return dict(path=path, cfg=cfg, tok=tok, template=tok.template, template_file=tok.template_file)
 
 
 def render(snap, messages, add_generation_prompt):
-    """Token ids of chat messages through the snapshot's own chat template, rendered as transformers'
-    apply_chat_template renders it (its special-token strings are tokens), or tokenizer.render_chat without one."""
-    if snap['template'] is None:
-        return snap['tok'].render_chat(messages, add_generation_prompt)
-    try:
-        text = snap['template'].render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                       **snap['specials'])
-    except Exception as e:
-        raise ValueError(f"{snap['template_file']}: field 'chat_template' fails to render ({type(e).__name__}: {e})")
-    return snap['tok'].encode_with_special(text)
+    """Token ids of chat messages through the snapshot's own chat template, as transformers' apply_chat_template
+    renders and tokenizes it (special-token text inside a message stays text), or ChatML without one:
+    tokenizer.render_chat, which compiles and renders templates for the policy's prompts too."""
+    return snap['tok'].render_chat(messages, add_generation_prompt)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,13 +1,16 @@
 """
 Tokenizers on tiktoken: a byte-level BPE read from an HF snapshot's tokenizer files, and a byte encoding for
-scratch models. The Qwen (ChatML) chat template is plain code here, not Jinja.
+scratch models. A snapshot's own chat template (tokenizer_config.json's 'chat_template' or chat_template.jinja) is
+rendered with jinja2 in its immutable sandbox, as transformers renders it; without one, ChatML is plain code here.
 
 tiktoken's ranks are its token ids and it merges the pair whose joined bytes have the lowest rank. An HF byte-level
 BPE gives the same tokens when each merge creates a token whose id grows with the merge's position in `merges`,
 which holds for GPT-2, Qwen2 and anything `tokenizers` trains; load_tokenizer checks it instead of assuming.
 """
+import datetime
 import json
 import os
+import re
 import unicodedata
 
 import tiktoken
@@ -36,7 +39,7 @@ def bytes_to_unicode():
 
 
 class Tokenizer:
-    def __init__(self, enc, nfc=False, files=None, eos=None):
+    def __init__(self, enc, nfc=False, files=None, eos=None, template=None, template_file=None, template_vars=None):
         self.enc = enc
         self.nfc = nfc  # Qwen2's tokenizer.json normalises to NFC before splitting
         self.files = files or {}  # the snapshot's tokenizer files, written back verbatim by save()
@@ -48,6 +51,11 @@ class Tokenizer:
         self.stop_ids = sorted({i for i in (self.eos_id, end) if i is not None})
         self.pad_id = self.special.get('<|pad|>', end if end is not None else 0)
         self.chat = '<|im_start|>' in self.special and '<|im_end|>' in self.special
+        self.template = template  # the snapshot's compiled chat template, or None (hand-written ChatML below)
+        self.template_file = template_file  # where it came from, for error messages
+        self.template_vars = template_vars or {}  # bos_token, eos_token, ...: what transformers passes it
+        # special-token strings, longest first (leftmost-longest, as HF matches added tokens)
+        self._special_re = re.compile('|'.join(map(re.escape, sorted(self.special, key=len, reverse=True))) or r'(?!)')
 
     def encode(self, text):
         """Ordinary text: special-token strings in it are plain text, so user data cannot inject a turn end."""
@@ -63,9 +71,14 @@ class Tokenizer:
         ids = [i for i in ids if i < self.vocab_size]  # a model's vocab is often padded past the tokenizer's
         return self.enc.decode(ids, errors='replace')
 
-    def render_chat(self, messages, add_generation_prompt=True):
-        """ChatML, as Qwen's template writes it (no default system turn is added: pass one if you want it).
-        Tokenizers without ChatML tokens (GPT-2) get plain 'role: content' lines."""
+    def render_chat(self, messages, add_generation_prompt=True, **kwargs):
+        """Token ids of chat messages. With the snapshot's chat template: the ids of transformers'
+        apply_chat_template(messages, add_generation_prompt=..., tokenize=True) (kwargs: the template's own variables,
+        e.g. enable_thinking), except that special-token text inside a message's content stays text (no injected
+        turn end). Without one: ChatML, as Qwen's template writes it (no default system turn is added: pass one if you
+        want it); tokenizers without ChatML tokens (GPT-2) get plain 'role: content' lines."""
+        if self.template is not None:
+            return self._render_template(messages, add_generation_prompt, **kwargs)
         if not self.chat:
             text = ''.join(f"{m['role']}: {m['content']}\n" for m in messages)
             return self.encode(text + ('assistant:' if add_generation_prompt else ''))
@@ -76,6 +89,35 @@ class Tokenizer:
         if add_generation_prompt:
             ids += [start] + self.encode('assistant\n')
         return ids
+
+    def _render_template(self, messages, add_generation_prompt, **kwargs):
+        """Special-token strings in message contents are swapped for private-use characters before rendering, so that
+        the only specials in the rendered text are the template's; the text is then split at those, and each stretch
+        between them (template text and contents, the swapped strings put back) is encoded as ordinary text. For
+        contents without special-token text this is exactly how transformers tokenizes the rendered string."""
+        contents = [m.get('content') for m in messages if isinstance(m, dict)]
+        used = set(''.join(c for c in contents if isinstance(c, str)))
+        free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
+        mark, back = {}, {}  # special string -> its placeholder character, and back
+
+        def masked(text):
+            def swap(m):
+                if m.group() not in mark:
+                    c = next(free, None)
+                    if c is None:
+                        raise TokenizerError("a message uses every private-use character: cannot render it safely")
+                    mark[m.group()], back[ord(c)] = c, m.group()
+                return mark[m.group()]
+            return self._special_re.sub(swap, text)
+        msgs = [{**m, 'content': masked(m['content'])} if isinstance(m, dict) and isinstance(m.get('content'), str)
+                else m for m in messages]
+        text = render_chat_template(self.template, msgs, add_generation_prompt, self.template_file,
+                                    **{**self.template_vars, **kwargs})
+        ids, pos = [], 0
+        for m in self._special_re.finditer(text):
+            ids += self.encode(text[pos:m.start()].translate(back)) + [self.special[m.group()]]
+            pos = m.end()
+        return ids + self.encode(text[pos:].translate(back))
 
     def save(self, out_dir):
         """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated tokenizer.json."""
@@ -95,11 +137,58 @@ def _read(path, what):
         raise TokenizerError(f"{path}: cannot read {what}: {e}") from None
 
 
+def _raise(msg):  # what chat templates call to refuse a conversation
+    raise ValueError(msg)
+
+
+def compile_chat_template(source, where):
+    """A chat template compiled as transformers compiles it: jinja2's immutable sandbox (a template from a download
+    cannot reach Python internals, the OS or mutate its arguments), trim_blocks/lstrip_blocks, loop controls,
+    raise_exception, tojson and strftime_now."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols'])
+    env.filters['tojson'] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals['raise_exception'] = _raise
+    env.globals['strftime_now'] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except Exception as e:
+        raise TokenizerError(f"{where}: field 'chat_template' does not compile ({type(e).__name__}: {e})") from None
+
+
+def render_chat_template(template, messages, add_generation_prompt, where, **variables):
+    """The text of messages through a compiled chat template, with transformers' variables (messages,
+    add_generation_prompt, bos_token, eos_token, ... and any template kwargs such as enable_thinking). Anything the
+    template raises, including the sandbox's SecurityError, becomes one ValueError naming the file."""
+    try:
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+    except Exception as e:
+        raise TokenizerError(f"{where}: field 'chat_template' fails to render ({type(e).__name__}: {e})") from None
+
+
+def _chat_template(path, files):
+    """(compiled template or None, its file, its variables) as transformers finds them: chat_template.jinja, else
+    tokenizer_config.json's 'chat_template' (a list of named templates: 'default')."""
+    conf = files.get('tokenizer_config.json', (None, {}))[1]
+    named = {**files.get('special_tokens_map.json', (None, {}))[1], **conf}
+    variables = {k: v.get('content') if isinstance(v, dict) else v for k, v in named.items() if k.endswith('_token')}
+    variables = {k: v for k, v in variables.items() if isinstance(v, str)}  # bos_token, eos_token, ...
+    if 'chat_template.jinja' in files:
+        source, where = files['chat_template.jinja'][1], os.path.join(path, 'chat_template.jinja')
+    else:
+        source, where = conf.get('chat_template'), os.path.join(path, 'tokenizer_config.json')
+    if isinstance(source, list):
+        source = {t.get('name'): t.get('template') for t in source}.get('default')
+    return (compile_chat_template(source, where) if source else None), where, variables
+
+
 def load_tokenizer(path):
-    """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+ tokenizer_config.json)."""
+    """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+ tokenizer_config.json), with
+    the snapshot's chat template when it has one."""
     files = {}
     for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
-                 'added_tokens.json'):
+                 'added_tokens.json', 'chat_template.jinja'):
         if os.path.isfile(os.path.join(path, name)):
             files[name] = _read(os.path.join(path, name), name)
     if 'tokenizer.json' in files:
@@ -148,7 +237,9 @@ def load_tokenizer(path):
     specials = {t: i for t, i in added.items()}
     enc = tiktoken.Encoding(name=os.path.basename(os.path.abspath(path)), pat_str=pattern,
                             mergeable_ranks=ranks, special_tokens=specials)
-    return Tokenizer(enc, nfc=nfc, files={n: raw for n, (raw, _) in files.items()}, eos=eos)
+    template, where, variables = _chat_template(path, files)
+    return Tokenizer(enc, nfc=nfc, files={n: raw for n, (raw, _) in files.items()}, eos=eos, template=template,
+                     template_file=where, template_vars=variables)
 
 
 def _pattern_from_spec(spec, src):
