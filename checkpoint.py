@@ -150,22 +150,24 @@ def reference_model(policy, dtype, path, resumed, master, device, initial=None):
     return ref
 
 
-
 # knobs a resumed run may change without changing what it computes (what it logs, saves, prints or waits for)
 RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples', 'eval_batch_size', 'verbose',
-               'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every', 'export_dtype',
-               'plot_every',
-               'plot', 'watchdog_s', 'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name',
+               'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every', 'export_dtype', 'plot',
+               'plot_every', 'watchdog_s', 'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name',
                'fault_stall_step', 'fault_stall_s')
 
 
 def config_changes(saved, config):
     """Lines naming each knob whose value differs from the checkpoint's run, and whether any of them changes what
-    the run computes (anything outside RESUME_SAFE: its trajectory is then not the one a run without the stop had)."""
+    the run computes (anything outside RESUME_SAFE: its trajectory is then not the one a run without the stop had).
+    A knob the checkpoint's code did not have (or this code no longer has) is named but does not count: its default
+    is meant to keep the old behaviour."""
     keys = sorted(k for k in set(saved) | set(config) if saved.get(k, '(unset)') != config.get(k, '(unset)'))
-    lines = [f"  {k}: {saved.get(k, '(unset)')!r} -> {config.get(k, '(unset)')!r}"
-             + ('' if k in RESUME_SAFE else '   (changes the run)') for k in keys]
-    return lines, any(k not in RESUME_SAFE for k in keys)
+    known = [k for k in keys if k in saved and k in config]
+    lines = [f"  {k}: {saved.get(k, '(unset)')!r} -> {config.get(k, '(unset)')!r}" + (
+        '   (changes the run)' if k in known and k not in RESUME_SAFE else '' if k in known else
+        '   (a knob new since that checkpoint)' if k in config else '   (a knob this code no longer has)') for k in keys]
+    return lines, any(k not in RESUME_SAFE for k in known)
 
 
 def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, resume_changed=False):

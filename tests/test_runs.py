@@ -92,6 +92,13 @@ def test_resume_names_changed_knobs_and_refuses_those_that_change_the_run(tmp_pa
     assert 'verbose: False -> True\n' in p.stdout and p.returncode == 0
 
 
+def test_knobs_new_or_gone_since_the_checkpoint_are_named_but_do_not_block_resume():
+    from checkpoint import config_changes
+    lines, changes_run = config_changes({'group_size': 4, 'logprob_chunk': 0}, {'group_size': 4, 'dynamic_sampling': 0})
+    assert not changes_run and len(lines) == 2, lines
+    assert 'new since that checkpoint' in lines[0] and 'no longer has' in lines[1], lines
+
+
 def test_samples_jsonl_is_trimmed_to_the_resumed_step(tmp_path):
     run(tmp_path, '--max_steps=3', '--save_every=2', '--keep_last=5', '--log_samples_every=1')
     os.remove(tmp_path / 'ckpt_0000003.pt')  # as if killed after step 3 was logged but before it was saved
