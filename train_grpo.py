@@ -283,9 +283,10 @@ while step < max_steps:
         p, mine, c, sc = rollout(more, len(batch), step, timing)
         batch, prompts, comps, scs, owned = batch + more, prompts + p, comps + c, scs + [sc], owned | set(mine)
         r_all = torch.tensor([x for s in scs for x in s['total']], dtype=torch.float32).view(-1, G)
-        if (n_spread := int((~group_advantages(r_all, scale_rewards, adv_eps)[1]).sum())) >= P:
+        zero_all = group_advantages(r_all, scale_rewards, adv_eps)[1]
+        if (n_spread := int((~zero_all).sum())) >= P:
             break
-    sc, zero_all = merge_scores(scs), group_advantages(r_all, scale_rewards, adv_eps)[1]
+    sc = merge_scores(scs)
     mark(f"generated and scored {len(comps)} completions")
     # 3. group-relative advantages of the step's groups (dynamic sampling: the first P with a spread); rows to train on
     kept = keep_groups(zero_all, P) if dynamic_sampling else list(range(P))
