@@ -29,10 +29,13 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
 def make_hf_model(name, seed=0):
     """A transformers model of a tiny config with every parameter random (HF's init zeroes biases and sets
     norms to one, which would hide a bias or norm weight loaded into the wrong place)."""
-    cls_name, kw = HF_CONFIGS[name]
-    cfg = getattr(transformers, cls_name)(**kw)
+    return perturbed_hf(*HF_CONFIGS[name], seed)
+
+
+def perturbed_hf(cls_name, kw, seed=0):
+    """transformers' causal LM of config class cls_name(**kw), every parameter moved by N(0, 0.05^2)."""
     torch.manual_seed(seed)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    hf = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls_name)(**kw)).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import model as M
+from test_model import perturbed_hf
 
 transformers = pytest.importorskip('transformers')
 
@@ -35,13 +36,7 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
 def make_hf_model(name, seed=0):
     """Every parameter perturbed (HF's init sets norms, the q/k norms included, to one, which would hide a norm
     weight loaded into the wrong place or not applied)."""
-    cls_name, kw = HF_CONFIGS[name]
-    torch.manual_seed(seed)
-    hf = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls_name)(**kw)).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return hf
+    return perturbed_hf(*HF_CONFIGS[name], seed)
 
 
 @pytest.fixture(scope='module', params=list(HF_CONFIGS))
