@@ -19,6 +19,25 @@ import triton.language as tl
 # log-prob + entropy: triton kernels
 
 @triton.jit
+def _fold(base, n_loop, n_valid, m, s, w, inv_temp, BLOCK: tl.constexpr):
+    # fold columns [0, n_loop) of one row (those from n_valid on read as -inf) into its online softmax of z = x / T:
+    # m the running max of the RAW logits, s = sum e, w = sum e * d with d = (x - m) / T, e = exp(d)
+    for start in range(0, n_loop, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < n_valid, other=float('-inf')).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        shift = (m - m_new) * inv_temp
+        alpha = tl.exp(shift)
+        d = (x - m_new) * inv_temp
+        e = tl.exp(d)
+        # rescale: sum e'(d') = alpha * (w + shift * s); p = 0 terms (x = -inf) add 0, not 0 * -inf
+        w = alpha * (w + tl.where(s > 0, shift * s, 0.0)) + tl.sum(tl.where(e > 0, e * d, 0.0), 0)
+        s = alpha * s + tl.sum(e, 0)
+        m = m_new
+    return m, s, w
+
+
+@triton.jit
 def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, logp_ptr, ent_ptr, m_ptr, logs_ptr,
                         V, inv_temp, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     # one program per row; rows are (b, t) pairs so a sliced logits[:, :-1] needs no copy
@@ -31,18 +50,7 @@ def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, logp_p
     m = tl.full((), -1e30, tl.float32)  # finite sentinel: (m - m_new) * s must not be -inf * 0
     s = tl.zeros((), tl.float32)
     w = tl.zeros((), tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(base + cols, mask=cols < V, other=float('-inf')).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, 0))
-        shift = (m - m_new) * inv_temp
-        alpha = tl.exp(shift)
-        d = (x - m_new) * inv_temp
-        e = tl.exp(d)
-        # rescale: sum e'(d') = alpha * (w + shift * s); p = 0 terms (x = -inf) add 0, not 0 * -inf
-        w = alpha * (w + tl.where(s > 0, shift * s, 0.0)) + tl.sum(tl.where(e > 0, e * d, 0.0), 0)
-        s = alpha * s + tl.sum(e, 0)
-        m = m_new
+    m, s, w = _fold(base, n_cols, V, m, s, w, inv_temp, BLOCK)
     tgt = tl.load(tgt_ptr + row)
     x_t = tl.load(base + tgt, mask=keep, other=0.0).to(tl.float32)
     logs = tl.log(s)
@@ -167,23 +175,13 @@ def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=No
 @triton.jit
 def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, xt_ptr, inv_temp,
                      BLOCK: tl.constexpr):
-    # one program per token: fold one tile row into that token's (m, s, w); the same update as _logprob_fwd_kernel
+    # one program per token: fold one tile row into that token's (m, s, w) (_fold, as _logprob_fwd_kernel does)
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride
     m = tl.load(m_ptr + row)
     s = tl.load(s_ptr + row)
     w = tl.load(w_ptr + row)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(base + cols, mask=cols < n_cols, other=float('-inf')).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, 0))
-        shift = (m - m_new) * inv_temp
-        alpha = tl.exp(shift)
-        d = (x - m_new) * inv_temp
-        e = tl.exp(d)
-        w = alpha * (w + tl.where(s > 0, shift * s, 0.0)) + tl.sum(tl.where(e > 0, e * d, 0.0), 0)
-        s = alpha * s + tl.sum(e, 0)
-        m = m_new
+    m, s, w = _fold(base, n_cols, n_cols, m, s, w, inv_temp, BLOCK)
     tl.store(m_ptr + row, m)
     tl.store(s_ptr + row, s)
     tl.store(w_ptr + row, w)
