@@ -209,7 +209,7 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state
     written over a good one. Rank 0 writes (FSDP first gathers the weights onto it); the others wait, so no rank reads
     a checkpoint still being written. Every rank restores the one RNG state saved: they all seed alike."""
     from parallel import barrier
-    from model import save_pretrained
+    from hf import save_pretrained
     msd, osd = full_state(model, optimizer, fsdp)
     ok = all(torch.isfinite(t).all() for t in msd.values())
     if master and not ok:

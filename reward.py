@@ -167,7 +167,7 @@ def length_penalty(completion, example, max_len=0, cache_len=0, penalty=1.0, n_t
 
 
 REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty}
-MODEL_REWARDS = ('reward_model', 'judge')  # reward_model.py's, imported on first use: it needs torch and model.py
+MODEL_REWARDS = ('reward_model', 'judge')  # reward_model.py's, imported on first use: it needs torch and hf.py
 DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512}  # per-sample facts, as train_grpo passes
 
 

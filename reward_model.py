@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from model import ModelLoadError, from_pretrained, resolve_snapshot
+from hf import ModelLoadError, from_pretrained, resolve_snapshot
 
 JUDGE_TEMPLATE = ("Here is a problem and a proposed solution.\n\nProblem:\n{question}\n\nProposed solution:\n"
                   "{completion}\n\nIs the proposed solution correct? Answer Yes or No.")

@@ -208,7 +208,7 @@ def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
     """(model, tokenizer) of a train_grpo.py checkpoint (OUT_DIR/ckpt_*.pt): the model built as its run built it
     (init_from and shape from the config saved in it), with its weights. Loads no code from the file."""
     from checkpoint import load_checkpoint
-    from model import load_model
+    from hf import load_model
     state = load_checkpoint(path)
     run = state.get('config') or {}
     if 'init_from' not in run or 'model' not in state:
@@ -264,7 +264,7 @@ if __name__ == '__main__':
     import tasks
     from configurator import configure, save_config
     from data import question_messages
-    from model import load_model
+    from hf import load_model
 
     def task_knobs(s):  # the task's knobs, their defaults the run's values
         run = run_config(s['init_from'])

@@ -132,7 +132,8 @@ from batch import completion_logprobs, keep_groups, micro_batches, pad_micro_bat
 from checkpoint import load_newest_everywhere, load_state, reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from loss import group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
-from model import copy_weights, load_model  # noqa: E402
+from model import copy_weights  # noqa: E402
+from hf import load_model  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 import safety  # noqa: E402

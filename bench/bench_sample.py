@@ -6,7 +6,7 @@ Both decode greedily for exactly --new_tokens steps, so they do the same work: o
 stop ids; transformers with do_sample=False, min_new_tokens = max_new_tokens and no eos token (so nothing stops
 early and no logits processor touches the logits). The weights are a random Qwen2 built by transformers, every
 parameter (biases and norm gains too) perturbed from a fixed seed so that a wrongly loaded tensor shows up as a
-token mismatch; it is saved with the byte tokenizer and loaded into ours with model.from_pretrained. Prompts are
+token mismatch; it is saved with the byte tokenizer and loaded into ours with hf.from_pretrained. Prompts are
 random bytes of different lengths: ours takes them as they are (per-row lengths), transformers left-padded with
 an attention mask. The greedy tokens of the two are compared to show that the work is the same.
 
@@ -35,6 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import hf as H
 import model as M  # noqa: E402
 from sample import generate  # noqa: E402
 from tokenizer import byte_tokenizer  # noqa: E402
@@ -99,7 +100,7 @@ def build(path):
     hf.generation_config.pad_token_id = tok.pad_id
     hf.save_pretrained(path)
     tok.save(path)
-    ours, tok = M.from_pretrained(path, dtype=dtype, device=device)
+    ours, tok = H.from_pretrained(path, dtype=dtype, device=device)
     return hf, ours.eval(), tok
 
 

@@ -68,7 +68,8 @@ def trl_digit_fraction(prompts, completions, answer, **kwargs):
 def build_snapshot(path, preset, natural_stops, seed):
     """A random Qwen2 saved as an HF snapshot (config.json + model.safetensors + byte tokenizer files) that our
     from_pretrained and transformers both load."""
-    from model import ModelConfig, from_scratch, qwen25_05b_config, save_pretrained
+    from model import ModelConfig, from_scratch, qwen25_05b_config
+    from hf import save_pretrained
     from tokenizer import byte_tokenizer
     tok = byte_tokenizer()
     if preset == 'gpu':

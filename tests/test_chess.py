@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 import tasks
 import tasks.chess as C
-from model import load_model
+from hf import load_model
 from sample import encode_prompts
 
 ROOT = Path(__file__).resolve().parents[1]

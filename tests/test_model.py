@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import hf as H
 import model as M
 
 transformers = pytest.importorskip('transformers')
@@ -48,7 +49,7 @@ def snapshot(request, tmp_path_factory):
     hf = make_hf_model(request.param)
     path = str(tmp_path_factory.mktemp(request.param))
     hf.save_pretrained(path)
-    ours, tok = M.from_pretrained(path)
+    ours, tok = H.from_pretrained(path)
     assert tok is None  # no tokenizer files in these snapshots
     return path, hf, ours.eval()
 
@@ -199,7 +200,7 @@ def random_model(cfg, seed=0, dtype=torch.float32):
 @torch.no_grad()
 def test_export_loads_in_transformers_and_back(name, tmp_path):
     ours = random_model(SCRATCH[name])
-    M.save_pretrained(ours, None, tmp_path / 'snap')
+    H.save_pretrained(ours, None, tmp_path / 'snap')
     with open(tmp_path / 'snap' / 'config.json') as f:
         assert json.load(f)['model_type'] == SCRATCH[name].arch
     names = load_file(tmp_path / 'snap' / 'model.safetensors').keys()
@@ -208,7 +209,7 @@ def test_export_loads_in_transformers_and_back(name, tmp_path):
     idx = torch.randint(0, V, (2, 17), generator=torch.Generator().manual_seed(7))
     d = maxdiff(hf(idx).logits, ours(idx))
     assert d <= 1e-5, f'transformers loads our export with logits {d:.2e} away from ours'
-    back, _ = M.from_pretrained(tmp_path / 'snap')
+    back, _ = H.from_pretrained(tmp_path / 'snap')
     assert back.config == ours.config
     for (k, a), b in zip(ours.state_dict().items(), back.state_dict().values()):
         assert torch.equal(a, b), f'{k} changed in the save/load round trip'
@@ -216,9 +217,9 @@ def test_export_loads_in_transformers_and_back(name, tmp_path):
 
 def test_export_keeps_the_model_dtype(tmp_path):
     ours = random_model(SCRATCH['qwen2_gqa_tied'], dtype=torch.bfloat16)
-    M.save_pretrained(ours, None, tmp_path / 'snap')
+    H.save_pretrained(ours, None, tmp_path / 'snap')
     assert {t.dtype for t in load_file(tmp_path / 'snap' / 'model.safetensors').values()} == {torch.bfloat16}
-    back, _ = M.from_pretrained(tmp_path / 'snap', dtype=torch.bfloat16)
+    back, _ = H.from_pretrained(tmp_path / 'snap', dtype=torch.bfloat16)
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), back.state_dict().values()))
 
 
@@ -230,15 +231,15 @@ class _FailingTokenizer:
 
 def test_failed_export_leaves_the_old_snapshot_in_place(tmp_path):
     old, new = random_model(SCRATCH['gpt2'], seed=1), random_model(SCRATCH['gpt2'], seed=2)
-    M.save_pretrained(old, None, tmp_path / 'snap')
+    H.save_pretrained(old, None, tmp_path / 'snap')
     with pytest.raises(OSError, match='disk full'):
-        M.save_pretrained(new, _FailingTokenizer(), tmp_path / 'snap')
+        H.save_pretrained(new, _FailingTokenizer(), tmp_path / 'snap')
     assert os.listdir(tmp_path) == ['snap'], f'leftovers after a failed save: {os.listdir(tmp_path)}'
     assert sorted(os.listdir(tmp_path / 'snap')) == ['config.json', 'model.safetensors']
-    loaded, _ = M.from_pretrained(tmp_path / 'snap')
+    loaded, _ = H.from_pretrained(tmp_path / 'snap')
     assert torch.equal(loaded.wte.weight, old.wte.weight), 'the old snapshot was damaged by a failed save'
-    M.save_pretrained(new, None, tmp_path / 'snap')  # and a good save replaces it
-    loaded, _ = M.from_pretrained(tmp_path / 'snap')
+    H.save_pretrained(new, None, tmp_path / 'snap')  # and a good save replaces it
+    loaded, _ = H.from_pretrained(tmp_path / 'snap')
     assert torch.equal(loaded.wte.weight, new.wte.weight) and os.listdir(tmp_path) == ['snap']
 
 
@@ -247,8 +248,8 @@ def test_export_writes_tokenizer_files_that_load_back(tmp_path):
     tok = tokenizer.byte_tokenizer()
     cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
                         intermediate_size=64)
-    M.save_pretrained(M.from_scratch(cfg), tok, tmp_path / 'snap')
-    _, back = M.from_pretrained(tmp_path / 'snap')
+    H.save_pretrained(M.from_scratch(cfg), tok, tmp_path / 'snap')
+    _, back = H.from_pretrained(tmp_path / 'snap')
     assert back is not None and back.encode_with_special('hi<|im_end|>') == tok.encode_with_special('hi<|im_end|>')
 
 
@@ -258,7 +259,7 @@ def test_sharded_checkpoint_loads(tmp_path):
     hf.save_pretrained(tmp_path, max_shard_size='100KB')
     shards = [f for f in os.listdir(tmp_path) if f.endswith('.safetensors')]
     assert os.path.exists(tmp_path / 'model.safetensors.index.json') and len(shards) > 1, shards
-    ours, _ = M.from_pretrained(tmp_path)
+    ours, _ = H.from_pretrained(tmp_path)
     idx = torch.randint(0, V, (2, 11), generator=torch.Generator().manual_seed(8))
     d = maxdiff(ours(idx), hf(idx).logits)
     assert d <= TOL, f'model loaded from {len(shards)} shards differs from transformers by {d:.2e}'
@@ -272,7 +273,7 @@ def test_gpt2_checkpoint_in_the_original_layout_loads(tmp_path):
     tensors = {k.removeprefix('transformer.'): v for k, v in load_file(tmp_path / 'model.safetensors').items()}
     tensors.update({f'h.{i}.attn.bias': torch.ones(1, 1, 64, 64).tril() for i in range(2)})
     save_file(tensors, tmp_path / 'model.safetensors', metadata={'format': 'pt'})
-    ours, _ = M.from_pretrained(tmp_path)
+    ours, _ = H.from_pretrained(tmp_path)
     idx = torch.randint(0, V, (2, 11), generator=torch.Generator().manual_seed(10))
     d = maxdiff(ours(idx), hf(idx).logits)
     assert d <= TOL, f'unprefixed GPT-2 checkpoint loads with logits {d:.2e} off'
@@ -281,7 +282,7 @@ def test_gpt2_checkpoint_in_the_original_layout_loads(tmp_path):
 @torch.no_grad()
 def test_bf16_forward_is_close_to_fp32(snapshot):
     path, _, ours = snapshot
-    low, _ = M.from_pretrained(path, dtype=torch.bfloat16)
+    low, _ = H.from_pretrained(path, dtype=torch.bfloat16)
     idx = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(9))
     ref = ours(idx)
     out = low(idx)
@@ -314,8 +315,8 @@ def test_qwen25_05b_shape_has_the_published_parameter_count():
 # bad input: one clear line naming the file and the field or tensor
 
 def load_error(path):
-    with pytest.raises(M.ModelLoadError) as e:
-        M.from_pretrained(path)
+    with pytest.raises(H.ModelLoadError) as e:
+        H.from_pretrained(path)
     msg = str(e.value)
     assert '\n' not in msg, f'error message is not one line: {msg!r}'
     return msg
@@ -323,7 +324,7 @@ def load_error(path):
 
 @pytest.fixture
 def qwen_snapshot(tmp_path):
-    M.save_pretrained(random_model(SCRATCH['qwen2_gqa_tied']), None, tmp_path / 'snap')
+    H.save_pretrained(random_model(SCRATCH['qwen2_gqa_tied']), None, tmp_path / 'snap')
     return tmp_path / 'snap'
 
 

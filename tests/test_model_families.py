@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import hf as H
 import model as M
 from test_model import perturbed_hf
 
@@ -44,7 +45,7 @@ def snapshot(request, tmp_path_factory):
     hf = make_hf_model(request.param)
     path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
-    ours, _ = M.from_pretrained(path)
+    ours, _ = H.from_pretrained(path)
     return path, hf, ours.eval()
 
 
@@ -87,7 +88,7 @@ def test_prefill_then_cached_steps_match_transformers(snapshot):
 @torch.no_grad()
 def test_export_loads_in_transformers_and_back(snapshot, tmp_path):
     _, hf, ours = snapshot
-    M.save_pretrained(ours, None, tmp_path / 'snap')
+    H.save_pretrained(ours, None, tmp_path / 'snap')
     with open(tmp_path / 'snap' / 'config.json') as f:
         assert json.load(f)['architectures'] == [type(hf).__name__]
     back_hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'snap').eval()
@@ -95,7 +96,7 @@ def test_export_loads_in_transformers_and_back(snapshot, tmp_path):
     idx = torch.randint(0, V, (2, 33), generator=torch.Generator().manual_seed(3))
     d = maxdiff(back_hf(idx).logits, ours(idx))
     assert d <= 1e-5, f'transformers loads our export with logits {d:.2e} away from ours'
-    back, _ = M.from_pretrained(tmp_path / 'snap')
+    back, _ = H.from_pretrained(tmp_path / 'snap')
     assert back.config == ours.config
     for (k, a), b in zip(ours.state_dict().items(), back.state_dict().values()):
         assert torch.equal(a, b), f'{k} changed in the save/load round trip'
@@ -133,8 +134,8 @@ def write_config(path, **changes):
 ])
 def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
     write_config(tmp_path, **changes)
-    with pytest.raises(M.ModelLoadError, match=message) as e:
-        M.from_pretrained(tmp_path)
+    with pytest.raises(H.ModelLoadError, match=message) as e:
+        H.from_pretrained(tmp_path)
     assert str(e.value).startswith(str(tmp_path / 'config.json')) and '\n' not in str(e.value)
 
 
@@ -142,5 +143,5 @@ def test_llama_with_mlp_bias_is_refused(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
         vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, mlp_bias=True))
     hf.save_pretrained(tmp_path)
-    with pytest.raises(M.ModelLoadError, match=r'config\.json: mlp_bias=True is not supported'):
-        M.from_pretrained(tmp_path)
+    with pytest.raises(H.ModelLoadError, match=r'config\.json: mlp_bias=True is not supported'):
+        H.from_pretrained(tmp_path)

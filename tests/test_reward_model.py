@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import hf as H
 import model as M
 import reward_model as RM
 from reward import check_reward_config, resolve_rewards, score
@@ -66,7 +67,7 @@ def classifier(request, tmp_path_factory):
     cls, kw = CLASSIFIERS[request.param]
     hf = perturbed(transformers.AutoModelForSequenceClassification.from_config(getattr(transformers, cls)(**kw)))
     path = write_snapshot(hf, tmp_path_factory.mktemp(request.param), QWEN25_TEMPLATE)
-    return path, hf, M.from_pretrained(path)[0].eval()
+    return path, hf, H.from_pretrained(path)[0].eval()
 
 
 def right_padded(rows):
@@ -97,7 +98,7 @@ def test_sequence_scores_match_transformers_on_a_right_padded_batch(classifier):
 @torch.no_grad()
 def test_export_round_trip_loads_in_transformers_with_equal_logits(classifier, tmp_path):
     _, hf, ours = classifier
-    out = M.save_pretrained(ours, None, tmp_path / 'rm')
+    out = H.save_pretrained(ours, None, tmp_path / 'rm')
     cfg = json.loads(Path(out, 'config.json').read_text())
     assert cfg['architectures'][0].endswith('ForSequenceClassification') and cfg['pad_token_id'] == PAD
     back = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
@@ -105,7 +106,7 @@ def test_export_round_trip_loads_in_transformers_with_equal_logits(classifier, t
     assert back.config.num_labels == ours.config.num_labels
     d = (back(idx).logits - hf(idx).logits).abs().max().item()
     assert d <= TOL, f'the exported snapshot scores differently in transformers ({d:.2e})'
-    assert M.from_pretrained(out)[0].config.num_labels == ours.config.num_labels
+    assert H.from_pretrained(out)[0].config.num_labels == ours.config.num_labels
 
 
 def test_chat_template_renders_as_transformers_renders_it(classifier):
@@ -201,7 +202,7 @@ def constant_judge(path, p_yes):
         model.ln_f.weight[0] = math.sqrt(1 / 8 + cfg.norm_eps)  # RMSNorm of e_0 is sqrt(8) e_0 (less eps)
         model.lm_head.weight[ord('Y'), 0] = math.log(p_yes / (1 - p_yes))
         model.lm_head.weight[ord('x'), 0] = 5.0
-    return M.save_pretrained(model, tok, path)
+    return H.save_pretrained(model, tok, path)
 
 
 def test_judge_pays_p_yes_over_p_yes_plus_p_no(tmp_path):
@@ -251,7 +252,7 @@ def digit_counter(path):
         model.h[0].attn.c_attn.weight[16, 0] = 1.0  # v (rows 16-23) = the normed digit indicator
         model.h[0].attn.c_proj.weight[2, 0] = 1.0
         model.score.weight[0, 2] = 1.0
-    return M.save_pretrained(model, tok, path)
+    return H.save_pretrained(model, tok, path)
 
 
 def test_digit_counter_scores_more_digits_higher(tmp_path):

@@ -81,7 +81,7 @@ def test_metrics_keys_and_files(tmp_path):
     saved = json.load(open(tmp_path / 'config.json'))
     assert saved['max_steps'] == 2
     assert saved['rewards'] == [{'name': 'grpo_test_rewards:digit_fraction'}], "config.json must keep the reward's name"
-    from model import from_pretrained
+    from hf import from_pretrained
     model, tok = from_pretrained(str(tmp_path / 'hf'))
     sd = weights(tmp_path, 2)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items()), "hf/ export != the step-2 weights"
