@@ -41,8 +41,10 @@ def pack_groups(rows, pad_id, device='cpu'):
     """One packed row per group (consecutive rows with the same 'group'): the prompt once, then each completion less
     its last token (which predicts nothing), at positions that restart after the prompt, each completion seeing the
     prompt and its own earlier tokens only. The same log-probs as pack(), but a prompt's layers run once instead of
-    G times: the update's cost when prompts are long next to completions. Returns ids, positions, the attention mask
-    (B, 1, T, T), the flat position that predicts each completion token, and the targets (both row-major)."""
+    G times: the update's cost when prompts are long next to completions. Returns ids, positions, the segment ids
+    (B, T) that say who sees whom (0 the prompt, s the s-th completion, -1 padding: GPT.forward's attn_mask, which
+    builds the mask from them on the device, model.packed_mask), the flat position that predicts each completion
+    token, and the targets (both row-major). All small (B, T) or (N,) tensors: nothing T x T leaves the CPU."""
     groups = []
     for r in rows:
         if groups and groups[-1][0]['group'] == r['group']:
@@ -66,10 +68,7 @@ def pack_groups(rows, pad_id, device='cpu'):
             pred += [b * T + n - 1] + list(range(b * T + at, b * T + at + k))
             targets += r['ids']
             at += k
-    q, kk = seg[:, :, None], seg[:, None, :]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    mask = causal & ((kk == 0) | (kk == q) | (q == -1))  # padding sees what precedes it: finite, never read
-    return (x.to(device), pos.to(device), mask[:, None].to(device), torch.tensor(pred, device=device),
+    return (x.to(device), pos.to(device), seg.to(device), torch.tensor(pred, device=device),
             torch.tensor(targets, device=device))
 
 
@@ -84,8 +83,8 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype
     must not take in the head."""
     device = next(net.parameters()).device
     if share_prompt and 'group' in rows[0]:
-        x, pos, amask, select, targets = pack_groups(rows, pad_id, device)
-        kw = dict(pos=pos, attn_mask=amask, select=select)
+        x, pos, seg, select, targets = pack_groups(rows, pad_id, device)
+        kw = dict(pos=pos, attn_mask=seg, select=select)
     else:
         x, select = pack(rows, pad_id, device)
         targets, x, kw = x[:, 1:][select], x[:, :-1], dict(select=select)

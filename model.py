@@ -15,6 +15,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+try:  # FlexAttention (torch >= 2.5): packed groups' attention from a block mask, computing only the blocks it keeps
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:
+    BlockMask = create_block_mask = flex_attention = None
+
 
 @dataclass
 class ModelConfig:
@@ -84,6 +89,53 @@ def apply_rope(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def packed_backend(choice, device):
+    """The attention for packed groups: 'flex' (FlexAttention with a block mask: computes only the blocks the mask
+    keeps, K/V shared by GQA heads as they are) or 'sdpa' (SDPA with a dense (B, 1, T, T) mask: every query-key pair
+    computed, K/V repeated for GQA). 'auto': flex on CUDA where torch has it, sdpa elsewhere (on the CPU FlexAttention
+    has no backward, and its kernel compiles anew for every shape there)."""
+    if choice not in ('auto', 'flex', 'sdpa'):
+        raise ValueError(f"packed_attention must be 'auto', 'flex' or 'sdpa', not {choice!r}")
+    if choice == 'auto':
+        return 'flex' if flex_attention is not None and torch.device(device).type == 'cuda' else 'sdpa'
+    if choice == 'flex' and flex_attention is None:
+        raise ValueError(f"packed_attention='flex' needs torch >= 2.5 (FlexAttention); this is {torch.__version__}")
+    return choice
+
+
+def packed_mask(seg, backend):
+    """Who-sees-whom of packed groups from segment ids seg (B, T) int64, built on seg's device: 0 the prompt, s >= 1
+    the s-th completion, -1 padding. A token sees earlier prompt tokens and earlier tokens of its own segment; padding
+    sees only itself (finite, never read, and no work for a block-sparse kernel). backend 'sdpa': a (B, 1, T, T) bool
+    mask; 'flex': a FlexAttention BlockMask over (B, T, T), the same for every head."""
+    B, T = seg.shape
+    if backend == 'sdpa':
+        ar = torch.arange(T, device=seg.device)
+        q, k = seg[:, :, None], seg[:, None, :]
+        return ((ar[:, None] >= ar) & ((k == 0) | (k == q)) & (q != -1) | ((q == -1) & (ar[:, None] == ar)))[:, None]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        sq, sk = seg[b, q_idx], seg[b, kv_idx]
+        return (kv_idx <= q_idx) & ((sk == 0) | (sk == sq)) & (sq != -1) | ((sq == -1) & (kv_idx == q_idx))
+    # compiled on CUDA: the eager build evaluates mask_mod over all B x T x T pairs at once
+    return create_block_mask(mask_mod, B, None, T, T, device=seg.device, _compile=seg.device.type == 'cuda')
+
+
+_FLEX = {}  # device type -> flex_attention through torch.compile
+
+
+def flex(q, k, v, block_mask, gqa):
+    """FlexAttention's fused kernel (called eagerly it would materialize every score). Compiled once per device type:
+    dynamic shapes on CUDA (after the first shape), static on the CPU (torch 2.13's dynamic-shape CPU kernel does not
+    build). CPU: forward only, torch has no FlexAttention backward there."""
+    if torch.compiler.is_compiling():  # inside a torch.compile'd model: traced with it
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    dev = q.device.type
+    if dev not in _FLEX:
+        _FLEX[dev] = torch.compile(flex_attention, dynamic=False if dev == 'cpu' else None)
+    return _FLEX[dev](q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -113,6 +165,8 @@ class Attention(nn.Module):
             vc[rows, :, pos] = v.transpose(1, 2)
         if mask is None:  # causal LM, or a prefill into an empty cache: the fused kernels' fast path
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
+        elif BlockMask is not None and isinstance(mask, BlockMask):  # packed groups through FlexAttention
+            y = flex(q.to(v.dtype), k.to(v.dtype), v, mask, nh != nkv)  # (under autocast v is in the compute dtype)
         elif kv is None:  # packed sequences (training): an explicit mask, broadcast over heads, so K/V are repeated
             g = nh // nkv
             k, v = (k, v) if g == 1 else (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1))
@@ -212,6 +266,7 @@ class GPT(nn.Module):
             nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.score = nn.Linear(cfg.n_embd, cfg.num_labels, bias=False) if cfg.num_labels else None  # classifier head
         self.grad_checkpoint = False  # training sets it: recompute activations in backward instead of storing them
+        self.packed_attention = 'auto'  # packed groups' attention: 'flex', 'sdpa' or 'auto' (see packed_backend)
 
     @property
     def lm_head_weight(self):
@@ -227,9 +282,11 @@ class GPT(nn.Module):
         last_only: logits (B, 1, vocab) of each row's last real token only (skips the rest of the head).
         select (B, T) bool: only these positions reach the head, flattened to (N, ...) (training: completion
         tokens); or int64 (N,) indices into the B*T positions, where one position may be picked more than once.
-        pos (B, T) and attn_mask (B, 1, T, T) bool (no cache): explicit positions and who-sees-whom, for several
-        sequences packed into one row (training: a prompt once, then its G completions, each seeing the prompt
-        and its own earlier tokens). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob
+        pos (B, T) and attn_mask (no cache): explicit positions and who-sees-whom, for several sequences packed into
+        one row (training: a prompt once, then its G completions, each seeing the prompt and its own earlier tokens):
+        attn_mask is that layout's segment ids (B, T) int64 (0 prompt, s the s-th completion, -1 padding; the mask is
+        built from them on the device, for FlexAttention or SDPA by self.packed_attention: packed_mask), or any
+        (B, 1, T, T) bool mask (SDPA). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob
         kernel; it runs in here so that a DDP or FSDP wrapper sees every use of the weights (FSDP only gathers them
         in forward)."""
         h = self.hidden(idx, kv_cache, input_lengths, pos, attn_mask)
@@ -254,6 +311,8 @@ class GPT(nn.Module):
         ar = torch.arange(T, device=idx.device)
         if cache is None:
             mask, L = attn_mask, T if pos is None or self.wpe is None else int(pos.max()) + 1  # (a sync: GPT-2 only)
+            if mask is not None and mask.dim() == 2:  # packed groups' segment ids: the mask is built here, on device
+                mask = packed_mask(mask, packed_backend(self.packed_attention, mask.device))
             pos = ar[None] if pos is None else pos
         else:
             L = cache.extent + T

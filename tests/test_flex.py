@@ -1,0 +1,123 @@
+"""Packed groups' attention: the mask built on the device from segment ids, through FlexAttention (a block mask) and
+through SDPA (a dense mask), give the same log-probs and gradients (model.packed_mask, model.flex, batch.pack_groups).
+
+On the CPU torch has FlexAttention's compiled forward but no backward: the forward is compared through the compiled
+kernel (block-sparse, the real thing), the gradients through flex_attention's eager reference path (every score, the
+same mask_mod), its CPU refusal bypassed here only. GRPO_TEST_DEVICE=cuda (bench/gpu_check.py) runs both through the
+compiled CUDA kernels.
+"""
+import os
+
+import pytest
+import torch
+
+import model as M
+from batch import completion_logprobs, pack_groups
+from model import ModelConfig, packed_backend, packed_mask
+
+DEVICE = torch.device(os.environ.get('GRPO_TEST_DEVICE', 'cpu'))
+pytestmark = pytest.mark.skipif(M.flex_attention is None, reason=f'torch {torch.__version__} has no FlexAttention')
+
+
+def tiny(arch='qwen2', seed=0):
+    cfg = ModelConfig(arch=arch, vocab_size=97, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4, n_embd=64,
+                      intermediate_size=96, max_seq_len=512, tie_word_embeddings=arch == 'gpt2')
+    torch.manual_seed(seed)
+    m = M.GPT(cfg)
+    for p in m.parameters():  # every weight and bias nonzero, so a misplaced position or mask shows
+        torch.nn.init.normal_(p, std=0.15)
+    return m.to(DEVICE)
+
+
+def group_rows(plens=(60, 9, 1), G=(8, 5, 3), seed=1):
+    """Groups with different prompt lengths and numbers of completions (1 to 60 tokens): the first packs to more than
+    two 128-token blocks, so the block mask has full, partial and empty blocks; the shorter ones are padded."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for group, (plen, n) in enumerate(zip(plens, G)):
+        prompt = torch.randint(0, 97, (plen,), generator=g).tolist()
+        for _ in range(n):
+            k = int(torch.randint(1, 61, (1,), generator=g))
+            rows.append({'prompt': prompt, 'ids': torch.randint(0, 97, (k,), generator=g).tolist(), 'group': group})
+    return rows
+
+
+def oracle_mask(rows, T):
+    """Who sees whom, from the rows alone: per group the prompt, then each completion less its last token."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(r['group'], []).append(r)
+    mask = torch.zeros(len(groups), T, T, dtype=torch.bool)
+    for b, g in enumerate(groups.values()):
+        n = len(g[0]['prompt'])
+        mask[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        at = n
+        for r in g:
+            k = len(r['ids']) - 1
+            mask[b, at:at + k, :n] = True
+            mask[b, at:at + k, at:at + k] = torch.ones(k, k, dtype=torch.bool).tril()
+            at += k
+        mask[b, at:, at:] = torch.eye(T - at, dtype=torch.bool)  # padding: itself only
+    return mask
+
+
+def test_masks_from_segments_are_the_layout():
+    rows = group_rows()
+    x, pos, seg, pred, targets = pack_groups(rows, pad_id=0, device=DEVICE)
+    assert seg.shape == x.shape and seg.dtype == torch.int64, 'pack_groups hands over (B, T) segment ids, not T x T'
+    T = x.shape[1]
+    want = oracle_mask(rows, T).to(DEVICE)
+    dense = packed_mask(seg, 'sdpa')
+    assert dense.shape == (3, 1, T, T) and dense.device.type == DEVICE.type
+    assert torch.equal(dense[:, 0], want), 'the SDPA mask is not the packed layout'
+    bm = packed_mask(seg, 'flex')
+    assert isinstance(bm, M.BlockMask) and bm.kv_indices.device.type == DEVICE.type, 'a BlockMask, on the device'
+    flex_dense = torch.stack([bm.mask_mod(torch.tensor(b, device=DEVICE), torch.tensor(0, device=DEVICE),
+                                          torch.arange(T, device=DEVICE)[:, None], torch.arange(T, device=DEVICE)[None])
+                              for b in range(3)])
+    assert torch.equal(flex_dense, want), "the block mask's mask_mod is not the packed layout"
+    blocks = bm.to_dense()  # (B, 1, T/128, T/128): which blocks the kernel computes at all
+    assert blocks.shape[-1] >= 3 and (blocks == 0).any(), 'the test layout should leave whole blocks out'
+
+
+def test_backend_choice():
+    assert packed_backend('auto', 'cuda') == 'flex' and packed_backend('auto', 'cpu') == 'sdpa'
+    assert packed_backend('sdpa', 'cuda') == 'sdpa' and packed_backend('flex', 'cpu') == 'flex'
+    with pytest.raises(ValueError, match='packed_attention'):
+        packed_backend('flash', 'cpu')
+
+
+def eager_flex_with_grad(monkeypatch):
+    """CPU only: flex_attention's eager (reference) path with its 'no backward on CPU' check off."""
+    import torch.nn.attention.flex_attention as FA
+    monkeypatch.setattr(FA, '_validate_device', lambda *a: None)
+    monkeypatch.setattr(FA, '_warn_once', lambda *a, **k: None, raising=False)
+    monkeypatch.setattr(M, 'flex', lambda q, k, v, bm, gqa: FA.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa))
+
+
+def logprobs(net, rows, backend, grad):
+    net.packed_attention = backend
+    with torch.set_grad_enabled(grad):
+        return completion_logprobs(net, rows, 0, temperature=0.9, share_prompt=True)
+
+
+@pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
+def test_flex_logprobs_and_gradients_equal_sdpa(arch, monkeypatch):
+    """fp32, GQA (qwen2: 4 query heads on 2 kv heads) and plain heads (gpt2), three groups of different prompt lengths
+    and sizes, completions of 1-60 tokens, padding: log-probs, entropies and every parameter's gradient <= 1e-5."""
+    net, rows = tiny(arch), group_rows()
+    ref_lp, ref_ent = logprobs(net, rows, 'sdpa', grad=False)
+    lp, ent = logprobs(net, rows, 'flex', grad=False)  # the compiled kernel (CPU: static shapes, one compile)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+    if DEVICE.type == 'cpu':
+        eager_flex_with_grad(monkeypatch)
+    w = torch.randn(len(ref_lp), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    grads = {}
+    for backend in ('sdpa', 'flex'):
+        net.zero_grad(set_to_none=True)
+        lp, ent = logprobs(net, rows, backend, grad=True)
+        (w * lp + 0.1 * ent).sum().backward()
+        grads[backend] = {n: p.grad.clone() for n, p in net.named_parameters()}
+    for n, g in grads['sdpa'].items():
+        torch.testing.assert_close(grads['flex'][n], g, rtol=0, atol=1e-5, msg=lambda m: f'{n}: {m}')
