@@ -72,6 +72,68 @@ def pack_groups(rows, pad_id, device='cpu'):
             torch.tensor(targets, device=device))
 
 
+def layout_flops(rows, cfg, backend, block=128):
+    """Forward FLOPs of the update's trunk for a step's rows in each layout: (packed, one row per completion). The LM
+    head (completion tokens only) is the same in both and left out; backward is about twice forward in both.
+      per token  2 x the block weights (q/k/v/o and MLP matmuls, all layers);
+      per pair   4 x n_layer x n_head x head_dim (q.k and the weighted sum of v) for each query-key pair computed:
+        rows (pack: prompt + completion less its last token, causal SDPA): the causal blocks of each row;
+        packed (pack_groups: the prompt once, then each completion less its last token), 'sdpa': every pair of the
+          packed row (a dense mask computes all T x T scores); 'flex': the blocks the block mask keeps (the prompt's
+          causal blocks, and for each query block the prompt's blocks and those from its first completion's start).
+    Blocks of `block` x `block` pairs (FlexAttention's and flash attention's tiles)."""
+    hd, nh, nkv, d = cfg.head_dim, cfg.n_head, cfg.n_kv_head, cfg.n_embd
+    mlp = (3 if cfg.arch != 'gpt2' else 2) * d * cfg.intermediate_size
+    per_token = 2 * cfg.n_layer * (d * (nh + 2 * nkv) * hd + nh * hd * d + mlp)
+    per_pair = 4 * cfg.n_layer * nh * hd
+    nb = block
+
+    def causal_blocks(n):
+        k = -(-n // nb)
+        return k * (k + 1) // 2
+
+    groups = {}
+    for r in rows:
+        groups.setdefault(r.get('group'), []).append(r)
+    tok_rows = pairs_rows = tok_packed = pairs_packed = 0
+    for g in groups.values():
+        P, ks = len(g[0]['prompt']), [len(r['ids']) - 1 for r in g]
+        tok_rows += sum(P + k for k in ks)
+        pairs_rows += sum(causal_blocks(P + k) for k in ks) * nb * nb
+        T = P + sum(ks)
+        tok_packed += T
+        if backend == 'sdpa':
+            pairs_packed += T * T
+            continue
+        starts, at = [], P  # each completion's first position
+        for k in ks:
+            starts.append(at)
+            at += k
+        pb = -(-P // nb)  # blocks holding prompt keys
+        n = 0
+        for qb in range(-(-T // nb)):
+            a, b = qb * nb, min(T, (qb + 1) * nb) - 1
+            if a < P:  # holds prompt queries: causal from key 0
+                n += qb + 1
+                continue
+            first = max((s for s in starts if s <= a), default=P)  # the completion holding query a starts here
+            n += pb + (qb - max(first // nb, pb) + 1)  # the prompt's blocks, then first's block up to this one
+        pairs_packed += n * nb * nb
+    return tok_packed * per_token + pairs_packed * per_pair, tok_rows * per_token + pairs_rows * per_pair
+
+
+def choose_share_prompt(rows, cfg, backend):
+    """share_prompt='auto': pack this step's groups (pack_groups) when layout_flops says packing is no more work than
+    one row per completion for the packed attention `backend` ('flex' or 'sdpa', model.packed_backend). With flex,
+    packing has fewer tokens and fewer computed pairs, so it always packs (up to block rounding); with sdpa a packed
+    group's dense (P + G*C)^2 scores outgrow what the prompt saves once completions are long (e.g. Qwen2.5-0.5B, G=16,
+    100-token prompts, 512-token completions: rows)."""
+    if not rows or 'group' not in rows[0]:
+        return False
+    packed, separate = layout_flops(rows, cfg, backend)
+    return packed <= separate
+
+
 def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype=torch.float32, compiled=False,
                         head_fp32=True, tiles=(0, 0)):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at `temperature`,
