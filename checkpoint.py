@@ -8,6 +8,7 @@ rename itself survives a power cut.
 import copy
 import glob
 import json
+import math
 import os
 import pickle
 import random
@@ -190,7 +191,14 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, res
     barrier()  # every rank has chosen before rank 0 writes anything
     metrics = os.path.join(out_dir, 'metrics.jsonl')
     if state is not None:
-        load_state(model, optimizer, state['model'], state['optimizer'], fsdp)
+        base, was = getattr(model, 'lora', {}).get('base'), state.get('lora', {}).get('base')
+        if base is not None and was is not None and not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(base, was)):
+            die(f"resume: the base weights loaded from init_from differ from those {path}'s adapters were trained on "
+                f"(fingerprint {base} vs {state['lora']['base']}); point --init_from at that snapshot", 2)
+        try:
+            load_state(model, optimizer, state['model'], state['optimizer'], fsdp)
+        except ValueError as e:
+            die(f"resume: {path}: {e}", 2)
         set_rng_state(state['rng'])
         if master:
             for log in (metrics, os.path.join(out_dir, 'samples.jsonl')):
@@ -207,20 +215,28 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state
     export_dtype, default the weights' fp32; keep_export: also out_dir/hf_{step:07d}, kept) with the run's config
     beside it (grpo_run.json, which sample.py reads), only from finite weights: a bad model is never
     written over a good one. Rank 0 writes (FSDP first gathers the weights onto it); the others wait, so no rank reads
-    a checkpoint still being written. Every rank restores the one RNG state saved: they all seed alike."""
+    a checkpoint still being written. Every rank restores the one RNG state saved: they all seed alike.
+    LoRA (lora.py): the checkpoint holds the adapters only (and their AdamW state; the base is reloaded from init_from
+    at resume, its fingerprint checked), out_dir/hf the merged weights and out_dir/lora peft's adapter directory."""
     from parallel import barrier
     from hf import save_pretrained
+    import lora
     msd, osd = full_state(model, optimizer, fsdp)
-    ok = all(torch.isfinite(t).all() for t in msd.values())
+    adapters = lora.adapter_state(model, msd) if master else None
+    ok = all(torch.isfinite(t).all() for t in (msd if adapters is None else adapters).values())
     if master and not ok:
         print(f"guard: weights are not finite at step {step}; NOT saving (the last good checkpoint stays)", flush=True)
     elif master:
-        save_checkpoint(out_dir, step, {'model': msd, 'optimizer': osd, 'step': step, 'rng': rng_state(),
-                                        'config': config, **run_state}, keep_last)
+        extra = {'lora': model.lora} if adapters is not None else {}
+        save_checkpoint(out_dir, step, {'model': msd if adapters is None else adapters, 'optimizer': osd, 'step': step,
+                                        'rng': rng_state(), 'config': config, **extra, **run_state}, keep_last)
+        merged = lora.merged_state(model, msd) if tok is not None and adapters is not None else msd
         for name in (['hf'] + [f'hf_{step:07d}'] * keep_export) if tok is not None else []:
-            save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=msd, dtype=export_dtype)
+            save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged, dtype=export_dtype)
             run = json.dumps({**config, 'step': step}, indent=2, sort_keys=True, default=str)
             atomic_write(os.path.join(out_dir, name, 'grpo_run.json'), lambda f: f.write(run.encode()))
+            if adapters is not None:  # hf -> lora, hf_NNNNNNN -> lora_NNNNNNN
+                lora.save_peft(model, adapters, os.path.join(out_dir, 'lora' + name[2:]), (config or {}).get('init_from'))
     barrier()
     return ok
 
@@ -246,13 +262,20 @@ def full_state(model, optimizer, fsdp):
 
 
 def load_state(model, optimizer, msd, osd, fsdp):
-    """Every rank loads the same whole state dicts (FSDP keeps its shard of each)."""
+    """Every rank loads the same whole state dicts (FSDP keeps its shard of each). With LoRA msd holds the adapters
+    only; a checkpoint of the other kind is a ValueError."""
+    import lora
+    want = {k for k in model.state_dict() if '.lora_A.' in k or '.lora_B.' in k} or set(model.state_dict())
+    if set(msd) != want:  # LoRA: adapters only (the base stays as loaded from init_from); else every tensor
+        what = 'adapters' if lora.adapters(model) else 'whole-model weights'
+        raise ValueError(f"the checkpoint's weights are not this model's {what} (a LoRA checkpoint and a full one, or "
+                         f"other lora_targets): e.g. {sorted(want ^ set(msd))[:2]}")
     if not fsdp:
-        model.load_state_dict(msd)
+        model.load_state_dict(msd, strict=not lora.adapters(model))
         optimizer.load_state_dict(osd)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True, strict=not lora.adapters(model)))
     if not osd['state']:
         optimizer.load_state_dict(osd)
         return

@@ -11,7 +11,6 @@ are in files named for them: tasks/, batch.py, loss.py, safety.py, parallel.py, 
     python train_grpo.py --plot=out/gsm8k           # redraw curves.png from metrics.jsonl
 """
 import contextlib
-import copy
 import math
 import os
 import signal
@@ -116,6 +115,10 @@ dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype 
 compile = False  # torch.compile the training forward
 compile_decode = False  # torch.compile the sampler's prefill and decode step (sample.decode_forward): fused kernels
 grad_checkpoint = False  # recompute activations in backward (long completions)
+lora_rank = 0  # LoRA (lora.py): adapter rank, base frozen (0 = off); 32 is a common start, with ~10x the full-FT lr
+lora_alpha = 64.0  # adapter scale = lora_alpha / lora_rank (peft's convention)
+lora_dropout = 0.0  # dropout on the adapters' input, in the gradient forward only
+lora_targets = 'all-linear'  # every linear layer of the blocks, or HF module names: 'q_proj,v_proj' (GPT-2: 'c_attn')
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2), for models that do not fit one GPU
 seed = 1337  # data order, sampling and init: the whole run is a function of it
 # -----------------------------------------------------------------------------
@@ -132,15 +135,15 @@ from batch import completion_logprobs, keep_groups, micro_batches, pad_micro_bat
 from checkpoint import load_newest_everywhere, load_state, reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from loss import group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
-from model import copy_weights  # noqa: E402
 from hf import load_model  # noqa: E402
+import lora  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 import safety  # noqa: E402
 from sft import warm_start  # noqa: E402
 from sample import encode_prompts, evaluate, generate  # noqa: E402
 
-if (error := safety.bad_knob(config)) is not None:  # a typo'd choice is an error here, not deep in the loop
+if (error := safety.bad_knob(config) or lora.bad_knob(config)) is not None:  # a typo'd choice: an error here, not in the loop
     die(error, 2)
 task_mod = tasks.resolve(task)
 tasks.set_knobs(task_mod, config)
@@ -175,15 +178,14 @@ def prompts_for(examples):
 # ----------------------------------------------------------------------------- model
 try:
     model, tok = load_model(init_from, torch.float32, device, seed, n_layer, n_head, n_kv_head, n_embd, max_seq_len)
+    lora.apply(model, lora_rank, lora_alpha, lora_dropout, lora_targets, seed)  # base frozen, adapters added (rank > 0)
 except (ValueError, OSError) as e:
     die(str(e))
 model.grad_checkpoint = grad_checkpoint
 print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on {device}")
-# the sampler reads a low-precision copy (weights cast once per step, not once per decode step), synced after updates
-# (with FSDP always a copy: the trained model holds only this rank's shard)
-gen_model = model if ptdtype == torch.float32 and not fsdp else copy.deepcopy(model).to(ptdtype).eval()
+# the sampler: the model itself in fp32, else a low-precision copy (LoRA: of the merged weights); synced after updates
+gen_model, sync_gen_model = lora.sampler(model, ptdtype, fsdp)
 train_model = wrap(model, device, fsdp, compile)
-sync_gen_model = (lambda: copy_weights(gen_model, model)) if gen_model is not model else (lambda: None)  # after updates
 
 
 def logprobs(net, rows, temp=None):  # per-token log-probs and entropies of rows' completions (batch.py)
@@ -191,10 +193,7 @@ def logprobs(net, rows, temp=None):  # per-token log-probs and entropies of rows
                                ptdtype, compile, lm_head_fp32, lm_head_tiles)
 
 
-decay = [p for p in model.parameters() if p.dim() >= 2]
-no_decay = [p for p in model.parameters() if p.dim() < 2]
-optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
-                              lr=lr, betas=adam_betas, fused=device.startswith('cuda'))
+optimizer = torch.optim.AdamW(lora.param_groups(model, weight_decay), lr=lr, betas=adam_betas, fused=device.startswith('cuda'))
 
 
 def lr_at(step, peak, total, warmup):
@@ -242,10 +241,10 @@ if state is None and sft_steps > 0:
         {'prompt': p, 'ids': tok.encode(task_mod.solution(ex)) + [tok.eos_id]} for p, ex in zip(prompts_for(batch), batch)],
         sft_steps, sft_batch_size, seed + 1, lambda it: lr_at(it, sft_lr, sft_steps, max(1, sft_steps // 10)))
     sync_gen_model()
-# frozen KL reference (beta > 0): the policy GRPO starts from, kept beside the checkpoints as ref.pt
-ref_model = reference_model(gen_model if fsdp else model, ptdtype, os.path.join(out_dir, 'ref.pt'), state is not None,
-                            master, device, None if sft_steps else lambda: load_model(init_from, torch.float32, 'cpu', seed,
-                            n_layer, n_head, n_kv_head, n_embd, max_seq_len)[0]) if beta > 0 else None
+# frozen KL reference (beta > 0): the starting policy, kept as ref.pt beside the checkpoints (LoRA: adapters off, no copy)
+ref_model = None if beta == 0 else train_model if lora_rank else reference_model(gen_model if fsdp else model, ptdtype,
+    os.path.join(out_dir, 'ref.pt'), state is not None, master, device, None if sft_steps else lambda: load_model(
+        init_from, torch.float32, 'cpu', seed, n_layer, n_head, n_kv_head, n_embd, max_seq_len)[0])
 if state is None:
     log_metrics({'step': 0, **(run_eval(0) if eval_every > 0 else {})})
     save(0)  # the first rollback target
@@ -302,7 +301,8 @@ while step < max_steps:
     with torch.no_grad():
         old_lp = [logprobs(train_model, mb)[0] for mb in micro] if num_iterations > 1 else None
         timing['old_logprob'], t = time.time() - t, time.time()
-        ref_lp = [logprobs(ref_model, mb)[0].float() for mb in micro] if ref_model is not None else None
+        with lora.disabled(model):  # LoRA: the reference is the base; a no-op otherwise
+            ref_lp = [logprobs(ref_model, mb)[0].float() for mb in micro] if ref_model is not None else None
     timing['ref'] = time.time() - t
     gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]  # the sampler's
     mark("old/ref log-probs computed")

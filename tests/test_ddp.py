@@ -62,7 +62,8 @@ def assert_same_run(ref_dir, out_dir, what):
     for k in wa:
         err = (wa[k] - wb[k]).abs().max().item()
         assert torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5), f"{what}: {k} differs from one process by {err:.2e}"
-    assert not torch.equal(weights(out_dir, 0)['wte.weight'], wb['wte.weight']), f"{what}: nothing was trained"
+    key = 'wte.weight' if 'wte.weight' in wb else 'h.0.mlp.c_fc.lora_B.up_proj'  # LoRA: adapters only
+    assert not torch.equal(weights(out_dir, 0)[key], wb[key]), f"{what}: nothing was trained"
 
 
 @pytest.fixture(scope='module')
@@ -81,6 +82,25 @@ def test_two_ddp_ranks_match_one_process(one_process, tmp_path):
 def test_two_fsdp_ranks_match_one_process(one_process, tmp_path):
     run(tmp_path, 2, '--fsdp=True')
     assert_same_run(one_process, tmp_path, 'FSDP2, 2 ranks')
+
+
+LORA = ['--lora_rank=4', '--lora_alpha=8', '--lr=2e-2', '--beta=0.05']  # beta: the reference is the adapters-off model
+
+
+@pytest.fixture(scope='module')
+def one_process_lora(tmp_path_factory):
+    out = tmp_path_factory.mktemp('one_process_lora')
+    run(out, 0, *LORA)
+    return out
+
+
+@pytest.mark.parametrize('fsdp', [False, True])
+def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp):
+    """LoRA (frozen base, adapters trained, KL reference = adapters off): DDP reduces the adapters' gradients only;
+    FSDP2 shards base and adapters alike, and its sampler (always a copy) gets the merged weights gathered."""
+    run(tmp_path, 2, *LORA, f'--fsdp={fsdp}')
+    assert_same_run(one_process_lora, tmp_path, f"{'FSDP2' if fsdp else 'DDP'} with LoRA, 2 ranks")
+    assert all('.lora_' in k for k in weights(tmp_path, 3)), "a LoRA checkpoint holds adapters only"
 
 
 def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):

@@ -1,0 +1,79 @@
+"""
+Training-state memory of full fine-tuning vs LoRA, as train_grpo.py holds it on one GPU: the fp32 weights
+(parameters), fp32 gradients of what trains, AdamW's two fp32 moments per trained parameter, and the sampler's bf16
+copy (dtype=bfloat16: with LoRA a plain copy of the merged weights). Models are built on the meta device (no memory,
+no download) from the real config shapes written below, LoRA applied by lora.apply exactly as a run does, and the
+sampler made by lora.sampler; only the AdamW line is arithmetic (2 x 4 bytes per trained parameter).
+Not counted: activations, the LM head's tiles, the KV cache (they depend on the batch, not on the method).
+
+  python bench/lora_memory.py                  # rank 32, all linear layers of the blocks
+  python bench/lora_memory.py --rank=16 --targets=q_proj,v_proj
+
+The last line printed is JSON.
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import lora  # noqa: E402
+from model import GPT, ModelConfig  # noqa: E402
+
+# config.json shapes of the published checkpoints (copied here: no download)
+MODELS = {
+    'Qwen2.5-0.5B': ModelConfig(arch='qwen2', vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
+                                intermediate_size=4864, tie_word_embeddings=True),
+    'Qwen3-1.7B': ModelConfig(arch='qwen3', vocab_size=151936, n_layer=28, n_head=16, n_kv_head=8, n_embd=2048,
+                              intermediate_size=6144, head_size=128, tie_word_embeddings=True),
+    'Qwen2.5-7B': ModelConfig(arch='qwen2', vocab_size=152064, n_layer=28, n_head=28, n_kv_head=4, n_embd=3584,
+                              intermediate_size=18944, tie_word_embeddings=False),
+}
+
+
+def nbytes(params):
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def measure(cfg, rank, alpha, targets):
+    with torch.device('meta'):
+        model = GPT(cfg)
+    if rank:
+        with contextlib.redirect_stdout(io.StringIO()):  # lora.apply's one-line summary
+            lora.apply(model, rank, alpha, 0.0, targets, seed=0)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    gen, _ = lora.sampler(model, torch.bfloat16, fsdp=False)
+    r = dict(params=nbytes(model.parameters()), grads=nbytes(trained), adamw=2 * 4 * sum(p.numel() for p in trained),
+             sampler=nbytes(gen.parameters()), n_params=sum(p.numel() for p in model.parameters()),
+             n_trained=sum(p.numel() for p in trained))
+    r['total'] = r['params'] + r['grads'] + r['adamw'] + r['sampler']
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--rank', type=int, default=32)
+    ap.add_argument('--alpha', type=float, default=64.0)
+    ap.add_argument('--targets', default='all-linear')
+    a = ap.parse_args()
+    gib = 2 ** 30
+    rows = []
+    print(f"| model | method | trained parameters | parameters (fp32) | gradients | AdamW state | sampler copy (bf16) "
+          "| total |\n|---|---|---|---|---|---|---|---|")
+    for name, cfg in MODELS.items():
+        for method, rank in (('full', 0), (f'LoRA r={a.rank}', a.rank)):
+            r = measure(cfg, rank, a.alpha, a.targets)
+            rows.append(dict(model=name, method=method, **r))
+            print(f"| {name} | {method} | {r['n_trained'] / 1e6:,.1f}M of {r['n_params'] / 1e6:,.1f}M "
+                  f"({100 * r['n_trained'] / r['n_params']:.2f}%) | " +
+                  ' | '.join(f"{r[k] / gib:.2f} GiB" for k in ('params', 'grads', 'adamw', 'sampler')) +
+                  f" | **{r['total'] / gib:.1f} GiB** |")
+    print(json.dumps({'rank': a.rank, 'targets': a.targets, 'rows': rows}))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,286 @@
+"""
+LoRA (Hu et al. 2021) on model.py's GPT: low-rank adapters on the blocks' linear layers, the base weights frozen.
+
+A targeted layer computes x W^T + b + scale * dropout(x) A^T B^T, scale = alpha / rank, A (rank, in) initialised as
+peft does (kaiming-uniform, a = sqrt(5)), B (out, rank) zeros, so a fresh adapter changes nothing. Our fused layers
+(q/k/v in attn.c_attn, gate/up in mlp.c_fc) keep one A/B pair per Hugging Face sub-projection (q_proj, k_proj,
+v_proj; gate_proj, up_proj), each adding to its own rows of the fused output: the pairs are exactly peft's, and
+export needs no approximation. Names are HF's (hf.hf_layout says which HF tensors and rows each of our weights fuses).
+
+What the rest of the run uses: apply (at load), param_groups (the optimizer: adapters only), disabled (the KL
+reference is the model with its adapters off, no second copy), sampler (the sampler: merged weights), adapter_state / merged_state / save_peft (checkpoints hold adapters only; exports: merged HF snapshot and a
+peft adapter directory). Every function is the identity or a no-op on a model without adapters.
+"""
+import contextlib
+import copy
+import json
+import math
+import os
+import shutil
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hf import hf_layout
+
+# lora_targets='all-linear': every linear layer of the blocks (not the LM head), by HF module name, as peft's 'all-linear'
+ALL_LINEAR = {'gpt2': ('c_attn', 'c_proj', 'c_fc'),  # GPT-2's c_proj: attention's and the MLP's (peft matches both too)
+              'other': ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')}
+
+
+class LoRALinear(nn.Module):
+    """A linear layer (the base's own weight and bias Parameters, so state-dict names do not change) plus one A/B pair
+    per targeted HF sub-projection: parts = [(HF module path, its first row, rows, targeted)] in output order."""
+
+    def __init__(self, base, parts, rank, alpha, dropout):
+        super().__init__()
+        self.weight, self.bias = base.weight, base.bias
+        self.parts, self.rank, self.scale, self.dropout, self.enabled = parts, rank, alpha / rank, dropout, True
+        self.lora_A = nn.ParameterDict({short(p): nn.Parameter(torch.zeros(rank, base.in_features, device=base.weight.device))
+                                        for p, _, _, on in parts if on})
+        self.lora_B = nn.ParameterDict({short(p): nn.Parameter(torch.zeros(n, rank, device=base.weight.device))
+                                        for p, _, n, on in parts if on})
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        if not self.enabled:
+            return y
+        if self.dropout and self.training and torch.is_grad_enabled():  # in the gradient forward only (see README)
+            x = F.dropout(x, self.dropout)
+        names = list(self.lora_A)
+        xa = F.linear(x, self.lora_A[names[0]] if len(names) == 1 else torch.cat([self.lora_A[n] for n in names]))
+        xa = dict(zip(names, xa.split(self.rank, dim=-1)))
+        delta = [F.linear(xa[short(p)], self.lora_B[short(p)]) if on else y.new_zeros(*y.shape[:-1], n)
+                 for p, _, n, on in self.parts]
+        return y + (delta[0] if len(delta) == 1 else torch.cat(delta, dim=-1)) * self.scale
+
+    def extra_repr(self):
+        return f"rank={self.rank}, scale={self.scale:g}, dropout={self.dropout}, adapters={list(self.lora_A)}"
+
+
+def short(path):
+    """'model.layers.0.self_attn.q_proj' -> 'q_proj'"""
+    return path.rsplit('.', 1)[-1]
+
+
+def targets_of(cfg, targets):
+    """lora_targets ('all-linear' or comma-separated HF module names) -> the tuple of names; ValueError names a bad one."""
+    known = ALL_LINEAR['gpt2' if cfg.arch == 'gpt2' else 'other']
+    names = known if targets == 'all-linear' else tuple(t.strip() for t in targets.split(',') if t.strip())
+    bad = [t for t in names if t not in known]
+    if bad or not names:
+        raise ValueError(f"--lora_targets={targets!r}: {bad[0] if bad else 'no names'} is not a linear layer of a "
+                         f"{cfg.arch} block ({', '.join(known)} or 'all-linear')")
+    return names
+
+
+def adapters(model):
+    """[(module name, LoRALinear)] in model order; [] without LoRA."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+
+
+def apply(model, rank, alpha, dropout, targets, seed):
+    """Freeze model and give the targeted linear layers of its blocks adapters (rank 0: nothing, model untouched).
+    A is drawn from a generator of its own (seed), so the init does not depend on what ran before. model.lora records
+    the settings and a fingerprint of the base weights (resume checks it: the base is reloaded from init_from)."""
+    if not rank:
+        return model
+    cfg = model.config
+    names, g = targets_of(cfg, targets), torch.Generator().manual_seed(seed + 7919)
+    model.lora = dict(rank=rank, alpha=alpha, dropout=dropout, targets=list(names), base=fingerprint(model))
+    model.requires_grad_(False)
+    for ours, (hf_names, rows, _) in hf_layout(cfg, 'model.' if cfg.arch != 'gpt2' else 'transformer.').items():
+        owner, _, leaf = ours.removesuffix('.weight').rpartition('.')
+        if not ours.startswith('h.') or not ours.endswith('.weight') or \
+                not isinstance(base := model.get_submodule(ours.removesuffix('.weight')), nn.Linear):
+            continue
+        rows = rows or [base.out_features]
+        starts = [sum(rows[:i]) for i in range(len(rows))]
+        parts = [(n.removesuffix('.weight'), s, r, short(n.removesuffix('.weight')) in names)
+                 for n, s, r in zip(hf_names, starts, rows)]
+        if any(on for *_, on in parts):
+            layer = LoRALinear(base, parts, rank, alpha, dropout)
+            with torch.no_grad():
+                for a in layer.lora_A.values():
+                    a.copy_(init_A(a.shape, g))
+            setattr(model.get_submodule(owner), leaf, layer)
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    print(f"lora: rank {rank}, alpha {alpha:g} on {','.join(names)}: {n:,} adapter parameters trained "
+          f"({100 * n / total:.2f}% of {total:,}), the base frozen")
+    return model
+
+
+@torch.no_grad()
+def init_A(shape, g):
+    """peft's A: kaiming-uniform with a = sqrt(5) (nn.Linear's own init), drawn on the CPU in fp32."""
+    return nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=g)
+
+
+@torch.no_grad()
+def fingerprint(model):
+    """Two float64 sums over every base weight: equal for the same weights loaded the same way, different if the
+    snapshot at init_from changed since the adapters were trained on it."""
+    if any(p.is_meta for p in model.parameters()):
+        return None  # (a model with no weights yet: bench/lora_memory.py)
+    s = [0.0, 0.0]
+    for i, p in enumerate(model.parameters()):
+        d = p.detach().double()
+        s[0] += d.sum().item() * (i + 1)
+        s[1] += d.square().sum().item()
+    return s
+
+
+def param_groups(model, weight_decay):
+    """AdamW's groups: the trainable parameters (with LoRA the adapters only: the base has requires_grad False), decay
+    on matrices only."""
+    ps = [p for p in model.parameters() if p.requires_grad]
+    return [{'params': [p for p in ps if p.dim() >= 2], 'weight_decay': weight_decay},
+            {'params': [p for p in ps if p.dim() < 2], 'weight_decay': 0.0}]
+
+
+@contextlib.contextmanager
+def disabled(model):
+    """Inside: the model computes with its base weights alone, exactly (the KL reference). Restored on the way out,
+    exceptions included. A no-op without adapters."""
+    layers = [m for _, m in adapters(model)]
+    was = [m.enabled for m in layers]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield model
+    finally:
+        for m, w in zip(layers, was):
+            m.enabled = w
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, 'full_tensor') else t  # an FSDP2 shard -> the whole tensor (collective)
+
+
+def delta(layer, A, B):
+    """The weight update of one layer, (out, in), from its adapters' tensors A[name], B[name] (zero rows where a
+    sub-projection has none), computed in fp32."""
+    W = torch.zeros(sum(n for _, _, n, _ in layer.parts), A[next(iter(A))].shape[1], device=A[next(iter(A))].device)
+    for p, s, n, on in layer.parts:
+        if on:
+            W[s:s + n] = B[short(p)].float() @ A[short(p)].float()
+    return W * layer.scale
+
+
+def merged_state(model, sd):
+    """A whole state dict of model (base + adapters, e.g. full_state's) -> the plain model's: each targeted weight
+    W + scale * B @ A, adapter entries dropped. The identity without LoRA."""
+    out = {k: v for k, v in sd.items() if '.lora_A.' not in k and '.lora_B.' not in k}
+    for name, layer in adapters(model):
+        W = sd[name + '.weight']
+        A = {k: sd[f'{name}.lora_A.{k}'] for k in layer.lora_A}
+        out[name + '.weight'] = (W.float() + delta(layer, A, {k: sd[f'{name}.lora_B.{k}'] for k in A})).to(W.dtype)
+    return out
+
+
+def adapter_state(model, sd):
+    """Only the adapters' entries of a state dict (what a LoRA checkpoint holds); None without LoRA."""
+    return {k: v for k, v in sd.items() if '.lora_A.' in k or '.lora_B.' in k} if adapters(model) else None
+
+
+def sampler(model, dtype, fsdp):
+    """(the sampler, what refreshes it after an update). In fp32 on one process the sampler is the model itself (with
+    LoRA its adapters apply unmerged: the very numbers the update computes, no second copy) and needs no refresh;
+    otherwise a copy in dtype, its weights cast once per update rather than once per decode step (with FSDP always a
+    copy: the trained model holds only this rank's shard); with LoRA a plain model of the merged weights."""
+    from model import copy_weights
+    if dtype == torch.float32 and not fsdp:
+        return model, lambda: None
+    with disabled(model):
+        gen = copy.deepcopy(model)
+    for name, layer in adapters(gen):  # back to plain linear layers: no adapter matmuls per decode step
+        owner, _, leaf = name.rpartition('.')
+        plain = nn.Linear(layer.weight.shape[1], layer.weight.shape[0], bias=layer.bias is not None, device='meta')
+        plain.weight, plain.bias = layer.weight, layer.bias
+        setattr(gen.get_submodule(owner), leaf, plain)
+    gen.__dict__.pop('lora', None)
+    gen = gen.to(dtype).eval()
+    if not adapters(model):
+        return gen, lambda: copy_weights(gen, model)
+    copy_merged(gen, model)
+    return gen, lambda: copy_merged(gen, model)
+
+
+@torch.no_grad()
+def copy_merged(dst, src):
+    """dst's weights set to src's merged ones, W + scale * B @ A (fp32, then dst's dtype), without touching src's
+    base: no merge-then-unmerge rounding. An FSDP-sharded src is gathered tensor by tensor (every rank takes part)."""
+    layers, params = dict(adapters(src)), dict(src.named_parameters())
+    for name, p in dst.named_parameters():
+        q = _full(params[name])
+        owner = name.removesuffix('.weight')
+        if name.endswith('.weight') and owner in layers:
+            layer = layers[owner]
+            A = {k: _full(v) for k, v in layer.lora_A.items()}
+            q = q.float() + delta(layer, A, {k: _full(layer.lora_B[k]) for k in A})
+        p.copy_(q)
+
+
+# ----------------------------------------------------------------------------- peft's adapter directory
+
+def peft_tensors(model, sd):
+    """Adapter tensors under peft's names: base_model.model.<HF module>.lora_A.weight / .lora_B.weight."""
+    out = {}
+    for name, layer in adapters(model):
+        for p, _, _, on in layer.parts:
+            if on:
+                for ab in ('A', 'B'):
+                    out[f'base_model.model.{p}.lora_{ab}.weight'] = sd[f'{name}.lora_{ab}.{short(p)}']
+    return out
+
+
+def peft_config(model, base_name):
+    """adapter_config.json as peft's LoraConfig writes it (the fields that matter for loading; peft fills in the
+    rest with its defaults). GPT-2's HF layers are Conv1D, stored (in, out): fan_in_fan_out."""
+    lc = model.lora
+    return dict(peft_type='LORA', task_type='CAUSAL_LM', base_model_name_or_path=base_name, r=lc['rank'],
+                lora_alpha=lc['alpha'], lora_dropout=lc['dropout'], target_modules=sorted(lc['targets']),
+                bias='none', fan_in_fan_out=model.config.arch == 'gpt2', use_rslora=False, init_lora_weights=True,
+                modules_to_save=None, inference_mode=True)
+
+
+def save_peft(model, sd, out_dir, base_name):
+    """Write out_dir as a peft adapter directory (adapter_config.json + adapter_model.safetensors) that
+    peft.PeftModel.from_pretrained(<the base snapshot in transformers>, out_dir) loads. sd: a state dict holding
+    the adapters (adapter_state's). Written beside out_dir and renamed into place, as hf.save_pretrained does."""
+    from safetensors.torch import save_file
+    out_dir = os.path.abspath(out_dir)
+    tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with open(os.path.join(tmp, 'adapter_config.json'), 'w') as f:
+            json.dump(peft_config(model, base_name), f, indent=2)
+        tensors = {k: v.detach().to('cpu').clone(memory_format=torch.contiguous_format)
+                   for k, v in peft_tensors(model, sd).items()}
+        save_file(tensors, os.path.join(tmp, 'adapter_model.safetensors'), metadata={'format': 'pt'})
+        if os.path.exists(out_dir):
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def bad_knob(config):
+    """A one-line error for LoRA knobs that cannot work, else None (lora_targets is checked against the model)."""
+    if config.get('lora_rank', 0) < 0:
+        return f"--lora_rank={config['lora_rank']}: a rank is >= 0 (0 = off)"
+    if not config.get('lora_rank'):
+        return None
+    if not 0 <= config['lora_dropout'] < 1:
+        return f"--lora_dropout={config['lora_dropout']}: must be in [0, 1)"
+    if config['lora_alpha'] <= 0:
+        return f"--lora_alpha={config['lora_alpha']}: must be > 0 (scale = lora_alpha / lora_rank)"
+    if config.get('sft_steps') and config.get('beta'):
+        return ("--lora_rank with --sft_steps and --beta > 0: the LoRA KL reference is the base with adapters off, "
+                "which would be the model before the warm start; warm start without LoRA, or use beta = 0")
+    return None

@@ -1,0 +1,240 @@
+"""LoRA (lora.py, issue 19) on tiny random Qwen2 / Qwen3 / Llama 3 / GPT-2 snapshots written here by transformers:
+identity at init, adapters off = the base exactly, merged export = the adapter forward, peft loads out_dir/lora on the
+base snapshot, and GRPO runs with LoRA that learn, touch only the adapters and resume exactly."""
+import json
+import math
+
+import pytest
+import torch
+
+import hf as H
+import lora as L
+from test_model import HF_CONFIGS as MODEL_CONFIGS, perturbed_hf
+from test_model_families import HF_CONFIGS as FAMILY_CONFIGS
+from test_train import metrics, run, stable, weights
+
+transformers = pytest.importorskip('transformers')
+peft = pytest.importorskip('peft')
+
+V = 300
+CONFIGS = {'qwen2': MODEL_CONFIGS['qwen2_gqa_tied'], 'qwen3': FAMILY_CONFIGS['qwen3'],
+           'llama3': FAMILY_CONFIGS['llama3'], 'gpt2': MODEL_CONFIGS['gpt2']}
+RANK, ALPHA = 4, 8.0  # scale 2: a wrong scale shows
+
+
+@pytest.fixture(scope='module', params=list(CONFIGS))
+def snapshot(request, tmp_path_factory):
+    """(snapshot dir written by transformers, the transformers model)"""
+    hf = perturbed_hf(*CONFIGS[request.param])
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return path, hf
+
+
+def ids(seed=1, shape=(2, 24)):
+    return torch.randint(0, V, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def with_lora(path, targets='all-linear', perturb=True):
+    """Our model from the snapshot with adapters; perturb: B (and A) moved off their init, so the adapters matter."""
+    model, _ = H.from_pretrained(path)
+    L.apply(model.eval(), RANK, ALPHA, 0.0, targets, seed=0)
+    if perturb:
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if '.lora_' in n:
+                    p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+def maxdiff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+@torch.no_grad()
+def test_identity_at_init(snapshot):
+    path, _ = snapshot
+    base, _ = H.from_pretrained(path)
+    model = with_lora(path, perturb=False)
+    x = ids()
+    assert torch.equal(model(x), base.eval()(x)), "a fresh adapter (B = 0) must not change the logits"
+    A = [p for n, p in model.named_parameters() if '.lora_A.' in n]
+    B = [p for n, p in model.named_parameters() if '.lora_B.' in n]
+    assert A and all(a.abs().sum() > 0 for a in A) and all(torch.equal(b, torch.zeros_like(b)) for b in B)
+    bound = 1 / math.sqrt(A[0].shape[1])  # kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert all(a.abs().max() <= bound for a in A) and A[0].abs().max() > 0.8 * bound
+
+
+@torch.no_grad()
+def test_adapters_disabled_is_the_base_exactly(snapshot):
+    path, _ = snapshot
+    base, _ = H.from_pretrained(path)
+    model, x = with_lora(path), ids()
+    on = model(x)
+    assert maxdiff(on, base.eval()(x)) > 1e-3, "the perturbed adapters must change the logits"
+    with L.disabled(model):
+        assert torch.equal(model(x), base(x)), "adapters off must be the base model, bit for bit"
+    assert torch.equal(model(x), on), "leaving disabled() must turn the adapters back on"
+    with pytest.raises(RuntimeError):
+        with L.disabled(model):
+            raise RuntimeError
+    assert torch.equal(model(x), on), "an exception inside disabled() must still turn the adapters back on"
+
+
+@torch.no_grad()
+def test_merged_export_equals_the_adapter_forward(snapshot, tmp_path):
+    path, _ = snapshot
+    model, x = with_lora(path), ids()
+    H.save_pretrained(model, None, tmp_path / 'hf', state_dict=L.merged_state(model, model.state_dict()))
+    merged, _ = H.from_pretrained(tmp_path / 'hf')
+    d = maxdiff(merged.eval()(x), model(x))
+    print(f'{model.config.arch}: merged export vs adapter forward max |diff| {d:.2e}')
+    assert d <= 1e-5, f"merged export differs from the adapter forward by {d:.2e}"
+
+
+@torch.no_grad()
+def test_peft_loads_the_adapter_directory(snapshot, tmp_path):
+    """peft.PeftModel.from_pretrained(the base snapshot in transformers, out/lora) computes our merged model's logits."""
+    path, _ = snapshot
+    model, x = with_lora(path), ids()
+    sd = model.state_dict()
+    L.save_peft(model, L.adapter_state(model, sd), tmp_path / 'lora', str(path))
+    H.save_pretrained(model, None, tmp_path / 'hf', state_dict=L.merged_state(model, sd))
+    base = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    pm = peft.PeftModel.from_pretrained(base, tmp_path / 'lora').eval()
+    n_pairs = sum(len(m.lora_A) for _, m in L.adapters(model))
+    loaded = {k: v for k, v in peft.get_peft_model_state_dict(pm).items()}
+    assert len(loaded) == 2 * n_pairs, f"peft holds {len(loaded)} adapter tensors, we wrote {2 * n_pairs}"
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').eval()
+    d = maxdiff(pm(x).logits, merged(x).logits)
+    print(f'{model.config.arch}: peft on the base vs our merged export max |diff| {d:.2e}')
+    assert d <= 1e-4, f"peft's adapter model differs from our merged export by {d:.2e}"
+    assert maxdiff(pm(x).logits, model(x)) <= 1e-4
+    cfg = json.load(open(tmp_path / 'lora' / 'adapter_config.json'))
+    assert cfg['r'] == RANK and cfg['lora_alpha'] == ALPHA and cfg['base_model_name_or_path'] == str(path)
+
+
+@torch.no_grad()
+def test_some_targets_only(tmp_path):
+    """q_proj and v_proj only: k's rows of the fused c_attn get no adapter, and export and peft stay exact."""
+    path = tmp_path / 'snap'
+    perturbed_hf(*CONFIGS['qwen3']).save_pretrained(path)
+    model, x = with_lora(path, 'q_proj,v_proj'), ids()
+    assert sorted(k.rsplit('.', 1)[1] for k in L.adapter_state(model, model.state_dict())) == sorted(['q_proj', 'v_proj'] * 4)
+    sd = model.state_dict()
+    L.save_peft(model, L.adapter_state(model, sd), tmp_path / 'lora', str(path))
+    pm = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(path), tmp_path / 'lora')
+    assert maxdiff(pm.eval()(x).logits, model(x)) <= 1e-4
+    with pytest.raises(ValueError, match='c_attn'):
+        L.apply(H.from_pretrained(path)[0], RANK, ALPHA, 0.0, 'q_proj,c_attn', seed=0)
+
+
+def test_only_adapters_train_and_the_sampler_copy_is_merged(tmp_path):
+    """Backward reaches the adapters only; AdamW holds them alone; an update leaves every base weight bit-identical;
+    the low-precision sampler copy then holds the merged weights."""
+    path = tmp_path / 'snap'
+    perturbed_hf(*CONFIGS['llama3']).save_pretrained(path)
+    model = with_lora(path, perturb=False).train()
+    base = {k: v.clone() for k, v in model.state_dict().items() if '.lora_' not in k}
+    opt = torch.optim.AdamW(L.param_groups(model, 0.1), lr=1e-2)
+    assert {id(p) for g in opt.param_groups for p in g['params']} == \
+        {id(p) for n, p in model.named_parameters() if '.lora_' in n}
+    gen, sync = L.sampler(model, torch.bfloat16, fsdp=False)
+    assert not L.adapters(gen) and gen is not model
+    for _ in range(2):
+        model(ids()).logsumexp(-1).mean().backward()
+        assert all((p.grad is not None) == ('.lora_' in n) for n, p in model.named_parameters())
+        opt.step()
+        opt.zero_grad()
+    sd = model.state_dict()
+    assert all(torch.equal(sd[k], v) for k, v in base.items()), "a base weight changed"
+    assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in sd.items() if '.lora_B.' in k), "nothing trained"
+    sync()
+    want = {k: v.to(torch.bfloat16) for k, v in L.merged_state(model, sd).items()}
+    assert all(torch.equal(gen.state_dict()[k], v) for k, v in want.items()), "the sampler is not the merged model"
+
+
+# ----------------------------------------------------------------------------- GRPO runs (test_train.py's tiny runs)
+LORA = ['--lora_rank=4', '--lora_alpha=8']
+TINY_QWEN2 = ('Qwen2Config', dict(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                                  tie_word_embeddings=True))
+
+
+def write_base(path, seed=0):
+    """A tiny Qwen2 snapshot with the byte tokenizer for test_train's runs. Its embeddings are scaled up 4x: the
+    frozen tied head of a random model with N(0, 0.05) embeddings spans logits of about +-0.6, so no adapter on the
+    blocks could make digits likely; 4x gives the adapters room (20x: a peaked model that never samples a digit)."""
+    from tokenizer import byte_tokenizer
+    hf = perturbed_hf(*TINY_QWEN2, seed)
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.mul_(4)
+    hf.save_pretrained(path)
+    byte_tokenizer().save(str(path))
+    return f'--init_from={path}'
+
+
+@pytest.fixture(scope='module')
+def base(tmp_path_factory):
+    path = tmp_path_factory.mktemp('tiny_qwen2')
+    return path, write_base(path)
+
+
+def test_grpo_learns_with_lora_and_touches_only_the_adapters(base, tmp_path):
+    run(tmp_path, base[1], *LORA, '--max_steps=12', '--lr=5e-2', '--group_size=8', '--batch_prompts=8',
+        '--micro_batch_size=64', '--max_new_tokens=12', '--save_every=100', '--export_hf=True', timeout=300)
+    r = [m['reward/mean'] for m in metrics(tmp_path) if 'reward/mean' in m]
+    first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
+    assert last > first + 0.2, f"mean reward did not rise with LoRA: first 3 steps {first:.3f}, last 3 {last:.3f}: {r}"
+    ckpt = torch.load(tmp_path / 'ckpt_0000012.pt', weights_only=False)
+    model = L.apply(H.from_pretrained(base[0])[0], 4, 8.0, 0.0, 'all-linear', 1337)  # the run's model at its start
+    assert set(ckpt['model']) == set(L.adapter_state(model, model.state_dict())), "a checkpoint holds adapters only"
+    assert len(ckpt['optimizer']['state']) == len(ckpt['model']), "AdamW state for the adapters only"
+    # out/hf == the snapshot's weights + the checkpoint's adapters, bit for bit: the base never moved
+    model.load_state_dict(ckpt['model'], strict=False)
+    merged = L.merged_state(model, model.state_dict())
+    exported = H.from_pretrained(tmp_path / 'hf')[0].state_dict()
+    assert exported.keys() == merged.keys()
+    assert all(torch.equal(exported[k], merged[k]) for k in merged), "the export is not base + adapters"
+    assert (tmp_path / 'lora' / 'adapter_model.safetensors').exists()
+
+
+def test_exact_resume_with_lora(base, tmp_path):
+    """2 steps, then a third from the step-2 checkpoint (base reloaded from init_from, adapters and AdamW state from
+    the checkpoint, KL reference = adapters off, dropout's RNG restored) == 3 steps straight, bit for bit."""
+    args = [base[1], *LORA, '--save_every=1', '--keep_last=10', '--beta=0.05', '--lora_dropout=0.1', '--lr=5e-2']
+    run(tmp_path / 'a', *args, '--max_steps=3')
+    run(tmp_path / 'b', *args, '--max_steps=2')
+    p = run(tmp_path / 'b', *args, '--max_steps=3', '--resume_changed=True')  # the same LR at every step here
+    assert 'resume:' in p.stdout
+    ra, rb = metrics(tmp_path / 'a'), metrics(tmp_path / 'b')
+    assert [r['step'] for r in rb] == [0, 1, 2, 3]
+    assert ra[1]['kl'] == 0.0 and ra[3]['kl'] > 0, "step 1's policy is the reference (B = 0); it moves after"
+    for x, y in zip(ra, rb):
+        assert stable(x) == stable(y), f"step {x['step']} differs after resume:\n{stable(x)}\n{stable(y)}"
+    wa, wb = weights(tmp_path / 'a', 3), weights(tmp_path / 'b', 3)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "adapters differ after resume"
+    key = 'h.0.attn.c_attn.lora_B.q_proj'
+    assert not torch.equal(wa[key], weights(tmp_path / 'a', 2)[key]), "step 3 trained nothing"
+
+
+def test_resume_refuses_another_base(base, tmp_path):
+    """The base is not in the checkpoint: resuming on other base weights (another snapshot) is refused, and so is a
+    LoRA checkpoint resumed as a full fine-tune."""
+    run(tmp_path, base[1], *LORA, '--max_steps=1')
+    other = write_base(tmp_path / 'other', seed=1)
+    p = run(tmp_path, other, *LORA, '--max_steps=2', '--resume_changed=True', check=False)
+    assert p.returncode == 2 and 'base weights' in p.stderr and 'init_from' in p.stderr, p.stderr[-2000:]
+    p = run(tmp_path, base[1], '--max_steps=2', '--resume_changed=True', check=False)
+    assert p.returncode == 2 and 'LoRA checkpoint and a full one' in p.stderr, p.stderr[-2000:]
+
+
+def test_bad_lora_knobs():
+    """(train_grpo.py prints these as one line and exits 2; an unknown target: test_some_targets_only)"""
+    ok = dict(lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, sft_steps=0, beta=0.1)
+    assert L.bad_knob(ok) is None and L.bad_knob({**ok, 'lora_rank': 0, 'lora_alpha': -1}) is None
+    assert '--lora_rank=-1' in L.bad_knob({**ok, 'lora_rank': -1})
+    assert '--lora_dropout=1' in L.bad_knob({**ok, 'lora_dropout': 1})
+    assert '--lora_alpha=0' in L.bad_knob({**ok, 'lora_alpha': 0})
+    assert 'warm start' in L.bad_knob({**ok, 'sft_steps': 10})
