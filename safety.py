@@ -70,6 +70,22 @@ def startup_warnings(c):
     if c['filter_zero_std'] and (c['beta'] or c['entropy_coef']):
         print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal rewards still have a KL or "
               "entropy gradient, so they are trained on", flush=True)
+    busy = cpu_contention() if c['device'] == 'cpu' else None
+    if busy:
+        print(f"WARNING [cpu_contention]: {busy}", flush=True)
+
+
+def cpu_contention(load=None, cores=None, threads=None):
+    """A line when other processes already keep the CPU busy and torch would run several threads per op: they then
+    wait on each other at every op's barrier, and a step can take several times as long as with one thread (measured on
+    2 cores at load 4-8: a warm-start step of the offline demo 3.1-6.0 s with 2 threads, 0.54-2.0 s with 1)."""
+    load = os.getloadavg()[0] if load is None and hasattr(os, 'getloadavg') else load
+    cores, threads = cores or os.cpu_count() or 1, threads or torch.get_num_threads()
+    if load is None or threads < 2 or load < cores - 0.5:
+        return None
+    return (f"the load average is {load:.1f} on {cores} CPU cores before this run starts, and torch runs {threads} "
+            f"threads per op: contending threads make every step several times slower; run alone, or set "
+            f"OMP_NUM_THREADS=1 (or torch.set_num_threads) while the machine is shared")
 
 
 def warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn=None):

@@ -180,3 +180,20 @@ def test_memory_does_not_grow_over_a_long_run(tmp_path):
     rows = {r['step']: r for r in metrics(tmp_path)}
     at20, at60 = rows[20]['mem/allocated_gb'], rows[60]['mem/allocated_gb']
     assert at60 <= 1.15 * at20, f"RSS grew from {at20:.3f} GB at step 20 to {at60:.3f} GB at step 60"
+
+
+def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch, capsys):
+    """Several torch threads on cores other jobs already keep busy wait on each other at every op (a demo step 3x
+    slower with 2 threads than with 1 at load 4-8 on 2 cores): said once at start, with the fix."""
+    from safety import cpu_contention, startup_warnings
+    assert cpu_contention(load=0.3, cores=2, threads=2) is None  # idle machine: use every core
+    assert cpu_contention(load=3.9, cores=2, threads=1) is None  # already one thread
+    msg = cpu_contention(load=3.9, cores=2, threads=2)
+    assert '3.9' in msg and 'OMP_NUM_THREADS=1' in msg
+    knobs = dict(top_k=0, top_p=1.0, filter_zero_std=True, beta=0.0, entropy_coef=0.0)
+    monkeypatch.setattr('os.getloadavg', lambda: (7.5, 7.0, 6.0))
+    monkeypatch.setattr('os.cpu_count', lambda: 2)
+    monkeypatch.setattr('torch.get_num_threads', lambda: 2)
+    startup_warnings({**knobs, 'device': 'cpu'})
+    startup_warnings({**knobs, 'device': 'cuda'})  # a GPU run's CPU threads do not carry the work
+    assert capsys.readouterr().out.count('WARNING [cpu_contention]: the load average is 7.5 on 2 CPU cores') == 1
