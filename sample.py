@@ -215,7 +215,10 @@ def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
         raise ValueError(f"{path}: not a train_grpo.py checkpoint (no 'model' or no config.init_from)")
     shape = {k: run[k] for k in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'max_seq_len') if k in run}
     model, tok = load_model(run['init_from'], dtype, device, run.get('seed', 0), **shape)
-    model.load_state_dict(state['model'])
+    if 'lora' in state:  # a LoRA run's checkpoint holds its adapters only: they go on the base from init_from
+        import lora
+        lora.apply(model, state['lora']['rank'], state['lora']['alpha'], 0.0, ','.join(state['lora']['targets']), 0)
+    model.load_state_dict({**model.state_dict(), **state['model']} if 'lora' in state else state['model'])
     return model, tok
 
 
