@@ -8,9 +8,16 @@ Time and peak memory of kernels.py next to the torch ways of doing the same, on 
   sampler, temperature + top-p:
     ours            sample_tokens (Triton on GPU; on CPU the torch reference path)
     torch_sort      sort-based top-p as in HF/TRL: sort, softmax, cumsum, mask, multinomial
+  packed-group attention (--attention=1), Qwen2.5-0.5B's heads (14 query, 2 key/value, head_dim 64), --attn_shape
+  groups x (prompt + G completions): forward, and forward+backward on GPU (CPU FlexAttention has no backward):
+    flex            the packed rows through FlexAttention with the block mask (model.packed_mask / model.flex)
+    sdpa_dense      the packed rows through SDPA with the dense (B, 1, T, T) mask, K/V repeated (the fallback)
+    rows            one row per completion (prompt + completion), SDPA causal with GQA (share_prompt=False)
+    and the time to build each mask from the segment ids on the device
 
 On a GPU it also reports the fraction of peak HBM bandwidth the log-prob kernel reaches. The last line
-printed is JSON. Usage: python bench/bench_kernels.py [--tokens=N] [--vocab=V] [--dtype=bfloat16] [--rows=B]
+printed is JSON. Usage: python bench/bench_kernels.py [--tokens=N] [--vocab=V] [--dtype=bfloat16] [--rows=B] [--attention=0|1]
+                                     [--attn_shape=groups,prompt,G,completion]
 """
 import argparse
 import ctypes
@@ -25,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model as M  # noqa: E402
 from kernels import sample_tokens, token_logprobs  # noqa: E402
 
 GPU = torch.cuda.is_available()
@@ -37,6 +45,8 @@ parser.add_argument('--temperature', type=float, default=1.0)
 parser.add_argument('--top_p', type=float, default=0.9)
 parser.add_argument('--reps', type=int, default=3)  # CPU timing repeats (GPU uses triton.testing.do_bench)
 parser.add_argument('--peak_gbps', type=float, default=0.0)  # HBM peak; 0 = look the GPU up
+parser.add_argument('--attention', type=int, default=1)  # also time packed-group attention (flex / sdpa / rows)
+parser.add_argument('--attn_shape', default='4,380,8,300' if GPU else '2,100,4,60')  # groups, prompt, G, completion
 args = parser.parse_args()
 device = 'cuda' if GPU else 'cpu'
 dtype = getattr(torch, args.dtype)
@@ -179,6 +189,68 @@ for name, fn in [('ours', ours_sample), ('torch_sort', torch_sort_sample)]:
     print(f'sampler {name:12s} {ms:9.3f} ms  peak {peak} MiB', flush=True)
 sampler['speedup_vs_sort'] = round(sampler['torch_sort']['ms'] / sampler['ours']['ms'], 2)
 
+
+# ----------------------------------------------------------------------------- packed-group attention
+def packed_attention():
+    """Forward (and on GPU forward+backward) ms of one attention layer over a step's packed groups, three ways."""
+    n_groups, P, G, C = (int(v) for v in args.attn_shape.split(','))
+    nh, nkv, hd = 14, 2, 64
+    T = P + G * (C - 1)  # pack_groups: the prompt, then each completion less its last token
+    seg = torch.cat([torch.zeros(P, dtype=torch.long)] + [torch.full((C - 1,), s) for s in range(1, G + 1)])
+    seg = seg.repeat(n_groups, 1).to(device)
+    adt = dtype if GPU else torch.float32
+
+    def qkv(B, L):
+        return [(0.5 * torch.randn(B, h, L, hd, device=device, generator=g)).to(adt).requires_grad_(GPU)
+                for h in (nh, nkv, nkv)]
+
+    res = {'groups': n_groups, 'prompt': P, 'G': G, 'completion': C, 'packed_T': T, 'heads': [nh, nkv, hd],
+           'dtype': str(adt).replace('torch.', '')}
+    packed, rows = qkv(n_groups, T), qkv(n_groups * G, P + C - 1)
+    dense = M.packed_mask(seg, 'sdpa')
+    ms, _ = measure(lambda: M.packed_mask(seg, 'sdpa'))
+    res['mask_sdpa_build_ms'] = round(ms, 3)
+    methods = {'sdpa_dense': (lambda q, k, v: F.scaled_dot_product_attention(
+        q, k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1), attn_mask=dense), packed),
+        'rows': (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), rows)}
+    if M.flex_attention is not None:
+        t = time.perf_counter()
+        bm = M.packed_mask(seg, 'flex')
+        res['mask_flex_first_build_s'] = round(time.perf_counter() - t, 2)  # (CUDA: includes compiling it)
+        ms, _ = measure(lambda: M.packed_mask(seg, 'flex'))
+        res['mask_flex_build_ms'] = round(ms, 3)
+        res['flex_blocks_kept_frac'] = round(float(bm.to_dense().float().mean()), 4)
+        t = time.perf_counter()
+        with torch.no_grad():
+            M.flex(*packed, bm, True)
+        res['flex_first_call_s'] = round(time.perf_counter() - t, 2)  # compiling the kernel
+        methods = {'flex': (lambda q, k, v: M.flex(q, k, v, bm, True), packed), **methods}
+    else:
+        res['flex'] = f'torch {torch.__version__} has no FlexAttention'
+    for name, (fn, inputs) in methods.items():
+        def fwd():
+            with torch.no_grad():
+                fn(*inputs)
+        ms, peak = measure(fwd)
+        res[f'{name}_fwd'] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
+        if GPU:
+            def fwd_bwd():
+                for x in inputs:
+                    x.grad = None
+                fn(*inputs).float().sum().backward()
+            ms, peak = measure(fwd_bwd)
+            res[f'{name}_fwd_bwd'] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
+        print(f"attention {name:10s} fwd {res[f'{name}_fwd']['ms']:9.3f} ms"
+              + (f"  fwd+bwd {res[f'{name}_fwd_bwd']['ms']:9.3f} ms" if GPU else ''), flush=True)
+    with torch.no_grad():  # the same outputs, flex vs dense (packed layout), as a check that both ran the same mask
+        if 'flex' in methods:
+            ref = methods['sdpa_dense'][0](*packed).float()
+            res['flex_vs_sdpa_max_abs_diff'] = (methods['flex'][0](*packed).float() - ref).abs().max().item()
+    return res
+
+
+attention = packed_attention() if args.attention else None
+
 out = {
     'device': torch.cuda.get_device_name(0) if GPU else 'cpu',
     'note': 'GPU: Triton kernels' if GPU else 'no GPU: torch paths only (ours = the torch reference path, not Triton)',
@@ -186,6 +258,7 @@ out = {
                        'process RSS high-water mark above baseline'),
     'logprob': {'tokens': N, 'vocab': V, 'dtype': args.dtype, 'temperature': T, **results},
     'sampler': {'rows': B, 'vocab': V, 'dtype': args.dtype, 'top_p': args.top_p, **sampler},
+    'packed_attention': attention,
 }
 if GPU:
     out['peak_hbm_gbps'] = peak_hbm_gbps()

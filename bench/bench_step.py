@@ -26,9 +26,13 @@ and every completion is exactly max_new_tokens long: both do the same work (mean
 --natural_stops keeps plain random weights instead (4 of 260 ids are specials, so most rows then stop early).
 The reward is digit_fraction below, called per completion by both (TRL through a thin batch adapter).
 
-Requires TRL (requirements-bench.txt). The last line printed is JSON.
+TRL's side needs trl and datasets (requirements-bench.txt); without them (--trl=auto) ours runs alone after a
+one-line skip notice. --config=FILE runs ours alone at a train_grpo.py config's shape (bench/gpu_check.py: 20 steps
+of config/gsm8k.py from random weights, per-phase times and peak memory per step). The last line printed is JSON.
     python bench/bench_step.py                       # CPU: 2 warm-up + 5 measured steps each, ~30 s idle
     python bench/bench_step.py --steps=3 --warmup=1  # quicker
+    python bench/bench_step.py --preset=gpu --config=config/gsm8k.py --steps=20 --warmup=0   # ours at GSM8K's shape
+    python bench/bench_step.py --preset=smoke --task=arith --trl=0   # the pipeline at toy size, seconds
 """
 import argparse
 import json
@@ -50,6 +54,8 @@ sys.path.insert(0, ROOT)
 PRESETS = {  # the workload per optimizer step
     'cpu': dict(prompts=8, group=8, new_tokens=64, micro=64, dtype='float32', threads=2, steps=5, warmup=2),
     'gpu': dict(prompts=64, group=8, new_tokens=256, micro=32, dtype='bfloat16', threads=0, steps=3, warmup=1),
+    # the CPU pipeline at toy size (bench/gpu_check.py --cpu-smoke): the tiny CPU model, seconds per side
+    'smoke': dict(prompts=2, group=2, new_tokens=8, micro=4, dtype='float32', threads=2, steps=1, warmup=0),
 }
 
 
@@ -95,19 +101,25 @@ def build_snapshot(path, preset, natural_stops, seed):
     return p.max().item()
 
 
-def run_ours(snap, work, pre, lr, steps, warmup, seed, device, data_args):
+def run_ours(snap, work, pre, lr, steps, warmup, seed, device, data_args, config='', extra=()):
     """train_grpo.py as a subprocess with every knob that changes the work set to match TRL's run; returns the
-    measured steps' metrics rows."""
+    measured steps' metrics rows. config: a train_grpo.py config file instead, whose shape (prompts, group, lengths,
+    micro-batches, lr, rewards...) is kept; only the model, data, step count and run plumbing are set here."""
     out = os.path.join(work, 'ours')
-    args = dict(init_from=snap, out_dir=out, resume='never', **data_args,
-                group_size=pre['group'], batch_prompts=pre['prompts'], micro_batch_size=pre['micro'],
-                max_new_tokens=pre['new_tokens'], temperature=1.0, top_k=0, top_p=1.0, beta=0.0, num_iterations=1,
-                loss_agg='token_mean', eps_low=0.2, eps_high=0.28, filter_zero_std=False, mask_truncated=False,
-                lr=lr, warmup_steps=0, min_lr_ratio=1.0, adam_betas=(0.9, 0.99), weight_decay=0.0, grad_clip=1.0,
-                max_steps=warmup + steps, eval_every=0, save_every=10**9, keep_last=1, export_hf=False,
-                plot_every=0, log_samples_every=0, watchdog_s=0, device=device, dtype=pre['dtype'], seed=seed,
-                rewards=[{'name': 'bench_step:digit_fraction'}])
-    argv = [f'--{k}={v!r}' if not isinstance(v, str) else f'--{k}={v}' for k, v in args.items()]
+    plumbing = dict(init_from=snap, out_dir=out, resume='never', **data_args, max_steps=warmup + steps, eval_every=0,
+                    save_every=10**9, keep_last=1, export_hf=False, plot_every=0, log_samples_every=0, watchdog_s=0,
+                    device=device, seed=seed)
+    if config:  # the shared reward: from random weights a task's correctness is always 0, every group's spread is
+        # 0 and no update would run
+        args = dict(plumbing, warmup_steps=0, rewards=[{'name': 'bench_step:digit_fraction'}])
+    else:
+        args = dict(plumbing, group_size=pre['group'], batch_prompts=pre['prompts'], micro_batch_size=pre['micro'],
+                    max_new_tokens=pre['new_tokens'], temperature=1.0, top_k=0, top_p=1.0, beta=0.0,
+                    num_iterations=1, loss_agg='token_mean', eps_low=0.2, eps_high=0.28, filter_zero_std=False,
+                    mask_truncated=False, lr=lr, warmup_steps=0, min_lr_ratio=1.0, adam_betas=(0.9, 0.99),
+                    weight_decay=0.0, grad_clip=1.0, dtype=pre['dtype'], rewards=[{'name': 'bench_step:digit_fraction'}])
+    argv = [config] * bool(config) + [f'--{k}={v!r}' if not isinstance(v, str) else f'--{k}={v}'
+                                      for k, v in args.items()] + list(extra)
     path = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)), os.environ.get('PYTHONPATH')]))
     env = {**os.environ, 'PYTHONPATH': path, 'PYTHONUNBUFFERED': '1'}  # so the reward 'bench_step:...' imports
     if pre['threads']:
@@ -197,7 +209,13 @@ def mean(xs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ap.add_argument('--preset', default='auto', choices=['auto', 'cpu', 'gpu'])  # auto: gpu when CUDA is there
+    ap.add_argument('--preset', default='auto', choices=['auto', 'cpu', 'gpu', 'smoke'])  # auto: gpu with CUDA
+    ap.add_argument('--trl', default='auto', choices=['auto', '1', '0'])  # auto: TRL's side when trl and datasets
+    # import, else a skip line and ours alone; 1: required; 0: ours alone
+    ap.add_argument('--config', default='')  # a train_grpo.py config file: ours alone at that config's shape (e.g.
+    # config/gsm8k.py: 32 prompts x 8 x 512 tokens), on the preset's model (gpu: Qwen2.5-0.5B shape), random weights
+    ap.add_argument('--ours_args', default='')  # more train_grpo.py --key=value overrides, space-separated, applied
+    # last (e.g. a toy shape for a config: '--batch_prompts=2 --group_size=2 --max_new_tokens=8')
     ap.add_argument('--steps', type=int, default=0)  # measured optimizer steps, each side; 0 = the preset's (5 cpu, 3 gpu)
     ap.add_argument('--warmup', type=int, default=-1)  # steps run first and excluded, each side; -1 = preset's (2, 1)
     ap.add_argument('--lr', type=float, default=1e-5)  # the same for both
@@ -211,12 +229,26 @@ def main():
     gpu = torch.cuda.is_available() if args.preset == 'auto' else args.preset == 'gpu'
     if gpu and not torch.cuda.is_available():
         sys.exit("--preset=gpu: no CUDA device")
-    pre = {**PRESETS['gpu' if gpu else 'cpu'], **({'threads': args.threads} if args.threads else {})}
+    preset = 'gpu' if gpu else 'smoke' if args.preset == 'smoke' else 'cpu'
+    pre = {**PRESETS[preset], **({'threads': args.threads} if args.threads else {})}
     args.steps = args.steps or pre['steps']
     args.warmup = pre['warmup'] if args.warmup < 0 else args.warmup
     if pre['threads']:
         torch.set_num_threads(pre['threads'])
-    import trl
+    try:
+        import datasets  # noqa: F401  (TRL's trainer takes a datasets.Dataset)
+        import trl
+        trl_missing = None
+    except ImportError as e:
+        trl, trl_missing = None, f'{type(e).__name__}: {e}'
+    run_trl_side = args.trl == '1' or (args.trl == 'auto' and not trl_missing and not args.config)
+    why = None
+    if args.trl == '1' and trl_missing:
+        sys.exit(f"--trl=1 but TRL cannot be imported ({trl_missing}); pip install -r requirements-bench.txt")
+    if not run_trl_side:
+        why = ('--trl=0' if args.trl == '0' else f'--config={args.config} runs ours alone' if args.config else
+               f'trl/datasets not importable ({trl_missing}); bring them as wheels (requirements-bench.txt)')
+        print(f"TRL: skipped ({why})", flush=True)
 
     from data import question_messages
     from tasks import arith, gsm8k
@@ -237,6 +269,9 @@ def main():
         setting = (f"{pre['prompts']} prompts x {pre['group']} samples x {pre['new_tokens']} new tokens, temperature 1, "
                    f"beta 0, num_iterations 1, lr {args.lr:g}, micro-batch {pre['micro']} rows, {pre['dtype']}, "
                    f"reward digit_fraction, task {args.task}")
+        if args.config:
+            setting = (f"{args.config}'s knobs (its shape, lr), reward digit_fraction, task {args.task}, "
+                       f"{args.warmup + args.steps} steps")
         print(f"device: {device}\nsetting: {setting}\nmodel: random Qwen2 "
               f"{'Qwen2.5-0.5B shape' if gpu else 'hidden 128, 4 layers, 4/2 heads, vocab 260'}, snapshot {snap}")
         if p_special is not None:
@@ -260,27 +295,32 @@ def main():
                              instruction=instruction)
         dataset = [{'prompt': question_messages(ex['question'], system_prompt, instruction), 'answer': ex['answer']} for ex in train]
         from tokenizer import load_tokenizer
-        from transformers import AutoTokenizer
-        ours_tok, hf_tok = load_tokenizer(snap), AutoTokenizer.from_pretrained(snap)
-        lens = []
+        ours_tok, lens = load_tokenizer(snap), []
+        hf_tok = None
+        if run_trl_side:
+            from transformers import AutoTokenizer
+            hf_tok = AutoTokenizer.from_pretrained(snap)
         for row in dataset[:20]:
             ids = ours_tok.render_chat(row['prompt'])
-            hf_ids = hf_tok.apply_chat_template(row['prompt'], add_generation_prompt=True, tokenize=True)
-            hf_ids = hf_ids['input_ids'] if hasattr(hf_ids, 'keys') else hf_ids  # a BatchEncoding in newer versions
-            assert list(hf_ids) == ids, "transformers' chat template and ours give different prompt ids"
+            if hf_tok is not None:
+                hf_ids = hf_tok.apply_chat_template(row['prompt'], add_generation_prompt=True, tokenize=True)
+                hf_ids = hf_ids['input_ids'] if hasattr(hf_ids, 'keys') else hf_ids  # a BatchEncoding in newer versions
+                assert list(hf_ids) == ids, "transformers' chat template and ours give different prompt ids"
             lens.append(len(ids))
-        print(f"prompts: {len(dataset)} {args.task} questions, {min(lens)}-{max(lens)} tokens with the chat template "
-              "(the same ids through transformers' template)", flush=True)
+        print(f"prompts: {len(dataset)} {args.task} questions, {min(lens)}-{max(lens)} tokens with the chat template"
+              + (" (the same ids through transformers' template)" if hf_tok is not None else ''), flush=True)
 
         t = time.time()
         ours = run_ours(snap, work, pre, args.lr, args.steps, args.warmup, args.seed, 'cuda' if gpu else 'cpu',
-                        data_args)
+                        data_args, args.config, args.ours_args.split())
         ours_wall = time.time() - t
         print(f"ours: train_grpo.py subprocess done in {ours_wall:.1f}s (incl. start-up, warm-up, checkpoints)", flush=True)
-        t = time.time()
-        trl_steps, trl_lens, trl_peak = run_trl(snap, work, pre, args.lr, args.steps, args.warmup, args.seed, gpu,
-                                                dataset)
-        print(f"TRL: GRPOTrainer done in {time.time() - t:.1f}s (incl. loading, warm-up)", flush=True)
+        trl_steps = trl_lens = trl_peak = None
+        if run_trl_side:
+            t = time.time()
+            trl_steps, trl_lens, trl_peak = run_trl(snap, work, pre, args.lr, args.steps, args.warmup, args.seed, gpu,
+                                                    dataset)
+            print(f"TRL: GRPOTrainer done in {time.time() - t:.1f}s (incl. loading, warm-up)", flush=True)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -292,15 +332,9 @@ def main():
                   'step': r['timing_s/step']} for r in ours]
     for e in ours_each:
         e['other'] = e['step'] - e['gen'] - e['reward'] - e['logprob'] - e['update']
-    trl_each = [{'gen': s.get('gen', 0.0), 'reward': s.get('reward', 0.0),
-                 'score_other': s.get('rollout', 0.0) - s.get('gen', 0.0) - s.get('reward', 0.0),
-                 'update': s['step'] - s.get('rollout', 0.0), 'step': s['step']} for s in trl_steps]
     ours_phases = {k: statistics.median(e[k] for e in ours_each) for k in ('gen', 'reward', 'logprob', 'update', 'other')}
-    trl_phases = {k: statistics.median(e[k] for e in trl_each) for k in ('gen', 'reward', 'score_other', 'update')}
-    ours_step, trl_step = statistics.median(e['step'] for e in ours_each), statistics.median(e['step'] for e in trl_each)
+    ours_step = statistics.median(e['step'] for e in ours_each)
     ours_len = mean([r['response_len/mean'] for r in ours])
-    trl_len = mean(trl_lens) if trl_lens else None
-    n_rows = pre['prompts'] * pre['group']
 
     print("\nours (train_grpo.py), median over measured steps:")
     print(f"  generation {ours_phases['gen']:8.3f} s")
@@ -310,33 +344,51 @@ def main():
     print(f"  update     {ours_phases['update']:8.3f} s  (forward + log-probs + loss + backward + clip + AdamW)")
     print(f"  other      {ours_phases['other']:8.3f} s  (prompts, advantages, packing)")
     print(f"  step       {ours_step:8.3f} s  each: {[round(e['step'], 3) for e in ours_each]}")
-    print("TRL GRPOTrainer, median over measured steps:")
-    print(f"  generation {trl_phases['gen']:8.3f} s  (tokenize + model.generate + decode)")
-    print(f"  reward     {trl_phases['reward']:8.3f} s")
-    print(f"  scoring    {trl_phases['score_other']:8.3f} s  (padding, advantages, metrics)")
-    print(f"  update     {trl_phases['update']:8.3f} s  (forward + log-probs + loss + backward + clip + AdamW)")
-    print(f"  step       {trl_step:8.3f} s  each: {[round(e['step'], 3) for e in trl_each]}")
-    print(f"mean completion length: ours {ours_len:.1f}, TRL {trl_len if trl_len is None else round(trl_len, 1)} "
-          f"tokens (max {pre['new_tokens']})")
     result = {'device': device, 'setting': setting, 'warmup_steps_excluded': args.warmup, 'measured_steps': args.steps,
-              'statistic': 'median over measured steps',
-              'ours_step_s': round(ours_step, 4), 'trl_step_s': round(trl_step, 4),
-              'ratio': round(trl_step / ours_step, 2),
-              # fastest step of each: what is left when other processes slow some steps (contention only adds time)
+              'statistic': 'median over measured steps', 'ours_step_s': round(ours_step, 4),
               'ours_step_min_s': round(min(e['step'] for e in ours_each), 4),
-              'trl_step_min_s': round(min(e['step'] for e in trl_each), 4),
-              'ratio_min': round(min(e['step'] for e in trl_each) / min(e['step'] for e in ours_each), 2),
               'ours_phases': {k: round(v, 4) for k, v in ours_phases.items()},
-              'trl_phases': {k: round(v, 4) for k, v in trl_phases.items()},
-              'ours_completion_len': round(ours_len, 2), 'trl_completion_len': trl_len and round(trl_len, 2),
-              'ours_gen_tokens_per_s': round(ours_len * n_rows / ours_phases['gen'], 1),
-              'trl_gen_tokens_per_s': round(trl_len * n_rows / trl_phases['gen'], 1) if trl_len else None,
+              'ours_steps': [{k: round(v, 4) for k, v in e.items()} | {'peak_mem_gb': round(r['mem/peak_gb'], 3),
+                                                                       'frac_zero_std': r['frac_zero_std']}
+                             for e, r in zip(ours_each, ours)],  # frac_zero_std 1: no update ran that step
+              'ours_completion_len': round(ours_len, 2),
+              'ours_gen_tokens_per_s': round(statistics.median(r['perf/gen_tokens_per_s'] for r in ours), 1),
+              # CUDA: torch.cuda.max_memory_allocated; CPU: the process's peak resident set (safety.memory)
+              'ours_peak_mem_gb': round(max(r['mem/peak_gb'] for r in ours), 3),
               'ours_run': 'train_grpo.py as a subprocess of this script; timings from its metrics.jsonl',
-              'load_avg_1min_at_start': round(load, 2), 'load_avg_1min_at_end': round(os.getloadavg()[0], 2), 'trl_version': trl.__version__, 'torch_version': torch.__version__}
-    if gpu:
-        result['ours_peak_mem_gb'] = round(max(r['mem/peak_gb'] for r in ours), 2)
-        result['trl_peak_mem_gb'] = round(trl_peak, 2)
-    print(f"ratio (TRL step / our step): {result['ratio']}x")
+              'load_avg_1min_at_start': round(load, 2), 'torch_version': torch.__version__,
+              'trl': 'compared' if trl_steps is not None else f'skipped: {why}'}
+    if trl_steps is not None:
+        trl_each = [{'gen': s.get('gen', 0.0), 'reward': s.get('reward', 0.0),
+                     'score_other': s.get('rollout', 0.0) - s.get('gen', 0.0) - s.get('reward', 0.0),
+                     'update': s['step'] - s.get('rollout', 0.0), 'step': s['step']} for s in trl_steps]
+        trl_phases = {k: statistics.median(e[k] for e in trl_each) for k in ('gen', 'reward', 'score_other', 'update')}
+        trl_step = statistics.median(e['step'] for e in trl_each)
+        trl_len = mean(trl_lens) if trl_lens else None
+        n_rows = pre['prompts'] * pre['group']
+        print("TRL GRPOTrainer, median over measured steps:")
+        print(f"  generation {trl_phases['gen']:8.3f} s  (tokenize + model.generate + decode)")
+        print(f"  reward     {trl_phases['reward']:8.3f} s")
+        print(f"  scoring    {trl_phases['score_other']:8.3f} s  (padding, advantages, metrics)")
+        print(f"  update     {trl_phases['update']:8.3f} s  (forward + log-probs + loss + backward + clip + AdamW)")
+        print(f"  step       {trl_step:8.3f} s  each: {[round(e['step'], 3) for e in trl_each]}")
+        print(f"mean completion length: ours {ours_len:.1f}, TRL {trl_len if trl_len is None else round(trl_len, 1)} "
+              f"tokens (max {pre['new_tokens']})")
+        result.update({
+            'trl_step_s': round(trl_step, 4), 'ratio': round(trl_step / ours_step, 2),
+            # fastest step of each: what is left when other processes slow some steps (contention only adds time)
+            'trl_step_min_s': round(min(e['step'] for e in trl_each), 4),
+            'ratio_min': round(min(e['step'] for e in trl_each) / min(e['step'] for e in ours_each), 2),
+            'trl_phases': {k: round(v, 4) for k, v in trl_phases.items()},
+            'trl_completion_len': trl_len and round(trl_len, 2),
+            'trl_gen_tokens_per_s': round(trl_len * n_rows / trl_phases['gen'], 1) if trl_len else None,
+            'trl_version': trl.__version__})
+        if gpu:
+            result['trl_peak_mem_gb'] = round(trl_peak, 2)
+        print(f"ratio (TRL step / our step): {result['ratio']}x")
+    else:
+        print(f"mean completion length: ours {ours_len:.1f} tokens; TRL skipped ({why})")
+    result['load_avg_1min_at_end'] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
 
 
