@@ -1,9 +1,11 @@
 """
-Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engine runs per sample. Three sub-tasks:
+Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engine runs per sample. Four sub-tasks:
 
     policy       prompt 'P: <fen>'                 completion '<padding>M: <moves>  E: <evals>  B: <best move>'
     mate         the policy format, on positions with a mate in one: right when B: mates
     environment  prompt 'A: <fen>+<move>+<history>+' completion '<new fen>+<reward>+<terminated>+<truncated>'
+    move         prompt 'P: <fen> B:'              completion ' <move>': right when the move is legal (the policy
+                 line's B: field alone, for small models from scratch: the CPU demo, config/chess_demo.py)
 
 Positions come from random legal play, a pure function of the seed, and every label a reward needs (legal moves,
 mating moves, next FEN, reward and flags) is computed into the example when it is made, so the rewards are pure
@@ -21,7 +23,7 @@ import chess
 
 from data import parse_rows, read_rows
 
-chess_subtask = 'environment'  # 'policy', 'mate', 'environment', or several joined by ',' (interleaved)
+chess_subtask = 'environment'  # 'policy', 'mate', 'environment', 'move', or several joined by ',' (interleaved)
 chess_n_train = 5000  # training positions per sub-task
 chess_n_test = 200  # held-out positions per sub-task (made first from the stream, so n_train does not change them)
 chess_min_plies = 0  # random plies played from the start position before a position is taken ...
@@ -30,7 +32,7 @@ chess_illegal_frac = 0.0  # environment: share of moves that are illegal (reward
 chess_history = 10  # environment: moves in the history field, the current one included (RookWorld: 10)
 skip_bad_rows = False  # --data_dir rows that do not parse: False = stop with file:line, True = skip them
 
-SUBTASKS = ('policy', 'mate', 'environment')
+SUBTASKS = ('policy', 'mate', 'environment', 'move')
 # the reward the environment writes for the mover: RookWorld's values
 LEGAL, WIN, DRAW, ILLEGAL = '0.001', '1.0', '0.5', '-1.0'
 _UCI = re.compile(r'[a-h][1-8][a-h][1-8][qrbn]?')
@@ -54,25 +56,28 @@ def load(split, data_dir='', seed=0):
 
 def messages(example):
     """The raw prompt: 'P: <fen>' with no trailing space (so its GPT-2 tokens are a prefix of the training line's),
-    or 'A: <fen>+<move>+<history>+'."""
+    'P: <fen> B:' (move) or 'A: <fen>+<move>+<history>+'."""
     return example['question']
 
 
 def grade(completion, example):
     """environment: the whole next state exact; mate: B: mates; policy: B: is the engine's best when the example
-    has engine labels, else B: is legal."""
+    has engine labels, else B: is legal; move: the move is legal."""
     if example['subtask'] == 'environment':
         return _env_fields(completion) == _env_fields(example['solution'])
-    best = parse_policy(completion)['best']
+    best = _move_of(completion, example)
+    if example['subtask'] == 'move':
+        return best in example['legal']
     if example['subtask'] == 'mate':
         return best in example['mates']
     return best == example['best'] if example.get('best') else best in example['legal']
 
 
 def solution(example):
-    """The warm start's target: the environment's next state, or the policy line's completion (engine labels
-    needed: random play has no evaluations to write in E:)."""
-    if example['subtask'] == 'environment':
+    """The warm start's target: the environment's next state, the move sub-task's ' <move>' (a legal move drawn
+    when the example is made), or the policy line's completion (engine labels needed: random play has no evaluations
+    to write in E:)."""
+    if example['subtask'] in ('environment', 'move'):
         return example['solution']
     if not example.get('moves'):
         raise ValueError(f"chess {example['subtask']} example {example['fen']!r} has no engine labels "
@@ -83,9 +88,9 @@ def solution(example):
 
 
 def answer(completion):
-    """What maj@k votes on: the B: move, or the predicted next state."""
+    """What maj@k votes on: the B: move, the move sub-task's move, or the predicted next state."""
     fields = _env_fields(completion)
-    return parse_policy(completion)['best'] or ('+'.join(fields) if fields else None)
+    return parse_policy(completion)['best'] or parse_move(completion) or ('+'.join(fields) if fields else None)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -94,7 +99,10 @@ def answer(completion):
 
 def chess_format(completion, example):
     """Share of the sub-task's fields that parse. Policy/mate: M: holds 1-5 UCI moves, E: as many numbers, B: one
-    UCI move. Environment: four '+'-separated fields, a valid FEN, a number, and 0/1 flags."""
+    UCI move. Move: one UCI move and nothing else. Environment: four '+'-separated fields, a valid FEN, a number,
+    and 0/1 flags."""
+    if example['subtask'] == 'move':
+        return float(parse_move(completion) is not None)
     if example['subtask'] != 'environment':
         p = parse_policy(completion)
         ok = [bool(p['moves']) and len(p['moves']) <= 5, p['evals'] is not None and p['moves'] is not None
@@ -109,12 +117,12 @@ def chess_format(completion, example):
 def chess_legal(completion, example):
     """1 when B: is a legal move in the position (as python-chess writes it: 'e1g1', never the 'e1h1' it also
     accepts), else 0. Environment examples: 0."""
-    return float(example['subtask'] != 'environment' and parse_policy(completion)['best'] in example['legal'])
+    return float(example['subtask'] != 'environment' and _move_of(completion, example) in example['legal'])
 
 
 def chess_mate(completion, example):
     """1 when B: gives mate at once, else 0 (also where the position has no mate in one)."""
-    return float(example['subtask'] != 'environment' and parse_policy(completion)['best'] in example['mates'])
+    return float(example['subtask'] != 'environment' and _move_of(completion, example) in example['mates'])
 
 
 def chess_best(completion, example, best=1.0, candidate=0.5):
@@ -122,7 +130,7 @@ def chess_best(completion, example, best=1.0, candidate=0.5):
     (RookWorld's own B: labels are the worst candidate when Black moves: label your data with an engine.)"""
     if example['subtask'] == 'environment' or not example.get('best'):
         return 0.0
-    move = parse_policy(completion)['best']
+    move = _move_of(completion, example)
     return best if move == example['best'] else candidate if move in (example.get('moves') or ()) else 0.0
 
 
@@ -187,6 +195,17 @@ def parse_policy(text):
     return out
 
 
+def parse_move(text):
+    """The move sub-task's completion: one UCI move, blanks around it allowed and nothing else, or None."""
+    move = text.strip() if isinstance(text, str) else ''
+    return move if _UCI.fullmatch(move) else None
+
+
+def _move_of(completion, example):
+    """The move a policy, mate or move completion names (None when it names none)."""
+    return parse_move(completion) if example['subtask'] == 'move' else parse_policy(completion)['best']
+
+
 def _env_fields(text):
     """(fen, reward, terminated, truncated) as written, or None unless the text is exactly four '+' fields."""
     parts = text.strip().split('+') if isinstance(text, str) else []
@@ -226,18 +245,22 @@ def mating_moves(board):
     return out
 
 
-def policy_example(fen, subtask='policy', moves=None, evals=None, best=None):
+def policy_example(fen, subtask='policy', moves=None, evals=None, best=None, target=None):
+    """A policy, mate or move example; move: `target` is the warm start's move (default: the engine's best, else a
+    legal move drawn by the FEN)."""
     board = _board(fen)
     if board is None:
         raise ValueError(f"invalid FEN {fen!r}")
     legal = sorted(board.uci(m) for m in board.legal_moves)
-    ex = {'subtask': subtask, 'fen': board.fen(), 'question': 'P: ' + board.fen(), 'legal': legal,
-          'mates': mating_moves(board)}
+    ex = {'subtask': subtask, 'fen': board.fen(), 'question': 'P: ' + board.fen() + ' B:' * (subtask == 'move'),
+          'legal': legal, 'mates': mating_moves(board)}
     if moves:
         if best not in moves or not evals or len(evals) != len(moves):
             raise ValueError(f"engine labels of {fen!r}: need 'best' among 'moves' and one eval per move")
         ex.update(moves=list(moves), evals=[float(v) for v in evals], best=best)
     ex['answer'] = ex.get('best') or ' '.join(ex['mates'] if subtask == 'mate' else legal)
+    if subtask == 'move':
+        ex['solution'] = ' ' + (target or ex.get('best') or random.Random(ex['fen']).choice(legal))
     return ex
 
 
@@ -289,6 +312,7 @@ def _illegal_move(board, rng):
 def chess_stream(subtask, seed, min_plies=0, max_plies=80, illegal_frac=0.0):
     """Endless examples of one sub-task from random legal play, a pure function of the arguments."""
     rng = random.Random(f'chess {subtask} {seed}')
+    targets = random.Random(f'chess move targets {seed}')  # the move sub-task's warm-start moves: their own stream
     while True:
         board, played = chess.Board(), []
         for _ in range(rng.randint(min_plies, max_plies)):
@@ -304,6 +328,8 @@ def chess_stream(subtask, seed, min_plies=0, max_plies=80, illegal_frac=0.0):
             yield environment_example(board.fen(), move, played)
         elif subtask == 'policy':
             yield policy_example(board.fen(), subtask)
+        elif subtask == 'move':
+            yield policy_example(board.fen(), subtask, target=board.uci(targets.choice(list(board.legal_moves))))
         else:  # mate: play on to the first position with a mate in one (1 in ~60 random-play positions has one)
             while not board.is_game_over() and board.ply() < max_plies + 200 and not mating_moves(board):
                 board.push(rng.choice(list(board.legal_moves)))

@@ -56,7 +56,7 @@ def test_generator_is_deterministic_and_splits_apart():
     assert examples('environment', n_train=5, seed=3)[1] == test, "the test split must not depend on n_train"
 
 
-@pytest.mark.parametrize('subtask', ['policy', 'mate', 'environment'])
+@pytest.mark.parametrize('subtask', ['policy', 'mate', 'environment', 'move'])
 def test_labels_agree_with_python_chess(subtask):
     """Every label recomputed independently: all legal moves pushed one by one (no gives_check shortcut)."""
     train, test = examples(subtask, n_train=20, n_test=5, chess_illegal_frac=0.3)
@@ -78,6 +78,11 @@ def test_labels_agree_with_python_chess(subtask):
                 assert ex['solution'] == f"{after.fen()}+{reward}+{int(end)}+0", ex
             else:
                 assert ex['solution'] == f"{board.fen()}+-1.0+0+1", ex
+        elif subtask == 'move':
+            assert ex['question'] == 'P: ' + ex['fen'] + ' B:' and ex['legal'] == legal
+            assert sorted(ex['mates']) == mates, ex['fen']
+            assert C.solution(ex) == ' ' + ex['solution'].strip() and ex['solution'].strip() in legal, \
+                "chess_move_illegal_frac=0: every warm-start move is legal"
         else:
             assert ex['question'] == 'P: ' + ex['fen'] and ex['legal'] == legal
             assert sorted(ex['mates']) == mates, ex['fen']
@@ -159,6 +164,39 @@ def test_best_move_reward_uses_engine_labels():
         C.from_row({'fen': START, 'moves': ['e2e4'], 'evals': [0.3], 'best': 'd2d4'}, 'policy')
 
 
+def test_move_rewards_on_crafted_completions():
+    """The move sub-task: one UCI move, legal as python-chess writes it; anything else is wrong."""
+    start, fool, castle = (C.from_row({'fen': f}, 'move') for f in (START, FOOL, CASTLE))
+    assert start['question'] == 'P: ' + START + ' B:' and C.solution(start).strip() in start['legal']
+    cases = {' e2e4': (True, 1.0), 'g1f3': (True, 1.0), ' b1c3\n': (True, 1.0), ' a2a3 ': (True, 1.0),
+             ' e2e5': (False, 1.0), ' e7e5': (False, 1.0), ' g1g3': (False, 1.0),  # a pawn too far, Black's, no
+             ' e2e4 e7e5': (False, 0.0), 'B: e2e4': (False, 0.0), ' E2E4': (False, 0.0), ' Nf3': (False, 0.0),
+             '': (False, 0.0), ' e2': (False, 0.0), '\x00' * 50: (False, 0.0), START: (False, 0.0)}
+    for text, (grade, fmt) in cases.items():
+        assert C.grade(text, start) is grade, text
+        assert C.chess_legal(text, start) == float(grade), text
+        assert C.chess_format(text, start) == fmt, text
+        assert C.chess_mate(text, start) == C.chess_best(text, start) == C.chess_transition(text, start) == 0.0
+        assert C.answer(text) == text.strip() or not fmt, "maj@k votes on the move"
+    assert C.grade(' d8h4', fool) and C.chess_mate(' d8h4', fool) == 1.0 and C.chess_mate(' e8e7', fool) == 0.0
+    assert C.grade(' e1g1', castle) and not C.grade(' e1h1', castle), "e1h1 is not UCI O-O"
+    assert C.metrics([' e2e4', ' e2e5', ' d8h4', 'junk'], [start, start, fool, fool]) == {
+        'legal_rate': 0.5, 'mate_rate': 0.5, 'format_rate': 0.75}
+    labelled = C.from_row({'fen': START, 'moves': ['d2d4', 'e2e4'], 'evals': [0.3, 0.2], 'best': 'd2d4'}, 'move')
+    assert C.solution(labelled) == ' d2d4' and C.grade(' e2e4', labelled), "the engine's best is only the target"
+
+
+def test_move_examples_are_deterministic_and_their_targets_legal():
+    """The move sub-task's warm-start moves are drawn from their own stream: the same seed gives the same moves,
+    and every one is legal."""
+    C._splits.cache_clear()
+    train, test = examples('move', n_train=200, n_test=20, chess_max_plies=10)
+    C._splits.cache_clear()
+    assert examples('move', n_train=200, n_test=20, chess_max_plies=10) == (train, test)
+    assert all(e['solution'][0] == ' ' and e['solution'][1:] in e['legal'] for e in train + test)
+    assert len({e['solution'] for e in train}) > 50, "the warm start's moves must vary, not one move for all"
+
+
 REWARDS = [C.chess_format, C.chess_legal, C.chess_mate, C.chess_best, C.chess_transition]
 FRAGMENTS = ['P: ', 'A: ', 'M: ', 'E: ', 'B: ', '+', ' ', '/', 'e2e4', 'e1h1', 'd8h4', 'a7a8q', '1000.0', '-nan', 'inf',
              '0.001', '1', '0', '8', 'rnbqkbnr', 'w', 'KQkq', '-', '\n', '<|endoftext|>', 'é', '🤖', START, FOOL]
@@ -169,7 +207,8 @@ FRAGMENTS = ['P: ', 'A: ', 'M: ', 'E: ', 'B: ', '+', ' ', '/', 'e2e4', 'e1h1', '
 def test_fuzz_rewards_never_raise(text):
     exs = [C.environment_example(START, 'e2e4', []), C.environment_example(START, 'e2e5', []),
            C.policy_example(FOOL, 'mate'),
-           C.from_row({'fen': START, 'moves': ['e2e4', 'd2d4'], 'evals': [0.3, 0.2], 'best': 'e2e4'}, 'policy')]
+           C.from_row({'fen': START, 'moves': ['e2e4', 'd2d4'], 'evals': [0.3, 0.2], 'best': 'e2e4'}, 'policy'),
+           C.from_row({'fen': START}, 'move'), C.from_row({'fen': FOOL}, 'move')]
     for ex in exs:
         for fn in REWARDS:
             v = fn(text, ex)
