@@ -25,9 +25,14 @@ def fail(msg):
     sys.exit(2)
 
 
+def auto_bool(default, value):
+    """A knob whose default is 'auto' (share_prompt) also takes True or False: a choice, not a change of type."""
+    return default == 'auto' and isinstance(value, bool)
+
+
 def check_type(key, value, default, where):
     """Return value coerced to the default's type (int -> float, list <-> tuple), or fail naming where it came from."""
-    if default is None or value is None:
+    if default is None or value is None or auto_bool(default, value):
         return value
     if isinstance(default, bool) or isinstance(value, bool):  # bool is an int subclass: compare exactly
         ok = type(value) is type(default)
@@ -103,7 +108,7 @@ def _apply(g, argv, defaults, strict):
                     continue
                 fail(f"unknown config key --{key} (known keys: {', '.join(sorted(defaults))})")
             value = parse_value(raw)
-            if isinstance(defaults[key], str) and not isinstance(value, str):
+            if isinstance(defaults[key], str) and not isinstance(value, str) and not auto_bool(defaults[key], value):
                 value = raw  # --out_dir=2024 is the string '2024'
             g[key] = check_type(key, value, defaults[key], arg)
 

@@ -347,6 +347,10 @@ class GPT(nn.Module):
             cache.extent = L
         return self.ln_f(x)
 
+    def packed_kind(self):
+        """The attention packed rows get on this model's device: 'flex' or 'sdpa' (packed_backend)."""
+        return packed_backend(self.packed_attention, self.wte.weight.device)
+
     def num_params(self, non_embedding=False):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:

@@ -51,7 +51,8 @@ def bad_knob(c):
     for key, allowed in [('loss_agg', ('token_mean', 'seq_mean_token_mean', 'seq_sum_const')), ('resume', ('auto', 'never')),
                          ('kl_estimator', ('k1', 'k2', 'k3')), ('on_kl_max', ('rollback', 'stop')), ('loss_type', LOSS_TYPES),
                          ('scale_rewards', ('group', 'batch', 'none')), ('tis', ('',) + TIS_MODES),
-                         ('export_dtype', ('', 'float32', 'bfloat16', 'float16'))]:
+                         ('export_dtype', ('', 'float32', 'bfloat16', 'float16')), ('share_prompt', (True, False, 'auto')),
+                         ('packed_attention', ('auto', 'flex', 'sdpa'))]:
         if c[key] not in allowed:
             return f"--{key}={c[key]!r}: expected one of {allowed}"
     if c['group_size'] < 2:

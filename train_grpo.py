@@ -44,7 +44,8 @@ sft_batch_size = 32  # sequences per SFT step
 group_size = 8  # G: completions per prompt; advantages are relative within a group
 batch_prompts = 16  # prompts per step (rows per step = batch_prompts * group_size)
 micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation); share_prompt: whole groups, >= 1
-share_prompt = True  # update: each group's prompt once per forward, its G completions packed after it (pack_groups)
+share_prompt = 'auto'  # True: a group's prompt once, its completions packed after it; False: a row each; 'auto': cheaper
+packed_attention = 'auto'  # packed rows' attention: 'flex' (FlexAttention block mask), 'sdpa' (dense mask), 'auto' flex on CUDA
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
 top_k = 0  # 0 = off. top_k/top_p make training off-policy: the loss scores tokens under the full softmax
@@ -131,7 +132,7 @@ if plot:
     plot_metrics(os.path.join(plot, 'metrics.jsonl'), os.path.join(plot, 'curves.png'))
     sys.exit(0)
 
-from batch import completion_logprobs, keep_groups, micro_batches, pad_micro_batches, train_rows  # noqa: E402
+from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches, pad_micro_batches, train_rows  # noqa: E402
 from checkpoint import load_newest_everywhere, load_state, reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from loss import group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
@@ -181,15 +182,16 @@ try:
     lora.apply(model, lora_rank, lora_alpha, lora_dropout, lora_targets, seed)  # base frozen, adapters added (rank > 0)
 except (ValueError, OSError) as e:
     die(str(e))
-model.grad_checkpoint = grad_checkpoint
+model.grad_checkpoint, model.packed_attention = grad_checkpoint, packed_attention
 print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on {device}")
 # the sampler: the model itself in fp32, else a low-precision copy (LoRA: of the merged weights); synced after updates
 gen_model, sync_gen_model = lora.sampler(model, ptdtype, fsdp)
 train_model = wrap(model, device, fsdp, compile)
+step_share = share_prompt is True  # this step's update layout (share_prompt='auto': batch.choose_share_prompt per step)
 
 
 def logprobs(net, rows, temp=None):  # per-token log-probs and entropies of rows' completions (batch.py)
-    return completion_logprobs(net, rows, tok.pad_id, temperature if temp is None else temp, share_prompt,
+    return completion_logprobs(net, rows, tok.pad_id, temperature if temp is None else temp, step_share,
                                ptdtype, compile, lm_head_fp32, lm_head_tiles)
 
 
@@ -257,8 +259,7 @@ P, G = batch_prompts, group_size
 print(safety.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode), flush=True)
 
 
-def rollout(examples, first, step, timing):  # this rank samples and scores whole groups for its share of examples;
-    # a row's randomness comes from its index in the step's prompts (first + i), not from the number of ranks
+def rollout(examples, first, step, timing):  # this rank's groups, sampled and scored; row i's randomness: first + i
     mine, prompts = range(first + rank * len(examples) // world, first + (rank + 1) * len(examples) // world), \
         prompts_for(examples)
     t = time.time()
@@ -293,7 +294,8 @@ while step < max_steps:
     adv, zero_std = group_advantages(r_all[kept], scale_rewards, adv_eps)
     rows, n_tok, n_seq, (n_trained, t_trained) = train_rows(  # a zero-spread group's gradient is 0 without KL/entropy
         comps, adv, zero_std, prompts, owned, kept, filter_zero_std and not (beta or entropy_coef), mask_truncated)
-    micro = micro_batches(rows, micro_batch_size, whole_groups=share_prompt)  # share_prompt packs whole groups
+    step_share = share_prompt if share_prompt != 'auto' else choose_share_prompt(rows, model.config, model.packed_kind())
+    micro = micro_batches(rows, micro_batch_size, whole_groups=step_share)  # packed: whole groups per micro-batch
     n_real = len(micro)  # (torchrun: padded with passes of weight 0, as many on every rank)
     micro = pad_micro_batches(micro, tok.pad_id, device) if ddp else micro
     # 4. old (mu > 1) and reference (beta > 0) log-probs, no grad
@@ -354,7 +356,7 @@ while step < max_steps:
          **({'dynamic/prompts': len(batch), 'dynamic/rounds': rnd + 1, 'dynamic/groups_short': P - len(kept)}
             if dynamic_sampling else {}), **safety.metrics_of(first), 'grad_norm': grad_norm,
          **(safety.metrics_of(last) if num_iterations > 1 and not skipped else {}), 'kl_coef': beta_now,
-         'rows_trained': n_trained, 'tokens_trained': t_trained, **safety.mem_stats(device)}
+         'rows_trained': n_trained, 'tokens_trained': t_trained, 'packed': int(step_share), **safety.mem_stats(device)}
     m.update(safety.warn(guards, m, t_trained, skipped, grad_norm, max_new_tokens, kl_warn if ref_model is not None else None))
     if eval_every > 0 and (step % eval_every == 0 or step == max_steps):
         m.update(run_eval(step))

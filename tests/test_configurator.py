@@ -34,6 +34,19 @@ def test_none_default_accepts_anything():
     assert run(['--init_from=3'])[0]['init_from'] == 3
 
 
+def test_auto_default_also_takes_true_or_false(tmp_path):
+    """share_prompt = 'auto' also takes True/False, on the command line and in a config file (a choice, not a change
+    of type); other words stay strings, for safety.bad_knob to refuse with the allowed values."""
+    g = lambda: {**defaults(), 'share_prompt': 'auto'}  # noqa: E731
+    assert run(['--share_prompt=False'], g())[0]['share_prompt'] is False
+    assert run(['--share_prompt=True'], g())[0]['share_prompt'] is True
+    assert run(['--share_prompt=auto'], g())[0]['share_prompt'] == 'auto'
+    assert run(['--share_prompt=3'], g())[0]['share_prompt'] == '3'
+    cfg = tmp_path / 'c.py'
+    cfg.write_text('share_prompt = False\n')
+    assert run([str(cfg)], g())[0]['share_prompt'] is False
+
+
 def test_value_containing_equals():
     assert run(['--name=a=b=c'])[0]['name'] == 'a=b=c'
 

@@ -73,10 +73,11 @@ def test_metrics_keys_and_files(tmp_path):
     need = ['step', 'lr', 'reward/mean', 'reward/std', 'reward/digit_fraction/mean', 'frac_zero_std', 'loss', 'pg_loss',
             'kl', 'entropy', 'grad_norm', 'response_len/mean', 'response_len/clip_frac', 'timing_s/gen',
             'timing_s/reward', 'timing_s/ref', 'timing_s/old_logprob', 'timing_s/update', 'timing_s/step',
-            'mem/allocated_gb', 'mem/reserved_gb', 'mem/peak_gb', 'perf/gen_tokens_per_s', 'perf/tokens_per_s']
+            'mem/allocated_gb', 'mem/reserved_gb', 'mem/peak_gb', 'perf/gen_tokens_per_s', 'perf/tokens_per_s', 'packed']
     missing = [k for k in need if k not in rows[1]]
     assert not missing, f"metrics.jsonl lacks {missing}"
     assert 'eval/pass@1' in rows[0] and 'eval/pass@1' in rows[2], "eval at start and every eval_every steps"
+    assert rows[1]['packed'] == 1, "share_prompt='auto' packs short completions (batch.choose_share_prompt)"
     assert (tmp_path / 'samples.jsonl').exists() and (tmp_path / 'curves.png').exists()
     saved = json.load(open(tmp_path / 'config.json'))
     assert saved['max_steps'] == 2
@@ -357,6 +358,8 @@ def test_watchdog_dumps_the_stalled_stack(tmp_path):
 def test_bad_config_is_one_line_and_exit_2(tmp_path):
     p = run(tmp_path, '--loss_agg=mean', check=False)
     assert p.returncode == 2 and '--loss_agg' in p.stderr
+    p = run(tmp_path, '--share_prompt=maybe', check=False)
+    assert p.returncode == 2 and '--share_prompt' in p.stderr
     p = run(tmp_path, "--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]", check=False)
     assert p.returncode == 2 and 'corect' in p.stderr
 
