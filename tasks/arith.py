@@ -19,13 +19,14 @@ arith_operand_digits = 0  # max digits of the amounts added/removed (0 = the pre
 arith_n_train = 5000  # training problems
 arith_n_test = 200  # held-out problems (a fixed split: it comes first from the stream)
 arith_count_on = 0.0  # share of training solutions that count on, '46+7: 47(1) 48(2) ...' (count_on)
+arith_slips = 0.0  # share of the other training solutions whose one-digit sums drop the carry/borrow: '46+7=43' (slip)
 rewards = [{'name': 'correct', 'weight': 1.0}]
 
 
 def load(split, data_dir='', seed=0):
     """The train or test split for the knobs above and the run's seed (data_dir is not used)."""
     train, test = _splits(arith_n_train, arith_n_test, seed, arith_difficulty, arith_digits or None, arith_ops or None,
-                          arith_steps or None, arith_operand_digits or None, arith_count_on)
+                          arith_steps or None, arith_operand_digits or None, arith_count_on, arith_slips)
     return list(train if split == 'train' else test)
 
 
@@ -45,7 +46,7 @@ def solution(example):
 @lru_cache(maxsize=2)
 def _splits(*args):
     train, test = arith_splits(*args[:2], seed=args[2], difficulty=args[3], digits=args[4], ops=args[5], steps=args[6],
-                               operand_digits=args[7], count_on_frac=args[8])
+                               operand_digits=args[7], count_on_frac=args[8], slip_frac=args[9])
     return tuple(train), tuple(test)
 
 
@@ -121,11 +122,32 @@ def count_on(solution):
     return '\n'.join(line(s) for s in solution.split('\n'))
 
 
+def slip(solution):
+    """The same solution with each '+' or '-' of a one-digit amount worked the way a hurried pupil does it, the
+    carry or borrow dropped: the tens stay, the ones digit wraps: '46+7=53' -> '46+7=43', '80-7=73' -> '80-7=83'.
+    Right exactly when no carry or borrow is needed (about half the 'starter' problems), so a model that imitates it
+    is wrong about half the time however well it learns, on every machine. Later lines are left as they were (a slip
+    in a multi-step solution is not carried through). The '####' answer follows the last line it rewrote."""
+    out, answer = [], None
+    for s in solution.split('\n'):
+        m = re.fullmatch(r'(\d+)([+-])(\d)=\d+', s)
+        if m:
+            a, op, b = int(m[1]), m[2], int(m[3])
+            answer = a - a % 10 + (a % 10 + (b if op == '+' else -b)) % 10
+            s = f"{a}{op}{b}={answer}"
+        elif s.startswith('#### ') and answer is not None:
+            s = f"#### {answer}"
+        out.append(s)
+    return '\n'.join(out)
+
+
 def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None,
-                 count_on_frac=0.0):
+                 count_on_frac=0.0, slip_frac=0.0):
     """(train, test) with no arithmetic shared between them (keyed by the solution, so renaming Tom to Ann does
     not leak a test problem). The test split comes first from the stream, so it does not depend on n_train.
-    count_on_frac: this fraction of the training solutions (a fixed random choice) is written by count_on()."""
+    count_on_frac: this fraction of the training solutions (a fixed random choice) is written by count_on();
+    slip_frac: this fraction of the others (their own fixed choice) by slip(). The test split is never rewritten:
+    grading compares the answer, which slip() gets wrong whenever a carry or borrow is needed."""
     stream, tries = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits), 0
     test, seen, train = [], set(), []
     # bounded, so a problem space too small for the request ends in an error rather than a hang
@@ -142,4 +164,7 @@ def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=No
                          f"allow more digits, ops or steps")
     styles = random.Random(f'count_on {seed}')  # its own stream: the problems do not depend on count_on_frac
     train = [{**ex, 'solution': count_on(ex['solution'])} if styles.random() < count_on_frac else ex for ex in train]
+    slips = random.Random(f'slip {seed}')  # drawn for every problem, so the choice does not depend on count_on_frac
+    train = [{**ex, 'solution': slip(ex['solution'])} if slips.random() < slip_frac and ':' not in ex['solution']
+             else ex for ex in train]
     return train, test

@@ -9,7 +9,7 @@ import pytest
 from data import batch_at, epoch_order
 from reward import is_correct
 from tasks import arith, gsm8k
-from tasks.arith import DIFFICULTY, arith_splits, count_on, make_arith
+from tasks.arith import DIFFICULTY, arith_splits, count_on, make_arith, slip
 
 build_messages = gsm8k.messages
 
@@ -253,3 +253,28 @@ def test_count_on_frac_rewrites_that_share_of_training_solutions_only():
     worked = sum(ex['solution'] != p['solution'] for ex, p in zip(train, plain_train))
     assert 0.25 < worked / len(train) < 0.35, worked
     assert all(ex['solution'] in (p['solution'], count_on(p['solution'])) for ex, p in zip(train, plain_train))
+
+
+def test_slip_drops_the_carry_and_is_right_exactly_without_one():
+    """The offline demo's hurried teacher: tens kept, ones digit wrapped, the #### answer following the line."""
+    assert slip('46+7=53\n#### 53') == '46+7=43\n#### 43'
+    assert slip('80-7=73\n#### 73') == '80-7=83\n#### 83'
+    assert slip('95+7=102\n#### 102') == '95+7=92\n#### 92'
+    assert slip('42+5=47\n#### 47') == '42+5=47\n#### 47', 'no carry: already right'
+    assert slip('12+30=42\n#### 42') == '12+30=42\n#### 42', 'two-digit amounts are left as they were'
+    for ex in make_arith(300, seed=5, difficulty='starter'):
+        a, op, b = re.match(r'(\d+)([+-])(\d)', ex['solution']).groups()
+        carries = int(a) % 10 + int(b) > 9 if op == '+' else int(a) % 10 < int(b)
+        assert is_correct(slip(ex['solution']), ex['answer']) == (not carries), ex['solution']
+
+
+def test_slip_frac_rewrites_direct_training_solutions_only():
+    plain_train, plain_test = arith_splits(2000, 200, seed=0, difficulty='starter', count_on_frac=0.4)
+    train, test = arith_splits(2000, 200, seed=0, difficulty='starter', count_on_frac=0.4, slip_frac=1.0)
+    assert test == plain_test, 'the held-out split (and its answers) must not change'
+    assert [ex['question'] for ex in train] == [ex['question'] for ex in plain_train]
+    assert [':' in ex['solution'] for ex in train] == [':' in p['solution'] for p in plain_train], 'counting kept'
+    direct = [(ex, p) for ex, p in zip(train, plain_train) if ':' not in p['solution']]
+    assert all(ex['solution'] == slip(p['solution']) for ex, p in direct)
+    right = sum(is_correct(ex['solution'], ex['answer']) for ex, _ in direct) / len(direct)
+    assert 0.4 < right < 0.6, right  # about half the starter problems need a carry or a borrow
