@@ -3,6 +3,7 @@ Hugging Face snapshot directories <-> model.py's GPT: config.json <-> ModelConfi
 and gate/up split back into HF's sub-projections), safetensors loading (single file or sharded index) with one clear
 error per problem, hub download through huggingface_hub when it is installed, and atomic saving.
 """
+import contextlib
 import json
 import os
 import re
@@ -273,13 +274,10 @@ def save_pretrained(model, tokenizer, out_dir, state_dict=None, dtype=None):
     snapshot where an old one was. state_dict: the weights to write instead of model's own (e.g. gathered whole
     from FSDP shards)."""
     from safetensors.torch import save_file
-    cfg, out_dir = model.config, os.path.abspath(out_dir)
+    cfg = model.config
     state_dict = model.state_dict() if state_dict is None else state_dict
     dtype = dtype or state_dict['wte.weight'].dtype
-    tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    with atomic_dir(out_dir) as tmp:
         with open(os.path.join(tmp, 'config.json'), 'w') as f:
             json.dump(config_to_hf(cfg, dtype), f, indent=2)
         # own, dense copies: safetensors refuses views that share storage (our fused q/k/v split apart)
@@ -290,10 +288,22 @@ def save_pretrained(model, tokenizer, out_dir, state_dict=None, dtype=None):
             tokenizer.save(tmp)
             with open(os.path.join(tmp, 'generation_config.json'), 'w') as f:
                 json.dump({'eos_token_id': tokenizer.stop_ids, 'pad_token_id': tokenizer.pad_id}, f, indent=2)
+    return os.path.abspath(out_dir)
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir):
+    """A fresh folder beside out_dir to write into, renamed into place when the block ends without an error, so a
+    crash never leaves a half-written directory where an old one was (the old one goes only after the rename)."""
+    out_dir = os.path.abspath(out_dir)
+    tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        yield tmp
         if os.path.exists(out_dir):
             os.rename(out_dir, old)
         os.rename(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return out_dir

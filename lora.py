@@ -16,13 +16,12 @@ import copy
 import json
 import math
 import os
-import shutil
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hf import hf_layout
+from hf import atomic_dir, hf_layout
 
 # lora_targets='all-linear': every linear layer of the blocks (not the LM head), by HF module name, as peft's 'all-linear'
 ALL_LINEAR = {'gpt2': ('c_attn', 'c_proj', 'c_fc'),  # GPT-2's c_proj: attention's and the MLP's (peft matches both too)
@@ -251,23 +250,13 @@ def save_peft(model, sd, out_dir, base_name):
     peft.PeftModel.from_pretrained(<the base snapshot in transformers>, out_dir) loads. sd: a state dict holding
     the adapters (adapter_state's). Written beside out_dir and renamed into place, as hf.save_pretrained does."""
     from safetensors.torch import save_file
-    out_dir = os.path.abspath(out_dir)
-    tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    with atomic_dir(out_dir) as tmp:
         with open(os.path.join(tmp, 'adapter_config.json'), 'w') as f:
             json.dump(peft_config(model, base_name), f, indent=2)
         tensors = {k: v.detach().to('cpu').clone(memory_format=torch.contiguous_format)
                    for k, v in peft_tensors(model, sd).items()}
         save_file(tensors, os.path.join(tmp, 'adapter_model.safetensors'), metadata={'format': 'pt'})
-        if os.path.exists(out_dir):
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return out_dir
+    return os.path.abspath(out_dir)
 
 
 def bad_knob(config):

@@ -404,3 +404,19 @@ def test_grad_checkpoint_gives_the_same_gradients():
         m(x).float().logsumexp(-1).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6), "activation checkpointing changed the gradients"
+
+
+def test_atomic_dir_keeps_the_old_directory_when_writing_fails(tmp_path):
+    """save_pretrained and the LoRA adapter export write through hf.atomic_dir: a crash mid-write leaves the old
+    snapshot as it was and no half-written folder; a finished write replaces it whole."""
+    out = tmp_path / 'hf'
+    out.mkdir()
+    (out / 'model.safetensors').write_text('old')
+    with pytest.raises(RuntimeError):
+        with H.atomic_dir(out) as tmp:
+            open(os.path.join(tmp, 'model.safetensors'), 'w').write('half')
+            raise RuntimeError('crash mid-write')
+    assert (out / 'model.safetensors').read_text() == 'old' and sorted(p.name for p in tmp_path.iterdir()) == ['hf']
+    with H.atomic_dir(out) as tmp:
+        open(os.path.join(tmp, 'config.json'), 'w').write('new')
+    assert sorted(p.name for p in out.iterdir()) == ['config.json'] and [p.name for p in tmp_path.iterdir()] == ['hf']
