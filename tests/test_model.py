@@ -205,14 +205,21 @@ def test_export_loads_in_transformers_and_back(name, tmp_path):
         assert json.load(f)['model_type'] == SCRATCH[name].arch
     names = load_file(tmp_path / 'snap' / 'model.safetensors').keys()
     assert ('lm_head.weight' in names) == (not SCRATCH[name].tie_word_embeddings), 'tied head must not be saved twice'
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'snap').eval()
-    idx = torch.randint(0, V, (2, 17), generator=torch.Generator().manual_seed(7))
+    check_export_round_trip(ours, tmp_path / 'snap', T=17, seed=7)
+
+
+def check_export_round_trip(ours, snap, T, seed):
+    """ours, saved at snap: transformers loads it with ours's logits (<= 1e-5) and from_pretrained gives back the same
+    config and bit-identical weights. Returns transformers' model."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(snap).eval()
+    idx = torch.randint(0, ours.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(seed))
     d = maxdiff(hf(idx).logits, ours(idx))
     assert d <= 1e-5, f'transformers loads our export with logits {d:.2e} away from ours'
-    back, _ = H.from_pretrained(tmp_path / 'snap')
+    back, _ = H.from_pretrained(snap)
     assert back.config == ours.config
     for (k, a), b in zip(ours.state_dict().items(), back.state_dict().values()):
         assert torch.equal(a, b), f'{k} changed in the save/load round trip'
+    return hf
 
 
 def test_export_keeps_the_model_dtype(tmp_path):

@@ -7,7 +7,7 @@ import torch
 
 import hf as H
 import model as M
-from test_model import perturbed_hf
+from test_model import check_export_round_trip, perturbed_hf
 
 transformers = pytest.importorskip('transformers')
 
@@ -91,15 +91,7 @@ def test_export_loads_in_transformers_and_back(snapshot, tmp_path):
     H.save_pretrained(ours, None, tmp_path / 'snap')
     with open(tmp_path / 'snap' / 'config.json') as f:
         assert json.load(f)['architectures'] == [type(hf).__name__]
-    back_hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'snap').eval()
-    assert type(back_hf) is type(hf)
-    idx = torch.randint(0, V, (2, 33), generator=torch.Generator().manual_seed(3))
-    d = maxdiff(back_hf(idx).logits, ours(idx))
-    assert d <= 1e-5, f'transformers loads our export with logits {d:.2e} away from ours'
-    back, _ = H.from_pretrained(tmp_path / 'snap')
-    assert back.config == ours.config
-    for (k, a), b in zip(ours.state_dict().items(), back.state_dict().values()):
-        assert torch.equal(a, b), f'{k} changed in the save/load round trip'
+    assert type(check_export_round_trip(ours, tmp_path / 'snap', T=33, seed=3)) is type(hf)
 
 
 @torch.no_grad()
