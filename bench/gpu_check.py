@@ -27,6 +27,7 @@ calls (e.g. --parts=tests,kernel then --parts=sample,step then --parts=step_gsm8
 """
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import re
@@ -55,10 +56,10 @@ def device_name(smoke):
 def versions():
     out = {'python': sys.version.split()[0]}
     for mod in ('torch', 'triton', 'transformers', 'peft', 'trl', 'datasets'):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as e:  # an absent optional package is a fact to record, not an error
-            out[mod] = f'not importable ({type(e).__name__})'
+        try:  # from the installed metadata: importing transformers and peft only to read a version costs seconds
+            out[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:  # an absent optional package is a fact to record
+            out[mod] = 'not installed'
     try:
         import torch
         out['cuda'] = torch.version.cuda

@@ -91,7 +91,8 @@ def test_failed_save_leaves_previous_png_and_no_temp_file(tmp_path, monkeypatch)
     def half_write(self, f, **kw):  # a crash partway through writing the image
         f.write(b'\x89PNG half')
         raise RuntimeError('killed mid-save')
-    monkeypatch.setattr(plot.Figure, 'savefig', half_write)
+    from matplotlib.figure import Figure
+    monkeypatch.setattr(Figure, 'savefig', half_write)
     with pytest.raises(RuntimeError):
         plot.plot_metrics(run_dir)
     assert open(os.path.join(run_dir, 'curves.png'), 'rb').read() == before, 'old curves.png was overwritten'
