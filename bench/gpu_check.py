@@ -76,7 +76,7 @@ def commands(args, smoke, task):
     if smoke:
         tests = ['tests/test_cuda.py', 'tests/test_flex.py::test_masks_from_segments_are_the_layout']
         return {
-            'tests': ([PY, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *tests], {}, 120),
+            'tests': ([PY, '-m', 'pytest', '-q', '-n', '0', '-p', 'no:cacheprovider', *tests], {}, 120),
             'kernel': (bench('bench_kernels.py') + ['--tokens=64', '--vocab=1000', '--rows=8', '--reps=1',
                                                    f'--attention={int(not args.smoke_no_flex)}',
                                                    '--attn_shape=1,8,2,4'], {}, 180),
@@ -89,7 +89,7 @@ def commands(args, smoke, task):
         }
     env = {'GRPO_TEST_DEVICE': 'cuda', 'TRITON_INTERPRET': '0'}
     return {
-        'tests': ([PY, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/test_cuda.py', 'tests/test_flex.py'],
+        'tests': ([PY, '-m', 'pytest', '-q', '-n', '0', '-p', 'no:cacheprovider', 'tests/test_cuda.py', 'tests/test_flex.py'],
                   env, 480),
         'kernel': (bench('bench_kernels.py') + ['--tokens=8192', '--vocab=151936', '--dtype=bfloat16', '--rows=256'],
                    {}, 360),

@@ -7,4 +7,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-torch.set_num_threads(2)  # CI machines have 2 cores; more threads only contend
+if os.environ.get('PYTEST_XDIST_WORKER'):  # pytest-xdist (pytest.ini): one thread per worker and per run it starts
+    os.environ['OMP_NUM_THREADS'] = '1'
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(2)  # CI machines have 2 cores; more threads only contend

@@ -11,7 +11,7 @@ import hf as H
 import lora as L
 from test_model import HF_CONFIGS as MODEL_CONFIGS, perturbed_hf
 from test_model_families import HF_CONFIGS as FAMILY_CONFIGS
-from test_train import metrics, run, stable, weights
+from test_train import metrics, run, run_together, stable, weights
 
 transformers = pytest.importorskip('transformers')
 peft = pytest.importorskip('peft')
@@ -212,8 +212,7 @@ def test_exact_resume_with_lora(base, tmp_path):
     the checkpoint, KL reference = adapters off) == 3 steps straight, bit for bit. No dropout here: it would make
     the KL to the reference positive even if the reference were the policy itself."""
     args = [base[1], *LORA, '--save_every=1', '--keep_last=10', '--beta=0.05', '--lr=5e-2']
-    run(tmp_path / 'a', *args, '--max_steps=3')
-    run(tmp_path / 'b', *args, '--max_steps=2')
+    run_together([tmp_path / 'a', *args, '--max_steps=3'], [tmp_path / 'b', *args, '--max_steps=2'])
     p = run(tmp_path / 'b', *args, '--max_steps=3', '--resume_changed=True')  # the same LR at every step here
     assert 'resume:' in p.stdout
     ra, rb = metrics(tmp_path / 'a'), metrics(tmp_path / 'b')

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from test_train import ROOT, metrics, run, start
+from test_train import ROOT, metrics, run, run_together, start
 
 ENV = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
 
@@ -108,11 +108,10 @@ def test_samples_jsonl_is_trimmed_to_the_resumed_step(tmp_path):
 
 
 def test_beta_turned_on_at_resume_gets_a_reference_or_one_clear_line(tmp_path):
-    run(tmp_path / 'a', '--max_steps=1')
+    run_together([tmp_path / 'a', '--max_steps=1'], [tmp_path / 'b', '--max_steps=1', '--sft_steps=2'])
     p = run(tmp_path / 'a', '--max_steps=2', '--beta=0.1', '--resume_changed=True')
     assert "no KL reference" in p.stdout and "using init_from's weights" in p.stdout
     assert metrics(tmp_path / 'a')[-1]['kl'] > 0 and (tmp_path / 'a' / 'ref.pt').exists()
-    run(tmp_path / 'b', '--max_steps=1', '--sft_steps=2')
     p = run(tmp_path / 'b', '--max_steps=2', '--sft_steps=2', '--beta=0.1', '--resume_changed=True', check=False)
     assert p.returncode == 2 and 'kept no KL reference' in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 

@@ -6,6 +6,8 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +32,27 @@ def run(out_dir, *args, timeout=120, check=True):
     if check and p.returncode != 0:
         raise AssertionError(f"train_grpo.py exited {p.returncode}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}")
     return p
+
+
+def run_together(*jobs, timeout=120):
+    """Independent runs side by side, [out_dir, *args] each: the second core does one while the first does another
+    (each run alone is mostly one busy thread: start-up, tiny ops). Same results as run() one after the other (no run
+    reads another's out_dir); each is checked like run()."""
+    env = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
+    procs = []
+    for i, (out_dir, *args) in enumerate(jobs):
+        logs = [tempfile.TemporaryFile('w+') for _ in range(2)]  # files, not pipes: a full pipe would block a run
+        procs.append((subprocess.Popen([sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}',
+                                        *args], cwd=ROOT, env=env, stdout=logs[0], stderr=logs[1], text=True), logs))
+    done = []
+    for proc, logs in procs:
+        proc.wait(timeout=timeout)
+        out, err = [(f.seek(0), f.read(), f.close())[1] for f in logs]
+        if proc.returncode != 0:
+            raise AssertionError(f"train_grpo.py exited {proc.returncode}\n--- stdout\n{out[-3000:]}\n--- stderr\n"
+                                 f"{err[-3000:]}")
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
 
 
 def start(out_dir, *args):
@@ -120,7 +143,7 @@ def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_pa
     prompt drawn, so a resumed run continues with the same prompts as one that did not stop."""
     args = ['--group_size=2', '--batch_prompts=8', '--dynamic_sampling=6', '--save_every=1',
             "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
-    run(tmp_path / 'a', '--max_steps=3', *args)
+    run_together([tmp_path / 'a', '--max_steps=3', *args], [tmp_path / 'b', '--max_steps=2', *args])
     rows = metrics(tmp_path / 'a')[1:]
     for row in rows:
         assert row['dynamic/prompts'] > 8 and row['dynamic/rounds'] >= 2, row
@@ -128,10 +151,10 @@ def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_pa
         assert 0 < row['frac_zero_std'] < 1, row
     ckpt = torch.load(tmp_path / 'a' / 'ckpt_0000003.pt', weights_only=False)
     assert ckpt['cursor'] == sum(r['dynamic/prompts'] for r in rows), "the cursor must move past every prompt drawn"
-    run(tmp_path / 'b', '--max_steps=2', *args)
-    run(tmp_path / 'b', '--max_steps=3', '--resume_changed=True', *args)  # the same LR at every step here
+    _, p = run_together([tmp_path / 'b', '--max_steps=3', '--resume_changed=True', *args],  # the same LR at every step
+                        [tmp_path / 'c', '--max_steps=1', *args[:2], '--dynamic_sampling=1',
+                         "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]"])
     assert stable(metrics(tmp_path / 'b')[-1]) == stable(rows[-1]), "resume after refills continues elsewhere"
-    p = run(tmp_path / 'c', '--max_steps=1', *args[:2], '--dynamic_sampling=1', "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]")
     assert 'WARNING [dynamic_short]' in p.stdout and metrics(tmp_path / 'c')[1]['dynamic/groups_short'] == 8, p.stdout
 
 
@@ -179,8 +202,10 @@ def test_exact_resume_after_sigkill(tmp_path):
     # the steps are; the sleep touches no state
     args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3', '--fault_stall_step=4',
             '--fault_stall_s=2']
-    run(a, *args)
-    proc = start(b, *args)
+    proc = start(b, *args)  # killed after step 3, while run A goes straight through beside it
+    done = {}
+    straight = threading.Thread(target=lambda: done.update(a=run(a, *args)))
+    straight.start()
     deadline = time.time() + 120
     while not (b / 'ckpt_0000003.pt').exists():
         assert time.time() < deadline and proc.poll() is None, "run B never reached step 3"
@@ -189,6 +214,8 @@ def test_exact_resume_after_sigkill(tmp_path):
     proc.wait()
     assert not (b / 'ckpt_0000006.pt').exists(), "killed too late to test anything"
     p = run(b, *args)
+    straight.join()
+    assert 'a' in done, "run A failed: its error is in the thread's traceback above"
     assert 'resume:' in p.stdout
     ra, rb = metrics(a), metrics(b)
     assert [r['step'] for r in rb] == [0, 1, 2, 3, 4, 5, 6], f"duplicate or missing steps: {[r['step'] for r in rb]}"
