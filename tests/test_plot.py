@@ -106,3 +106,10 @@ def test_cli_redraws_curves_in_run_dir(tmp_path):
     assert res.returncode == 0, res.stderr
     assert '40 rows, 1 bad lines skipped, 1 duplicate steps replaced' in res.stdout, res.stdout
     png_size(os.path.join(run_dir, 'curves.png'))
+
+
+def test_importing_plot_leaves_matplotlib_unloaded():
+    """Every train_grpo.py start imports plot.py; matplotlib (0.5 s) loads only when a curve is drawn."""
+    p = subprocess.run([sys.executable, '-c', "import sys, plot; print('matplotlib' in sys.modules)"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == 'False', p.stdout + p.stderr
