@@ -1,4 +1,5 @@
 """train_grpo.py end to end on CPU: it learns, it resumes exactly, and every guard fires within a step of its cause."""
+import concurrent.futures
 import json
 import math
 import os
@@ -6,8 +7,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,24 +34,12 @@ def run(out_dir, *args, timeout=120, check=True):
 
 
 def run_together(*jobs, timeout=120):
-    """Independent runs side by side, [out_dir, *args] each: the second core does one while the first does another
-    (each run alone is mostly one busy thread: start-up, tiny ops). Same results as run() one after the other (no run
-    reads another's out_dir); each is checked like run()."""
-    env = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
-    procs = []
-    for i, (out_dir, *args) in enumerate(jobs):
-        logs = [tempfile.TemporaryFile('w+') for _ in range(2)]  # files, not pipes: a full pipe would block a run
-        procs.append((subprocess.Popen([sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}',
-                                        *args], cwd=ROOT, env=env, stdout=logs[0], stderr=logs[1], text=True), logs))
-    done = []
-    for proc, logs in procs:
-        proc.wait(timeout=timeout)
-        out, err = [(f.seek(0), f.read(), f.close())[1] for f in logs]
-        if proc.returncode != 0:
-            raise AssertionError(f"train_grpo.py exited {proc.returncode}\n--- stdout\n{out[-3000:]}\n--- stderr\n"
-                                 f"{err[-3000:]}")
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
+    """Independent runs side by side, [out_dir, *args] each, checked like run(): the second core does one while the
+    first does another (a run alone is mostly one busy thread: start-up, tiny ops). Same results as one after the
+    other: no run reads another's out_dir."""
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(run, *job, timeout=timeout) for job in jobs]
+        return [f.result() for f in futures]
 
 
 def start(out_dir, *args):
@@ -202,20 +189,18 @@ def test_exact_resume_after_sigkill(tmp_path):
     # the steps are; the sleep touches no state
     args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3', '--fault_stall_step=4',
             '--fault_stall_s=2']
-    proc = start(b, *args)  # killed after step 3, while run A goes straight through beside it
-    done = {}
-    straight = threading.Thread(target=lambda: done.update(a=run(a, *args)))
-    straight.start()
-    deadline = time.time() + 120
-    while not (b / 'ckpt_0000003.pt').exists():
-        assert time.time() < deadline and proc.poll() is None, "run B never reached step 3"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (b / 'ckpt_0000006.pt').exists(), "killed too late to test anything"
-    p = run(b, *args)
-    straight.join()
-    assert 'a' in done, "run A failed: its error is in the thread's traceback above"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        straight = pool.submit(run, a, *args)  # run A goes straight through beside B, which is killed after step 3
+        proc = start(b, *args)
+        deadline = time.time() + 120
+        while not (b / 'ckpt_0000003.pt').exists():
+            assert time.time() < deadline and proc.poll() is None, "run B never reached step 3"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (b / 'ckpt_0000006.pt').exists(), "killed too late to test anything"
+        p = run(b, *args)
+        straight.result()
     assert 'resume:' in p.stdout
     ra, rb = metrics(a), metrics(b)
     assert [r['step'] for r in rb] == [0, 1, 2, 3, 4, 5, 6], f"duplicate or missing steps: {[r['step'] for r in rb]}"
