@@ -109,12 +109,15 @@ def make_arith(n, seed=0, difficulty='easy', digits=None, ops=None, steps=None, 
     return [next(stream) for _ in range(n)]
 
 
+ONE_DIGIT_STEP = re.compile(r'(\d+)([+-])(\d)=\d+')  # a solution line adding or removing a one-digit amount
+
+
 def count_on(solution):
     """The same solution with each '+' or '-' of a one-digit amount worked by counting on (or back) one at a time,
     the count in brackets: '46+7=53' -> '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6) 53(7)'. Longer, but every step
     is a +-1 and a count, which a tiny model gets right long before it can state 46+7 at once. Other lines stay."""
     def line(s):
-        m = re.fullmatch(r'(\d+)([+-])(\d)=\d+', s)
+        m = ONE_DIGIT_STEP.fullmatch(s)
         if not m:
             return s
         a, op, b = int(m[1]), m[2], int(m[3])
@@ -130,7 +133,7 @@ def slip(solution):
     in a multi-step solution is not carried through). The '####' answer follows the last line it rewrote."""
     out, answer = [], None
     for s in solution.split('\n'):
-        m = re.fullmatch(r'(\d+)([+-])(\d)=\d+', s)
+        m = ONE_DIGIT_STEP.fullmatch(s)
         if m:
             a, op, b = int(m[1]), m[2], int(m[3])
             answer = a - a % 10 + (a % 10 + (b if op == '+' else -b)) % 10
