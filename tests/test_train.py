@@ -394,3 +394,17 @@ def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = metrics(tmp_path / 'out')
     assert [r['step'] for r in rows] == [0, 1, 2] and 'eval/pass@1' in rows[-1]
+
+
+def test_arith_probe_reads_an_arith_export(tmp_path):
+    """tools/arith_probe.py (the README's forced-count figures) on a tiny arith run's export; any other is refused."""
+    run(tmp_path / 'a', '--export_hf=True', '--max_steps=0', '--sft_steps=2', '--arith_difficulty=starter',
+        '--arith_count_on=0.5', '--arith_slips=1.0')
+    probe = [sys.executable, str(ROOT / 'tools' / 'arith_probe.py')]
+    p = subprocess.run([*probe, str(tmp_path / 'a' / 'hf')], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(got) == {'greedy_pass@1', 'forced_count_pass@1', 'sampled_count_share', 'sampled_count_right'}
+    assert all(0.0 <= v <= 1.0 for v in got.values())
+    p = subprocess.run([*probe, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr.strip().startswith('error:') and len(p.stderr.strip().splitlines()) == 1
