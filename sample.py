@@ -17,7 +17,7 @@ from collections import Counter
 
 import torch
 
-from kernels import sample_tokens
+from sample_kernels import sample_tokens
 
 
 def row_seeds(seed, prompt_index, group_size):

@@ -1,5 +1,5 @@
 """
-Time and peak memory of kernels.py next to the torch ways of doing the same, on the same inputs, in one run.
+Time and peak memory of kernels.py and sample_kernels.py next to the torch ways of doing the same, on the same inputs, in one run.
 
   log-prob + entropy, forward and forward+backward:
     ours            token_logprobs (Triton on GPU; on CPU the torch reference path)
@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model as M  # noqa: E402
-from kernels import sample_tokens, token_logprobs  # noqa: E402
+from kernels import token_logprobs  # noqa: E402
+from sample_kernels import sample_tokens  # noqa: E402
 
 GPU = torch.cuda.is_available()
 parser = argparse.ArgumentParser()

@@ -96,7 +96,7 @@ def test_lm_head_default_tiles_at_qwen_shape():
 @pytest.mark.parametrize('cfg', [dict(temperature=1.0), dict(top_p=0.7), dict(top_k=10, top_p=0.8, temperature=0.8),
                                  dict(min_p=0.2), dict(temperature=0.0)], ids=str)
 def test_sampler_kernel_draws_the_torch_reference_ids(cfg):
-    from kernels import sample_tokens, sample_tokens_ref
+    from sample_kernels import sample_tokens, sample_tokens_ref
     from test_kernels import close, random_rows
     logits, seeds = random_rows()
     ref_ids, ref_lp = sample_tokens_ref(logits, seeds, 3, **cfg)

@@ -1,4 +1,5 @@
-"""Specification of the fused log-prob/entropy kernel and the sampler (kernels.py; the LM head: test_lmhead.py).
+"""Specification of the fused log-prob/entropy kernel (kernels.py) and the sampler (sample_kernels.py); the LM head:
+test_lmhead.py.
 
 Every log-prob test runs twice: through the Triton kernels (forced, under TRITON_INTERPRET=1) and through the
 torch path that CPU training uses. The oracle is an fp64 log_softmax written here, independent of kernels.py.
@@ -11,7 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from kernels import sample_tokens, sample_tokens_ref, token_logprobs
+from kernels import token_logprobs
+from sample_kernels import sample_tokens, sample_tokens_ref
 
 # padding rows and -inf lanes compute inf/nan in branches that tl.where then discards; numpy (the interpreter)
 # warns about them, the GPU does not
@@ -269,7 +271,7 @@ def test_kernels_compile_for_hopper_and_ampere():
     changes, unsupported ops). Compile every kernel variant the code launches (each logits dtype, each constexpr
     combination, pointers passed as None) to sm_90a and sm_80 machine code, in a process without TRITON_INTERPRET."""
     script = textwrap.dedent('''
-        import itertools, triton, kernels as K
+        import itertools, triton, kernels as K, sample_kernels as S
         from triton.compiler import ASTSource
         from triton.backends.compiler import GPUTarget
 
@@ -296,8 +298,8 @@ def test_kernels_compile_for_hopper_and_ampere():
                       w_ptr='*fp32', xt_ptr='*fp32', inv_temp='fp32', BLOCK=0)
             hb = dict(x_ptr=dt, stride='i32', n_cols='i32', col0='i32', tgt_ptr='*i64', lse_ptr='*fp32',
                       a_ptr='*fp32', b_ptr='*fp32', g_lp_ptr='*fp32', inv_temp='fp32', BLOCK=0)
-            build(K._head_fwd_kernel, hf, K._num_warps(block), BLOCK=block)
-            build(K._head_bwd_kernel, hb, K._num_warps(block), BLOCK=block)
+            build(K._head_fwd_kernel, hf, K.num_warps(block), BLOCK=block)
+            build(K._head_bwd_kernel, hb, K.num_warps(block), BLOCK=block)
         # sample_tokens: a first pass without a threshold (t_ptr None) for top-k/top-p/min-p, then the draw with or
         # without one, greedy or not
         for dt, (thresh, draw, greedy) in itertools.product(
@@ -307,13 +309,13 @@ def test_kernels_compile_for_hopper_and_ampere():
                       r1_ptr='*i64', r2_ptr='*i64', m_ptr='*fp32', s_ptr='*fp32', bv_ptr='*fp32', bi_ptr='*i32',
                       HAS_THRESH=0, DRAW=0, GREEDY=0, BLOCK=0)
             t_ptr = {} if thresh else dict(t_ptr=None)
-            build(K._sample_pass_kernel, sp, HAS_THRESH=thresh, DRAW=draw, GREEDY=greedy, BLOCK=4096, **t_ptr)
+            build(S._sample_pass_kernel, sp, HAS_THRESH=thresh, DRAW=draw, GREEDY=greedy, BLOCK=4096, **t_ptr)
         for dt, (topk, topp) in itertools.product(('*fp32', '*bf16'), [(True, True), (True, False), (False, True)]):
             th = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', m_ptr='*fp32', s_ptr='*fp32',
                       t_ptr='*fp32', top_k='i32', top_p='fp32', KEY_NEG_INF=0, DO_TOPK=0, DO_TOPP=0, NC=0, NPASS=0,
                       BLOCK=0)
-            build(K._threshold_kernel, th, KEY_NEG_INF=K._KEY_NEG_INF, DO_TOPK=topk, DO_TOPP=topp, NC=K._NC,
-                  NPASS=K._NPASS, BLOCK=1024)
+            build(S._threshold_kernel, th, KEY_NEG_INF=S._KEY_NEG_INF, DO_TOPK=topk, DO_TOPP=topp, NC=S._NC,
+                  NPASS=S._NPASS, BLOCK=1024)
     ''')
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,258 @@
+"""
+A sort-free sampler in Triton, with a pure-torch reference path that draws the very same ids: one token per row of
+logits under temperature, top-k, top-p and min-p, without sorting the vocabulary (a threshold found by bisection,
+then a Gumbel-max draw over the tokens above it). Triton runs on CUDA tensors; CPU tensors take the torch path unless
+use_triton=True (the tests force it under TRITON_INTERPRET=1).
+"""
+import math
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import num_warps
+
+# -----------------------------------------------------------------------------
+# sampler: counter-based randomness shared by the torch and triton paths
+# The uniform for (row b, vocab index j) is a pure function of (seeds[b], step, j): a row's draw never
+# depends on its batch, and the torch reference draws the very same ids as the kernel.
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x, c):  # (x * c) mod 2^32 in int64 without overflowing it
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32_torch(x):  # "lowbias32" integer hash (C. Wellons), on int64 tensors holding uint32 values
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _row_keys(seeds, step):
+    """Two 32-bit keys per row from (seed, step); int64 tensors (B,)."""
+    seeds = seeds.long()
+    step = torch.as_tensor(step, dtype=torch.long, device=seeds.device).expand_as(seeds) & _M32
+    r1 = _mix32_torch((seeds & _M32) ^ _mix32_torch(((seeds >> 32) & _M32) ^ 0x9E3779B9))
+    r2 = _mix32_torch(r1 ^ _mix32_torch(step ^ 0x85EBCA6B))
+    return r1, r2
+
+
+def _gumbel_torch(r1, r2, V):
+    j = torch.arange(V, device=r1.device)
+    h = _mix32_torch(_mix32_torch(j ^ r1[:, None]) ^ r2[:, None])
+    u = ((h >> 8).float() + 0.5) * 2.0 ** -24  # 24 random bits -> (0, 1), exact in fp32
+    return -torch.log(-torch.log(u))
+
+
+@triton.jit
+def _gumbel(r1, r2, cols):
+    # h = mix32(mix32(j ^ r1) ^ r2) on uint32 (multiplies wrap mod 2^32); written out, not a helper call,
+    # because the interpreter pays ~1 ms per nested jit call
+    h = cols.to(tl.uint32) ^ r1
+    for i in tl.static_range(2):
+        h = h ^ (h >> 16)
+        h = h * 0x7FEB352D
+        h = h ^ (h >> 15)
+        h = h * 0x846CA68B
+        h = h ^ (h >> 16)
+        if i == 0:
+            h = h ^ r2
+    u = ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2^-24
+    return -tl.log(-tl.log(u))
+
+
+# -----------------------------------------------------------------------------
+# sampler: triton kernels
+# Kept set = {z >= t} with z = logits / T and t = max(top-k threshold, top-p threshold, min-p threshold);
+# the draw is the Gumbel-max argmax of z + g over the kept set. Thresholds are found without sorting by
+# bisecting on the fp32 bit pattern (a monotone int32 key): NC candidates per pass over the row, so
+# 8 passes of 16 pin down the exact k-th largest value / exact nucleus boundary.
+
+_KEY_NEG_INF = struct.unpack('<i', struct.pack('<f', -math.inf))[0] ^ 0x7FFFFFFF  # smallest key of any float
+_NC, _NPASS = 16, 8  # 16 ** 8 = 2 ** 32 covers every fp32 key
+
+
+@triton.jit
+def _key(z):  # fp32 -> int32, order-preserving (negative floats have their magnitude bits flipped)
+    b = z.to(tl.int32, bitcast=True)
+    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, r1_ptr, r2_ptr, m_ptr, s_ptr, bv_ptr, bi_ptr,
+                        HAS_THRESH: tl.constexpr, DRAW: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr):
+    # grid (rows, splits): each program covers one tile of one row (few rows -> many tiles fill the GPU),
+    # writing partial softmax stats and, if DRAW, its best (z + gumbel) over the kept set
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    out = row * tl.num_programs(1) + split
+    base = x_ptr + row * stride_row
+    lo = split * tile
+    hi = tl.minimum(lo + tile, V)
+    t = tl.load(t_ptr + row) if HAS_THRESH else float('-inf')
+    r1 = tl.load(r1_ptr + row).to(tl.uint32)
+    r2 = tl.load(r2_ptr + row).to(tl.uint32)
+    m = tl.full((), -1e30, tl.float32)
+    s = tl.zeros((), tl.float32)
+    best_v = tl.full((), float('-inf'), tl.float32)
+    best_i = tl.zeros((), tl.int32)
+    for start in range(lo, hi, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < hi
+        z = tl.load(base + cols, mask=inb, other=float('-inf')).to(tl.float32) * inv_temp
+        m_new = tl.maximum(m, tl.max(z, 0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
+        m = m_new
+        if DRAW:
+            w = z if GREEDY else z + _gumbel(r1, r2, cols)
+            w = tl.where(inb & (z >= t), w, float('-inf'))
+            bv = tl.max(w, 0)
+            bi = tl.argmax(w, 0) + start  # first index among ties, like torch.argmax
+            better = bv > best_v  # strict: earlier blocks win ties
+            best_i = tl.where(better, bi, best_i)
+            best_v = tl.where(better, bv, best_v)
+    tl.store(m_ptr + out, m)
+    tl.store(s_ptr + out, s)
+    if DRAW:
+        tl.store(bv_ptr + out, best_v)
+        tl.store(bi_ptr + out, best_i)
+
+
+@triton.jit
+def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl.constexpr, NPASS: tl.constexpr,
+            BLOCK: tl.constexpr):
+    # Largest key t in [lo, hi) with count(key >= t) >= k (COUNT) or mass(key >= t) >= target (mass, where
+    # mass = sum exp(z - m)). Invariant: the condition holds at lo and fails at hi. Also returns mass(>= t).
+    mass_lo = tl.zeros((), tl.float32)
+    for _ in range(NPASS):
+        cand = lo + ((hi - lo) * tl.arange(0, NC).to(tl.int64)) // NC  # cand[0] == lo
+        cand32 = cand.to(tl.int32)
+        cnt = tl.zeros([NC], tl.int32)
+        mass = tl.zeros([NC], tl.float32)
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            inb = cols < V
+            z = tl.load(base + cols, mask=inb, other=float('-inf')).to(tl.float32) * inv_temp
+            b = z.to(tl.int32, bitcast=True)
+            key = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # = _key(z), inlined for the interpreter's sake
+            ge = (key[:, None] >= cand32[None, :]) & inb[:, None]
+            if COUNT:
+                cnt += tl.sum(ge.to(tl.int32), 0)
+            mass += tl.sum(tl.where(ge, tl.exp(z - m)[:, None], 0.0), 0)
+        ok = (cnt >= k) if COUNT else (mass >= target)
+        hi = tl.min(tl.where(ok, hi, cand), 0)  # smallest failing candidate
+        lo = tl.max(tl.where(ok, cand, lo), 0)  # largest passing candidate
+        mass_lo = tl.min(tl.where(ok, mass, float('inf')), 0)  # mass falls as t rises
+    return lo, mass_lo
+
+
+@triton.jit
+def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, t_ptr, top_k, top_p, KEY_NEG_INF: tl.constexpr,
+                      DO_TOPK: tl.constexpr, DO_TOPP: tl.constexpr, NC: tl.constexpr, NPASS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    # one program per row: top-k first, then top-p on the renormalised top-k distribution (HF/vLLM order)
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride_row
+    m = tl.load(m_ptr + row)
+    lo = tl.full((), KEY_NEG_INF, tl.int64)
+    hi = _key(m).to(tl.int64) + 1
+    mass_k = tl.load(s_ptr + row)
+    if DO_TOPK:
+        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, top_k, 0.0, True, NC, NPASS, BLOCK)
+    if DO_TOPP:
+        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, 0, top_p * mass_k, False, NC, NPASS, BLOCK)
+    b = lo.to(tl.int32)
+    b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # the key map is its own inverse
+    tl.store(t_ptr + row, b.to(tl.float32, bitcast=True))
+
+
+# -----------------------------------------------------------------------------
+# sampler: public functions
+
+def _keep_threshold_ref(z, top_k, top_p, min_p):
+    """Per-row threshold t (B, 1): keep z >= t. Exact, sort-based (this is the reference)."""
+    V = z.shape[-1]
+    m = z.amax(-1, keepdim=True)
+    t = torch.full_like(m, -math.inf)
+    if 0 < top_k < V:
+        t = z.topk(top_k, -1).values[:, -1:]
+    if top_p < 1.0:
+        zs = z.masked_fill(z < t, -math.inf).sort(-1, descending=True).values  # on the renormalised top-k set
+        c = torch.exp((zs - m).double()).cumsum(-1)
+        n_before = (c < top_p * c[:, -1:]).sum(-1, keepdim=True)  # the token that reaches top_p is kept
+        t = torch.maximum(t, zs.gather(-1, n_before))
+    if min_p > 0.0:
+        t = torch.maximum(t, m + math.log(min_p))  # p_i >= min_p * p_max
+    return t
+
+
+def sample_tokens_ref(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """Pure-torch sampler; draws the same ids as the triton kernel (same hash, same kept set)."""
+    greedy = temperature == 0 or top_k == 1
+    inv_temp = 1.0 if temperature == 0 else 1.0 / temperature
+    z = logits.float() if inv_temp == 1.0 else logits.float() * inv_temp
+    if greedy:
+        ids = z.argmax(-1)
+    else:
+        t = _keep_threshold_ref(z, top_k, top_p, min_p)
+        g = _gumbel_torch(*_row_keys(seeds.to(z.device), step), z.shape[-1])
+        ids = torch.where(z >= t, z + g, -math.inf).argmax(-1)
+    logp = torch.log_softmax(z, -1).gather(-1, ids[:, None]).squeeze(-1)
+    return ids, logp
+
+
+def sample_tokens(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, *, use_triton=None,
+                  n_split=None, block_size=None):
+    """
+    Draw one token per row of logits (B, V) from softmax(logits / temperature) restricted by top_k (0 = off),
+    top_p (1 = off), min_p (0 = off). seeds (B,) int64 and step (int or (B,)) fix the draw: row b's id
+    depends only on (seeds[b], step, logits[b]). temperature 0 or top_k 1 is greedy argmax.
+    Returns ids int64 (B,) and logp fp32 (B,), the log-prob of each id under the FULL softmax at this
+    temperature (temperature 1 when temperature is 0). Ties at the top-k / top-p boundary value are all kept.
+    """
+    if not (logits.is_cuda if use_triton is None else use_triton):
+        return sample_tokens_ref(logits, seeds, step, temperature, top_k, top_p, min_p)
+    assert logits.dim() == 2 and logits.stride(-1) == 1, 'logits must be (B, V) with contiguous rows'
+    B, V = logits.shape
+    greedy = temperature == 0 or top_k == 1
+    inv_temp = 1.0 if temperature == 0 else 1.0 / temperature
+    block = block_size or min(4096, triton.next_power_of_2(V))
+    if n_split is None:  # few rows: split the vocabulary so there are ~4 programs per SM
+        sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 1
+        n_split = max(1, min(triton.cdiv(4 * sms, B), triton.cdiv(V, block)))
+    tile = triton.cdiv(triton.cdiv(V, n_split), block) * block
+    S = triton.cdiv(V, tile)
+    r1, r2 = _row_keys(seeds.to(logits.device), step)
+    f32 = dict(device=logits.device, dtype=torch.float32)
+    m_part, s_part, bv = (torch.empty(B, S, **f32) for _ in range(3))
+    bi = torch.empty(B, S, device=logits.device, dtype=torch.int32)
+
+    def one_pass(t, draw):
+        _sample_pass_kernel[(B, S)](logits, logits.stride(0), V, inv_temp, tile, t, r1, r2, m_part, s_part, bv, bi,
+                                    HAS_THRESH=t is not None, DRAW=draw, GREEDY=greedy, BLOCK=block,
+                                    num_warps=num_warps(block))
+        m = m_part.amax(1)
+        return m, (s_part * torch.exp(m_part - m[:, None])).sum(1)
+
+    t = None
+    do_topk, do_topp = (not greedy) and 0 < top_k < V, (not greedy) and top_p < 1.0
+    if do_topk or do_topp or (min_p > 0.0 and not greedy):
+        m, s = one_pass(None, draw=False)  # row max and sum for the threshold search
+        t = torch.full((B,), -math.inf, **f32)
+        if do_topk or do_topp:
+            sblock = min(1024, block)  # NC candidates per element: keep the [BLOCK, NC] tile in registers
+            _threshold_kernel[(B,)](logits, logits.stride(0), V, inv_temp, m, s, t, top_k, top_p,
+                                    KEY_NEG_INF=_KEY_NEG_INF, DO_TOPK=do_topk, DO_TOPP=do_topp, NC=_NC,
+                                    NPASS=_NPASS, BLOCK=sblock, num_warps=num_warps(sblock))
+        if min_p > 0.0:
+            t = torch.maximum(t, m + math.log(min_p))
+    m, s = one_pass(t, draw=True)
+    best = bv.argmax(1, keepdim=True)  # ties -> first tile -> smallest id
+    ids = bi.gather(1, best).squeeze(1).long()
+    logp = logits.gather(1, ids[:, None]).squeeze(1).float() * inv_temp - m - torch.log(s)
+    return ids, logp
