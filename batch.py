@@ -112,7 +112,7 @@ def layout_flops(rows, cfg, backend, block=128):
         pb = -(-P // nb)  # blocks holding prompt keys
         n = 0
         for qb in range(-(-T // nb)):
-            a, b = qb * nb, min(T, (qb + 1) * nb) - 1
+            a = qb * nb  # the block's first query
             if a < P:  # holds prompt queries: causal from key 0
                 n += qb + 1
                 continue

@@ -8,7 +8,7 @@ import pytest
 
 from data import batch_at, epoch_order
 from reward import is_correct
-from tasks import arith, gsm8k
+from tasks import gsm8k
 from tasks.arith import DIFFICULTY, arith_splits, count_on, make_arith, slip
 
 build_messages = gsm8k.messages

@@ -263,13 +263,13 @@ def test_digit_counter_scores_more_digits_higher(tmp_path):
 
 def test_grpo_rewarded_by_a_reward_model_raises_its_score(tmp_path):
     rm = digit_counter(tmp_path / 'rm')
-    from test_train import TINY
+    from test_train import TINY, env
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
         f"--rewards=[{{'name': 'reward_model', 'kwargs': {{'path': '{rm}', 'batch_size': 64}}}}]",
         f'--out_dir={tmp_path / "run"}', '--max_steps=8', '--lr=3e-2', '--group_size=8', '--batch_prompts=8',
         '--micro_batch_size=64', '--max_new_tokens=8', '--save_every=100']
     p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'})
+                       timeout=300, env=env())
     assert p.returncode == 0, f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
     rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')][1:]
     r = [m['reward/reward_model/mean'] for m in rows]
@@ -336,11 +336,11 @@ def test_bad_judge_config_is_one_line(kwargs, needle, tmp_path):
 
 def test_train_grpo_exits_2_naming_the_file(rm_dir):
     edit_config(rm_dir, pad_token_id=None)
-    from test_train import TINY
+    from test_train import TINY, env
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
         f"--rewards=[{{'name': 'reward_model', 'kwargs': {{'path': '{rm_dir}'}}}}]", f'--out_dir={rm_dir}/run']
     p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, 'PYTHONPATH': str(ROOT / 'tests')})
+                       timeout=120, env=env())
     assert p.returncode == 2, f'exit {p.returncode}: {p.stderr[-1000:]}'
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and 'config.json' in lines[0] and 'pad_token_id' in lines[0], lines
@@ -378,12 +378,12 @@ def test_train_grpo_warns_when_a_judge_ties_every_group(tmp_path):
     """A judge that answers the same whatever it reads (P(yes) = 0.8 by construction): train_grpo logs its per-function
     spread and warns, naming the judge and what to check."""
     judge = constant_judge(tmp_path / 'judge', 0.8)
-    from test_train import TINY
+    from test_train import TINY, env
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
         f"--rewards=[{{'name': 'judge', 'kwargs': {{'path': '{judge}', 'yes': 'Y', 'no': 'N'}}}}]",
         f'--out_dir={tmp_path / "run"}', '--max_steps=2']
     p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'})
+                       timeout=300, env=env())
     assert p.returncode == 0, f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
     rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')][1:]
     assert all(m['reward/judge/frac_zero_std'] == 1.0 and m['reward/judge/std'] == 0.0 for m in rows), rows

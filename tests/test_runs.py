@@ -12,14 +12,12 @@ import time
 import pytest
 import torch
 
-from test_train import ROOT, metrics, run, run_together, start
-
-ENV = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
+from test_train import ROOT, command, env, metrics, run, run_together
 
 
 def sample_py(*args):
     p = subprocess.run([sys.executable, str(ROOT / 'sample.py'), '--device=cpu', '--dtype=float32', *args], cwd=ROOT,
-                       env=ENV, capture_output=True, text=True, timeout=300)
+                       env=env(), capture_output=True, text=True, timeout=300)
     return p, (json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None)
 
 
@@ -117,9 +115,8 @@ def test_beta_turned_on_at_resume_gets_a_reference_or_one_clear_line(tmp_path):
 
 
 def test_second_ctrl_c_exits_at_once(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(ROOT / 'train_grpo.py'), *__import__('test_train').TINY,
-                             f'--out_dir={tmp_path}', '--max_steps=5', '--fault_stall_step=2', '--fault_stall_s=120'],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command(tmp_path, '--max_steps=5', '--fault_stall_step=2', '--fault_stall_s=120'),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while not (tmp_path / 'metrics.jsonl').exists() or len(metrics(tmp_path)) < 2:  # step 1 done: step 2 stalls
         assert time.time() < deadline and proc.poll() is None, "the run never reached its stall"

@@ -2,16 +2,14 @@
 --task=module:attr or a path, trains and is evaluated with its own grade; sample.py on a run's export reproduces the
 run's last eval/pass@1; a broken task fails at start-up in one line."""
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import tasks
 import test_train
-from test_train import ROOT, TINY, metrics, run
+from test_train import ROOT, TINY, env, metrics, run
 
 
 def run_task(out_dir, *args, **kw):
@@ -87,8 +85,7 @@ def test_task_missing_a_name_stops_at_start_up_in_one_line(tmp_path):
 
 
 def sample_py(*args):
-    env = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
-    p = subprocess.run([sys.executable, str(ROOT / 'sample.py'), *args], cwd=ROOT, env=env, capture_output=True,
+    p = subprocess.run([sys.executable, str(ROOT / 'sample.py'), *args], cwd=ROOT, env=env(), capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     return p, json.loads(p.stdout.strip().splitlines()[-1])

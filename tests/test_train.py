@@ -24,10 +24,16 @@ TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instructio
 VOLATILE = ('timing_s/', 'mem/', 'perf/')  # wall-clock and memory: the only keys allowed to differ between runs
 
 
+def env():  # read at each call: a test may set variables first (monkeypatch.setenv); tests/ holds the test rewards
+    return {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
+
+
+def command(out_dir, *args):  # a tiny train_grpo.py run into out_dir
+    return [sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}', *args]
+
+
 def run(out_dir, *args, timeout=120, check=True):
-    env = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}', *args],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(command(out_dir, *args), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"train_grpo.py exited {p.returncode}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}")
     return p
@@ -43,9 +49,8 @@ def run_together(*jobs, timeout=120):
 
 
 def start(out_dir, *args):
-    env = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
-    return subprocess.Popen([sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}', *args],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(command(out_dir, *args), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
 
 def metrics(out_dir):
@@ -116,7 +121,7 @@ def test_zero_std_filter_saves_compute_without_changing_the_gradient(tmp_path):
     the same loss and gradient norm with the filter on or off (before, the gradient grew by 1 / (1 - frac_zero_std))."""
     args = ['--max_steps=1', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]", '--group_size=2',
             '--batch_prompts=8', '--loss_agg=seq_mean_token_mean']
-    on, off = run(tmp_path / 'on', *args), run(tmp_path / 'off', *args, '--filter_zero_std=False')
+    run_together([tmp_path / 'on', *args], [tmp_path / 'off', *args, '--filter_zero_std=False'])
     a, b = metrics(tmp_path / 'on')[1], metrics(tmp_path / 'off')[1]
     assert 0 < a['frac_zero_std'] < 1, f"the test needs some zero-spread groups and some not: {a['frac_zero_std']}"
     assert a['rows_trained'] < b['rows_trained'], "the filter must leave rows out"
@@ -284,7 +289,7 @@ def test_kill_at_random_instants(tmp_path):
     assert any(w == 'startup' for w, _, _ in positions), positions
     last = resumed_from[-1] + 3  # finish a few steps past the last checkpoint (max_steps only shapes the LR schedule)
     p = run(tmp_path, *args[1:], f'--max_steps={last}', '--resume_changed=True', timeout=300)
-    assert f"resume: " in p.stdout
+    assert "resume: " in p.stdout
     steps = [r['step'] for r in metrics(tmp_path)]
     assert steps == list(range(last + 1)), f"steps lost or duplicated across 20 kills: {steps}"
 
