@@ -351,18 +351,8 @@ class GPT(nn.Module):
         """The attention packed rows get on this model's device: 'flex' or 'sdpa' (packed_backend)."""
         return packed_backend(self.packed_attention, self.wte.weight.device)
 
-    def num_params(self, non_embedding=False):
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
-        return n
-
-    def estimate_flops_per_token(self, seq_len):
-        """Training (forward + backward) FLOPs per token: 6 per matmul weight (the head's included, the
-        embedding lookups not) plus attention scores, as in the PaLM paper's appendix B."""
-        cfg = self.config
-        n_matmul = self.num_params(non_embedding=True) + self.wte.weight.numel() * cfg.tie_word_embeddings
-        return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
 
 
 def from_scratch(cfg, dtype=torch.float32, device='cpu', seed=0):
