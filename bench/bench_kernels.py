@@ -1,5 +1,6 @@
 """
-Time and peak memory of kernels.py and sample_kernels.py next to the torch ways of doing the same, on the same inputs, in one run.
+Time and peak memory of kernels.py and sample_kernels.py next to the torch ways of doing the same, on the same
+inputs, in one run.
 
   log-prob + entropy, forward and forward+backward:
     ours            token_logprobs (Triton on GPU; on CPU the torch reference path)
