@@ -5,7 +5,7 @@
 # one at a time ("46+7: 47(1) 48(2) ... 53(7)", always right). The first writes 60% of the solutions, so the warm
 # start's greedy answer is the hurried one (about 0.5 right, however well it learned), while about 40% of its samples
 # count on, nearly always right. GRPO, rewarded for the right answer only, finds that counting pays.
-# Measured on 2 CPU cores, 3 seeds (README, Offline demo): greedy pass@1 0.47-0.54 after the warm start, 0.965-0.99
+# Measured on 2 CPU cores, 5 seeds (README, Offline demo): greedy pass@1 0.47-0.54 after the warm start, 0.965-0.99
 # after 40 GRPO steps; about 3 minutes a run. `python tools/arith_probe.py out/arith/hf` shows the styles learned.
 out_dir = 'out/arith'
 init_from = 'scratch'
