@@ -1,6 +1,7 @@
 """
-The batch layout: a step's completions cut into micro-batches, each laid out for one forward pass (one row per
-completion, or one packed row per group), and the per-token log-probs and entropies that pass gives.
+The batch layout: a step's completions cut into micro-batches, each laid out for one forward pass
+(one row per completion, or one packed row per group), and the per-token log-probs and entropies
+that pass gives.
 """
 import torch
 
@@ -8,8 +9,9 @@ from kernels import lm_head_logprobs
 
 
 def micro_batches(rows, size, whole_groups):
-    """Cut a step's rows into micro-batches of at most `size` rows, similar lengths together (less padding).
-    whole_groups (for pack_groups): a group's rows stay together and in order, at least one group per micro-batch."""
+    """Cut a step's rows into micro-batches of at most `size` rows, similar lengths together (less
+    padding). whole_groups (for pack_groups): a group's rows stay together and in order, at least
+    one group per micro-batch."""
     if not whole_groups:
         rows = sorted(rows, key=lambda r: len(r['prompt']) + len(r['ids']))
         return [rows[i:i + size] for i in range(0, len(rows), size)]
@@ -25,8 +27,9 @@ def micro_batches(rows, size, whole_groups):
 
 
 def pack(rows, pad_id, device='cpu'):
-    """Right-padded (prompt + completion) ids for a micro-batch, and the positions whose next token is a completion
-    token: the only positions that get logits (prompt positions never reach the LM head)."""
+    """Right-padded (prompt + completion) ids for a micro-batch, and the positions whose next token
+    is a completion token: the only positions that get logits (prompt positions never reach the LM
+    head)."""
     T = max(len(r['prompt']) + len(r['ids']) for r in rows)
     x = torch.full((len(rows), T), pad_id, dtype=torch.int64)
     mask = torch.zeros((len(rows), T - 1), dtype=torch.bool)
@@ -38,13 +41,15 @@ def pack(rows, pad_id, device='cpu'):
 
 
 def pack_groups(rows, pad_id, device='cpu'):
-    """One packed row per group (consecutive rows with the same 'group'): the prompt once, then each completion less
-    its last token (which predicts nothing), at positions that restart after the prompt, each completion seeing the
-    prompt and its own earlier tokens only. The same log-probs as pack(), but a prompt's layers run once instead of
-    G times: the update's cost when prompts are long next to completions. Returns ids, positions, the segment ids
-    (B, T) that say who sees whom (0 the prompt, s the s-th completion, -1 padding: GPT.forward's attn_mask, which
-    builds the mask from them on the device, model.packed_mask), the flat position that predicts each completion
-    token, and the targets (both row-major). All small (B, T) or (N,) tensors: nothing T x T leaves the CPU."""
+    """One packed row per group (consecutive rows with the same 'group'): the prompt once, then each
+    completion less its last token (which predicts nothing), at positions that restart after the
+    prompt, each completion seeing the prompt and its own earlier tokens only. The same log-probs as
+    pack(), but a prompt's layers run once instead of G times: the update's cost when prompts are
+    long next to completions. Returns ids, positions, the segment ids (B, T) that say who sees whom
+    (0 the prompt, s the s-th completion, -1 padding: GPT.forward's attn_mask, which builds the mask
+    from them on the device, model.packed_mask), the flat position that predicts each completion
+    token, and the targets (both row-major). All small (B, T) or (N,) tensors: nothing T x T leaves
+    the CPU."""
     groups = []
     for r in rows:
         if groups and groups[-1][0]['group'] == r['group']:
@@ -64,7 +69,8 @@ def pack_groups(rows, pad_id, device='cpu'):
             k = len(r['ids']) - 1
             x[b, at:at + k] = torch.tensor(r['ids'][:-1], dtype=torch.int64)
             pos[b, at:at + k], seg[b, at:at + k] = torch.arange(n, n + k), s
-            # the prompt's last token predicts the first completion token, each completion token the next
+            # the prompt's last token predicts the first completion token, each completion token the
+            # next
             pred += [b * T + n - 1] + list(range(b * T + at, b * T + at + k))
             targets += r['ids']
             at += k
@@ -123,11 +129,12 @@ def layout_flops(rows, cfg, backend, block=128):
 
 
 def choose_share_prompt(rows, cfg, backend):
-    """share_prompt='auto': pack this step's groups (pack_groups) when layout_flops says packing is no more work than
-    one row per completion for the packed attention `backend` ('flex' or 'sdpa', model.packed_backend). With flex,
-    packing has fewer tokens and fewer computed pairs, so it always packs (up to block rounding); with sdpa a packed
-    group's dense (P + G*C)^2 scores outgrow what the prompt saves once completions are long (e.g. Qwen2.5-0.5B, G=16,
-    100-token prompts, 512-token completions: rows)."""
+    """share_prompt='auto': pack this step's groups (pack_groups) when layout_flops says packing is
+    no more work than one row per completion for the packed attention `backend` ('flex' or 'sdpa',
+    model.packed_backend). With flex, packing has fewer tokens and fewer computed pairs, so it
+    always packs (up to block rounding); with sdpa a packed group's dense (P + G*C)^2 scores outgrow
+    what the prompt saves once completions are long (e.g. Qwen2.5-0.5B, G=16, 100-token prompts,
+    512-token completions: rows)."""
     if not rows or 'group' not in rows[0]:
         return False
     packed, separate = layout_flops(rows, cfg, backend)
@@ -136,13 +143,14 @@ def choose_share_prompt(rows, cfg, backend):
 
 def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype=torch.float32, compiled=False,
                         head_fp32=True, tiles=(0, 0)):
-    """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at `temperature`,
-    through the fused LM head (kernels.lm_head_logprobs: never more logits than one tile of `tiles` = (tokens,
-    vocabulary), 0 = its default). rows: {'prompt', 'ids'[, 'group']} dicts; with share_prompt and groups, each
-    group's prompt runs once (pack_groups). The trunk runs under autocast to dtype; the head does its own fp32 math.
-    head_fp32: the LM head's matmul in fp32 too (under bf16 autocast its logits would be rounded to bf16; in fp32 they
-    are the full-precision logits of the policy being trained). compiled: net is a torch.compile'd model, whose graph
-    must not take in the head."""
+    """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at
+    `temperature`, through the fused LM head (kernels.lm_head_logprobs: never more logits than one
+    tile of `tiles` = (tokens, vocabulary), 0 = its default). rows: {'prompt', 'ids'[, 'group']}
+    dicts; with share_prompt and groups, each group's prompt runs once (pack_groups). The trunk runs
+    under autocast to dtype; the head does its own fp32 math. head_fp32: the LM head's matmul in
+    fp32 too (under bf16 autocast its logits would be rounded to bf16; in fp32 they are the
+    full-precision logits of the policy being trained). compiled: net is a torch.compile'd model,
+    whose graph must not take in the head."""
     device = next(net.parameters()).device
     if share_prompt and 'group' in rows[0]:
         x, pos, seg, select, targets = pack_groups(rows, pad_id, device)
@@ -161,15 +169,16 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype
 
 
 def train_rows(comps, adv, zero_std, prompts, mine, groups, filter_zero_std=True, mask_truncated=False):
-    """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp', 'group'}: those of
-    the kept `groups` (the step's prompt indices; row k of adv and zero_std is groups[k]'s, so dynamic sampling can
-    drop groups) that this rank generated (`mine`: it holds their sampler log-probs), less truncated completions
-    (mask_truncated) and empty ones. Returns (rows, n_tok, n_seq, (rows_trained, tokens_trained)): the loss
-    normalisers, counted over every rank's rows of the kept groups, and how many of those rows and tokens are
-    trained on (0 rows: nothing to update). filter_zero_std leaves out the rows of groups whose rewards were all
-    equal after counting them, so it only saves compute: their advantage is 0, and with the normalisers unchanged the
-    step's gradient is the same with the filter on or off (only true when nothing but the advantage gives them a
-    gradient: no KL or entropy term; the caller checks)."""
+    """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp',
+    'group'}: those of the kept `groups` (the step's prompt indices; row k of adv and zero_std is
+    groups[k]'s, so dynamic sampling can drop groups) that this rank generated (`mine`: it holds
+    their sampler log-probs), less truncated completions (mask_truncated) and empty ones. Returns
+    (rows, n_tok, n_seq, (rows_trained, tokens_trained)): the loss normalisers, counted over every
+    rank's rows of the kept groups, and how many of those rows and tokens are trained on (0 rows:
+    nothing to update). filter_zero_std leaves out the rows of groups whose rewards were all equal
+    after counting them, so it only saves compute: their advantage is 0, and with the normalisers
+    unchanged the step's gradient is the same with the filter on or off (only true when nothing but
+    the advantage gives them a gradient: no KL or entropy term; the caller checks)."""
     at = {g: k for k, g in enumerate(groups)}
     rows, n_tok, n_seq, n_trained, t_trained = [], 0, 0, 0, 0
     for c in comps:
@@ -187,13 +196,15 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, filter_zero_std=True
 
 
 def keep_groups(zero_std, n_groups):
-    """Dynamic sampling (DAPO): the indices of the first n_groups groups whose rewards differ, in the order drawn."""
+    """Dynamic sampling (DAPO): the indices of the first n_groups groups whose rewards differ, in
+    the order drawn."""
     return [i for i, z in enumerate(zero_std.tolist()) if not z][:n_groups]
 
 
 def pad_micro_batches(micro, pad_id, device):
-    """Under torchrun every rank must run as many forward/backward passes, so that their collectives pair up: pad
-    with one-token rows (their loss weight is 0) up to the most any rank has. Unchanged in one process."""
+    """Under torchrun every rank must run as many forward/backward passes, so that their collectives
+    pair up: pad with one-token rows (their loss weight is 0) up to the most any rank has. Unchanged
+    in one process."""
     from parallel import all_reduce
     pad = {'prompt': [pad_id], 'ids': [pad_id], 'adv': 0.0, 'gen_logp': [0.0], 'group': -1}
     return micro + [[pad]] * int(all_reduce([len(micro)], device, 'max')[0] - len(micro))

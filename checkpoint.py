@@ -1,9 +1,10 @@
 """
-Checkpoints that a kill at any instant cannot corrupt, and resume that picks the newest one that loads.
+Checkpoints that a kill at any instant cannot corrupt, and resume that picks the newest one that
+loads.
 
-A checkpoint is one torch.save file, ckpt_{step:07d}.pt, written to a temporary name, fsync'd, then renamed over:
-a reader sees the old file or the new one, never half of one. The directory is fsync'd after the rename so the
-rename itself survives a power cut.
+A checkpoint is one torch.save file, ckpt_{step:07d}.pt, written to a temporary name, fsync'd, then
+renamed over: a reader sees the old file or the new one, never half of one. The directory is fsync'd
+after the rename so the rename itself survives a power cut.
 """
 import copy
 import glob
@@ -27,7 +28,8 @@ def fsync_dir(path):
 
 
 def atomic_write(path, write_fn):
-    """write_fn(file object) writes the content; the file appears at path only once complete and on disk."""
+    """write_fn(file object) writes the content; the file appears at path only once complete and on
+    disk."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, 'wb') as f:
@@ -71,7 +73,8 @@ def save_checkpoint(out_dir, step, state, keep_last):
 
 
 def load_newest_everywhere(out_dir, master=True):
-    """load_newest on every rank of a run; rank 0 looks first, as it also deletes half-written files."""
+    """load_newest on every rank of a run; rank 0 looks first, as it also deletes half-written
+    files."""
     from parallel import barrier
     found = load_newest(out_dir) if master else None
     barrier()
@@ -83,9 +86,10 @@ SAFE_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.
 
 
 def load_checkpoint(path, map_location='cpu'):
-    """torch.load that runs no code from the file: tensors, plain Python values and numpy's RNG state only
-    (weights_only). A file that needs anything else (a pickle that would import or call something, e.g. planted in a
-    shared out_dir) raises ValueError naming the file and the refused global."""
+    """torch.load that runs no code from the file: tensors, plain Python values and numpy's RNG
+    state only (weights_only). A file that needs anything else (a pickle that would import or call
+    something, e.g. planted in a shared out_dir) raises ValueError naming the file and the refused
+    global."""
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=map_location == 'cpu')
@@ -96,7 +100,8 @@ def load_checkpoint(path, map_location='cpu'):
 
 
 def load_newest(out_dir, map_location='cpu'):
-    """(path, state) of the newest checkpoint that loads; a broken one is reported and the next older one tried."""
+    """(path, state) of the newest checkpoint that loads; a broken one is reported and the next
+    older one tried."""
     for tmp in glob.glob(os.path.join(out_dir, '*.tmp.*')):  # left by a write that was killed: never complete
         os.remove(tmp)
     for path in list_checkpoints(out_dir):
@@ -112,8 +117,8 @@ def load_newest(out_dir, map_location='cpu'):
 
 
 def trim_metrics(path, last_step):
-    """Drop rows (metrics.jsonl, samples.jsonl) after last_step (written after the checkpoint we resume from) and
-    any torn last line, so a resumed run appends without duplicate steps."""
+    """Drop rows (metrics.jsonl, samples.jsonl) after last_step (written after the checkpoint we
+    resume from) and any torn last line, so a resumed run appends without duplicate steps."""
     if not os.path.exists(path):
         return
     keep = []
@@ -131,10 +136,11 @@ def trim_metrics(path, last_step):
 # ----------------------------------------------------------------------------- a run's checkpoints
 
 def reference_model(policy, dtype, path, resumed, master, device, initial=None):
-    """The frozen KL reference: a copy of the policy GRPO starts from (after the warm start, if any) in the compute
-    dtype, written to path at the start and read back on resume (init_from alone cannot rebuild it after SFT).
-    A resumed run whose start had no reference (beta was 0) gets initial() (the init_from weights: only right
-    without a warm start; None: the run stops with a line saying so)."""
+    """The frozen KL reference: a copy of the policy GRPO starts from (after the warm start, if any)
+    in the compute dtype, written to path at the start and read back on resume (init_from alone
+    cannot rebuild it after SFT). A resumed run whose start had no reference (beta was 0) gets
+    initial() (the init_from weights: only right without a warm start; None: the run stops with a
+    line saying so)."""
     from parallel import die
     ref = copy.deepcopy(policy).to(dtype).eval().requires_grad_(False)
     if resumed and os.path.exists(path):
@@ -151,7 +157,8 @@ def reference_model(policy, dtype, path, resumed, master, device, initial=None):
     return ref
 
 
-# knobs a resumed run may change without changing what it computes (what it logs, saves, prints or waits for)
+# knobs a resumed run may change without changing what it computes (what it logs, saves, prints or
+# waits for)
 RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples', 'eval_batch_size', 'verbose',
                'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every', 'export_dtype', 'plot',
                'plot_every', 'watchdog_s', 'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name',
@@ -159,10 +166,10 @@ RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_exampl
 
 
 def config_changes(saved, config):
-    """Lines naming each knob whose value differs from the checkpoint's run, and whether any of them changes what
-    the run computes (anything outside RESUME_SAFE: its trajectory is then not the one a run without the stop had).
-    A knob the checkpoint's code did not have (or this code no longer has) is named but does not count: its default
-    is meant to keep the old behaviour."""
+    """Lines naming each knob whose value differs from the checkpoint's run, and whether any of them
+    changes what the run computes (anything outside RESUME_SAFE: its trajectory is then not the one
+    a run without the stop had). A knob the checkpoint's code did not have (or this code no longer
+    has) is named but does not count: its default is meant to keep the old behaviour."""
     keys = sorted(k for k in set(saved) | set(config) if saved.get(k, '(unset)') != config.get(k, '(unset)'))
     known = [k for k in keys if k in saved and k in config]
     lines = [f"  {k}: {saved.get(k, '(unset)')!r} -> {config.get(k, '(unset)')!r}" + (
@@ -172,11 +179,12 @@ def config_changes(saved, config):
 
 
 def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, resume_changed=False):
-    """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer, restore the RNG
-    state, trim metrics.jsonl and samples.jsonl back to its step, and return its state dict; None to start fresh
-    (then a metrics.jsonl already there is renamed aside, never overwritten). resume='never' refuses an out_dir that
-    holds checkpoints. Knobs that differ from the checkpoint's run are printed; one that changes what the run
-    computes (config_changes) needs resume_changed=True, else the run stops before touching anything."""
+    """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer,
+    restore the RNG state, trim metrics.jsonl and samples.jsonl back to its step, and return its
+    state dict; None to start fresh (then a metrics.jsonl already there is renamed aside, never
+    overwritten). resume='never' refuses an out_dir that holds checkpoints. Knobs that differ from
+    the checkpoint's run are printed; one that changes what the run computes (config_changes) needs
+    resume_changed=True, else the run stops before touching anything."""
     from parallel import barrier, die
     path, state = load_newest_everywhere(out_dir, master) if resume == 'auto' else (None, None)
     if resume == 'never' and list_checkpoints(out_dir):
@@ -211,13 +219,15 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, res
 
 def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state, tok=None, config=None,
              export_dtype=None, keep_export=False):
-    """Checkpoint step (with run_state: cursor, lr_scale, guards, ...) and, given tok, the HF export out_dir/hf (in
-    export_dtype, default the weights' fp32; keep_export: also out_dir/hf_{step:07d}, kept) with the run's config
-    beside it (grpo_run.json, which sample.py reads), only from finite weights: a bad model is never
-    written over a good one. Rank 0 writes (FSDP first gathers the weights onto it); the others wait, so no rank reads
-    a checkpoint still being written. Every rank restores the one RNG state saved: they all seed alike.
-    LoRA (lora.py): the checkpoint holds the adapters only (and their AdamW state; the base is reloaded from init_from
-    at resume, its fingerprint checked), out_dir/hf the merged weights and out_dir/lora peft's adapter directory."""
+    """Checkpoint step (with run_state: cursor, lr_scale, guards, ...) and, given tok, the HF export
+    out_dir/hf (in export_dtype, default the weights' fp32; keep_export: also out_dir/hf_{step:07d},
+    kept) with the run's config beside it (grpo_run.json, which sample.py reads), only from finite
+    weights: a bad model is never written over a good one. Rank 0 writes (FSDP first gathers the
+    weights onto it); the others wait, so no rank reads a checkpoint still being written. Every rank
+    restores the one RNG state saved: they all seed alike. LoRA (lora.py): the checkpoint holds the
+    adapters only (and their AdamW state; the base is reloaded from init_from at resume, its
+    fingerprint checked), out_dir/hf the merged weights and out_dir/lora peft's adapter
+    directory."""
     from parallel import barrier
     from hf import save_pretrained
     import lora
@@ -246,8 +256,8 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state
 # FSDP or not. Under FSDP the weights and Adam moments live as shards and are gathered (DCP's state_dict helpers).
 
 def full_state(model, optimizer, fsdp):
-    """(model, optimizer) state dicts of whole tensors. FSDP gathers them onto rank 0, in CPU memory; the other
-    ranks get {}."""
+    """(model, optimizer) state dicts of whole tensors. FSDP gathers them onto rank 0, in CPU
+    memory; the other ranks get {}."""
     osd = optimizer.state_dict()
     if not fsdp:
         return model.state_dict(), osd
@@ -262,8 +272,8 @@ def full_state(model, optimizer, fsdp):
 
 
 def load_state(model, optimizer, msd, osd, fsdp):
-    """Every rank loads the same whole state dicts (FSDP keeps its shard of each). With LoRA msd holds the adapters
-    only; a checkpoint of the other kind is a ValueError."""
+    """Every rank loads the same whole state dicts (FSDP keeps its shard of each). With LoRA msd
+    holds the adapters only; a checkpoint of the other kind is a ValueError."""
     import lora
     want = {k for k in model.state_dict() if '.lora_A.' in k or '.lora_B.' in k} or set(model.state_dict())
     if set(msd) != want:  # LoRA: adapters only (the base stays as loaded from init_from); else every tensor
@@ -286,6 +296,7 @@ def load_state(model, optimizer, msd, osd, fsdp):
 
 
 def param_names(model, optimizer):
-    """The optimizer's parameters in its own order (what optimizer.state_dict() numbers), by name (what DCP uses)."""
+    """The optimizer's parameters in its own order (what optimizer.state_dict() numbers), by name
+    (what DCP uses)."""
     name = {id(p): n for n, p in model.named_parameters()}
     return [name[id(p)] for g in optimizer.param_groups for p in g['params']]

@@ -5,9 +5,10 @@ A script keeps its defaults as plain module globals (each with a comment), then 
 
     config = configure(globals())
 
-which applies, in order, each bare argument as a Python config file (executed in the script's globals) and each
-`--key=value` as an override. Values go through ast.literal_eval (falling back to the raw string) and must match
-the type of the default; a default of None accepts anything. Any mistake is one clear line and exit code 2.
+which applies, in order, each bare argument as a Python config file (executed in the script's
+globals) and each `--key=value` as an override. Values go through ast.literal_eval (falling back to
+the raw string) and must match the type of the default; a default of None accepts anything. Any
+mistake is one clear line and exit code 2.
 """
 import ast
 import json
@@ -16,7 +17,8 @@ import sys
 
 
 def config_keys(g):
-    """The configurable globals: plain values defined at module level, not modules/functions/private names."""
+    """The configurable globals: plain values defined at module level, not modules/functions/private
+    names."""
     return [k for k, v in g.items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, list, tuple, dict, type(None)))]
 
 
@@ -26,12 +28,14 @@ def fail(msg):
 
 
 def auto_bool(default, value):
-    """A knob whose default is 'auto' (share_prompt) also takes True or False: a choice, not a change of type."""
+    """A knob whose default is 'auto' (share_prompt) also takes True or False: a choice, not a
+    change of type."""
     return default == 'auto' and isinstance(value, bool)
 
 
 def check_type(key, value, default, where):
-    """Return value coerced to the default's type (int -> float, list <-> tuple), or fail naming where it came from."""
+    """Return value coerced to the default's type (int -> float, list <-> tuple), or fail naming
+    where it came from."""
     if default is None or value is None or auto_bool(default, value):
         return value
     if isinstance(default, bool) or isinstance(value, bool):  # bool is an int subclass: compare exactly
@@ -55,10 +59,11 @@ def parse_value(raw):
 
 
 def configure(g, argv=None, more_knobs=None):
-    """Apply config files and --key=value overrides from argv (default sys.argv[1:]) to the globals dict g.
-    more_knobs(settings) -> {name: default}: knobs that exist only given other settings (the chosen task's, see
-    tasks/), found after a first quiet pass over argv that skips unknown keys; they are added to g, then argv is
-    applied for real, so they take files and overrides like any knob. A ValueError from it is a config error."""
+    """Apply config files and --key=value overrides from argv (default sys.argv[1:]) to the globals
+    dict g. more_knobs(settings) -> {name: default}: knobs that exist only given other settings (the
+    chosen task's, see tasks/), found after a first quiet pass over argv that skips unknown keys;
+    they are added to g, then argv is applied for real, so they take files and overrides like any
+    knob. A ValueError from it is a config error."""
     argv = sys.argv[1:] if argv is None else argv
     keys = config_keys(g)
     if more_knobs is not None:

@@ -1,7 +1,7 @@
 """
-What every task shares: rows read from a local .jsonl / .parquet split with where each came from, parsed under one
-malformed-row policy, and the deterministic example order that lets a resumed run see the same batches.
-The tasks themselves (their data, prompts and grading) are in tasks/.
+What every task shares: rows read from a local .jsonl / .parquet split with where each came from,
+parsed under one malformed-row policy, and the deterministic example order that lets a resumed run
+see the same batches. The tasks themselves (their data, prompts and grading) are in tasks/.
 """
 import json
 from functools import lru_cache
@@ -11,7 +11,8 @@ import numpy as np
 
 
 def read_rows(data_dir, split):
-    """Yield (where, row-or-exception) from data_dir/{split}.jsonl, else the split's parquet file(s)."""
+    """Yield (where, row-or-exception) from data_dir/{split}.jsonl, else the split's parquet
+    file(s)."""
     path = Path(data_dir) / f'{split}.jsonl'
     if path.exists():
         with open(path, encoding='utf-8') as f:
@@ -32,9 +33,9 @@ def read_rows(data_dir, split):
 
 
 def parse_rows(rows, parse, skip_bad_rows=False, what='row', stats=None):
-    """[parse(row)] for (where, row) in rows. A malformed row (parse raises ValueError) raises one ValueError naming
-    file and line; with skip_bad_rows it is skipped, printed and added to stats['skipped'] (pass a dict to receive
-    it; stats['first_bad'] holds the first reason)."""
+    """[parse(row)] for (where, row) in rows. A malformed row (parse raises ValueError) raises one
+    ValueError naming file and line; with skip_bad_rows it is skipped, printed and added to
+    stats['skipped'] (pass a dict to receive it; stats['first_bad'] holds the first reason)."""
     out, bad = [], []
     for where, row in rows:
         try:
@@ -54,7 +55,8 @@ def parse_rows(rows, parse, skip_bad_rows=False, what='row', stats=None):
 
 
 def question_messages(question, system_prompt='', instruction=''):
-    """[system turn,] user turn = the question [+ newline + instruction]; '' or None leaves a part out."""
+    """[system turn,] user turn = the question [+ newline + instruction]; '' or None leaves a part
+    out."""
     user = f"{question}\n{instruction}" if instruction else question
     return ([{'role': 'system', 'content': system_prompt}] if system_prompt else []) + [{'role': 'user', 'content': user}]
 
@@ -68,13 +70,15 @@ def _perm(n, seed, epoch):
 
 
 def epoch_order(n, seed, epoch):
-    """Deterministic permutation of range(n) for this epoch; different epochs give different orders."""
+    """Deterministic permutation of range(n) for this epoch; different epochs give different
+    orders."""
     return list(_perm(n, seed, epoch))
 
 
 def batch_at(examples, seed, cursor, batch_size):
-    """Examples cursor..cursor+batch_size-1 of the endless stream epoch 0, epoch 1, ... (cursor counts examples
-    served so far, so it is all a checkpoint needs). Returns (batch, next_cursor); batches may span epochs."""
+    """Examples cursor..cursor+batch_size-1 of the endless stream epoch 0, epoch 1, ... (cursor
+    counts examples served so far, so it is all a checkpoint needs). Returns (batch, next_cursor);
+    batches may span epochs."""
     n = len(examples)
     batch = [examples[_perm(n, seed, c // n)[c % n]] for c in range(cursor, cursor + batch_size)]
     return batch, cursor + batch_size

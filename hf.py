@@ -1,7 +1,8 @@
 """
-Hugging Face snapshot directories <-> model.py's GPT: config.json <-> ModelConfig, tensor names <-> ours (fused q/k/v
-and gate/up split back into HF's sub-projections), safetensors loading (single file or sharded index) with one clear
-error per problem, hub download through huggingface_hub when it is installed, and atomic saving.
+Hugging Face snapshot directories <-> model.py's GPT: config.json <-> ModelConfig, tensor names <->
+ours (fused q/k/v and gate/up split back into HF's sub-projections), safetensors loading (single
+file or sharded index) with one clear error per problem, hub download through huggingface_hub when
+it is installed, and atomic saving.
 """
 import contextlib
 import json
@@ -15,7 +16,8 @@ from model import GPT, ModelConfig, from_scratch
 
 
 class ModelLoadError(ValueError):
-    """A snapshot could not be loaded. The message is one line naming the file and the field or tensor."""
+    """A snapshot could not be loaded. The message is one line naming the file and the field or
+    tensor."""
 
 
 # -----------------------------------------------------------------------------
@@ -23,8 +25,8 @@ class ModelLoadError(ValueError):
 
 
 def hf_layout(cfg, prefix):
-    """Our parameter name -> (HF tensor names, concatenated in this order along dim 0, and their row counts,
-    and whether HF stores it transposed: GPT-2's Conv1D keeps weights as (in, out))."""
+    """Our parameter name -> (HF tensor names, concatenated in this order along dim 0, and their row
+    counts, and whether HF stores it transposed: GPT-2's Conv1D keeps weights as (in, out))."""
     lay = {}
     if cfg.arch != 'gpt2':
         hd, I = cfg.head_dim, cfg.intermediate_size
@@ -57,7 +59,8 @@ def hf_layout(cfg, prefix):
 
 
 def to_hf(state_dict, cfg, prefix=None):
-    """Our state dict -> HF-named tensors (views where possible; a tied head is left out, as HF does)."""
+    """Our state dict -> HF-named tensors (views where possible; a tied head is left out, as HF
+    does)."""
     prefix = ('model.' if cfg.arch != 'gpt2' else 'transformer.') if prefix is None else prefix
     out = {}
     for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
@@ -160,7 +163,8 @@ def _one_line(e):
 
 
 def resolve_snapshot(name_or_path):
-    """A local snapshot directory, or a hub id downloaded with huggingface_hub (its cache is reused offline)."""
+    """A local snapshot directory, or a hub id downloaded with huggingface_hub (its cache is reused
+    offline)."""
     path = os.path.expanduser(str(name_or_path))
     if os.path.isdir(path):
         return path
@@ -179,7 +183,8 @@ def resolve_snapshot(name_or_path):
 
 
 def _open_checkpoint(path):
-    """(HF tensor name -> open safetensors file holding it, the file or index to name when one is missing)"""
+    """(HF tensor name -> open safetensors file holding it, the file or index to name when one is
+    missing)"""
     from safetensors import safe_open
     index, single = os.path.join(path, 'model.safetensors.index.json'), os.path.join(path, 'model.safetensors')
     if os.path.exists(index):
@@ -203,8 +208,8 @@ def _open_checkpoint(path):
 
 
 def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
-    """Load an HF Qwen2/GPT-2 snapshot -> (GPT, Tokenizer or None when the snapshot has no tokenizer files).
-    Every problem with the input raises ModelLoadError with a one-line message."""
+    """Load an HF Qwen2/GPT-2 snapshot -> (GPT, Tokenizer or None when the snapshot has no tokenizer
+    files). Every problem with the input raises ModelLoadError with a one-line message."""
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     path = resolve_snapshot(name_or_path)
     cfile = os.path.join(path, 'config.json')
@@ -226,7 +231,8 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
     if missing:
         more = f' (and {len(missing) - 1} more)' * (len(missing) > 1)
         raise ModelLoadError(f"{ckpt}: missing tensor '{missing[0]}'{more}")
-    # checkpoints may also carry buffers (GPT-2's causal mask, old rotary inv_freq) or a copy of a tied head
+    # checkpoints may also carry buffers (GPT-2's causal mask, old rotary inv_freq) or a copy of a
+    # tied head
     ignorable = re.compile(r'.*(\.attn\.bias|\.attn\.masked_bias|\.rotary_emb\.inv_freq)$|lm_head\.weight$')
     extra = [k for k in where if k not in expected and not ignorable.match(k)]
     if extra:
@@ -252,9 +258,10 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
 
 def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
                max_seq_len=1024):
-    """(model, tokenizer) from an HF snapshot directory or hub id, or for init_from='scratch' a random Qwen2-shaped
-    model of the given shape (MLP 4 x n_embd, tied head) with the byte tokenizer: the offline demo, smoke tests.
-    A snapshot without tokenizer files is a ModelLoadError, as is every problem with the files."""
+    """(model, tokenizer) from an HF snapshot directory or hub id, or for init_from='scratch' a
+    random Qwen2-shaped model of the given shape (MLP 4 x n_embd, tied head) with the byte
+    tokenizer: the offline demo, smoke tests. A snapshot without tokenizer files is a
+    ModelLoadError, as is every problem with the files."""
     if init_from == 'scratch':
         from tokenizer import byte_tokenizer
         tok = byte_tokenizer()
@@ -268,11 +275,12 @@ def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, n_layer=4, 
 
 
 def save_pretrained(model, tokenizer, out_dir, state_dict=None, dtype=None):
-    """Write an HF snapshot (config.json + model.safetensors in dtype, default the weights' own + tokenizer files +
-    generation_config.json naming the stop ids, so transformers and vLLM stop where we stop) that from_pretrained and
-    transformers both load. Written beside out_dir, then renamed into place, so a crash never leaves a half-written
-    snapshot where an old one was. state_dict: the weights to write instead of model's own (e.g. gathered whole
-    from FSDP shards)."""
+    """Write an HF snapshot (config.json + model.safetensors in dtype, default the weights' own +
+    tokenizer files + generation_config.json naming the stop ids, so transformers and vLLM stop
+    where we stop) that from_pretrained and transformers both load. Written beside out_dir, then
+    renamed into place, so a crash never leaves a half-written snapshot where an old one was.
+    state_dict: the weights to write instead of model's own (e.g. gathered whole from FSDP
+    shards)."""
     from safetensors.torch import save_file
     cfg = model.config
     state_dict = model.state_dict() if state_dict is None else state_dict
@@ -280,7 +288,8 @@ def save_pretrained(model, tokenizer, out_dir, state_dict=None, dtype=None):
     with atomic_dir(out_dir) as tmp:
         with open(os.path.join(tmp, 'config.json'), 'w') as f:
             json.dump(config_to_hf(cfg, dtype), f, indent=2)
-        # own, dense copies: safetensors refuses views that share storage (our fused q/k/v split apart)
+        # own, dense copies: safetensors refuses views that share storage (our fused q/k/v split
+        # apart)
         tensors = {k: v.detach().to('cpu', dtype if v.is_floating_point() else v.dtype).clone(
                    memory_format=torch.contiguous_format) for k, v in to_hf(state_dict, cfg).items()}
         save_file(tensors, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
@@ -293,8 +302,9 @@ def save_pretrained(model, tokenizer, out_dir, state_dict=None, dtype=None):
 
 @contextlib.contextmanager
 def atomic_dir(out_dir):
-    """A fresh folder beside out_dir to write into, renamed into place when the block ends without an error, so a
-    crash never leaves a half-written directory where an old one was (the old one goes only after the rename)."""
+    """A fresh folder beside out_dir to write into, renamed into place when the block ends without
+    an error, so a crash never leaves a half-written directory where an old one was (the old one
+    goes only after the rename)."""
     out_dir = os.path.abspath(out_dir)
     tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True)

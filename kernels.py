@@ -1,13 +1,13 @@
 """
-Fused per-token log-prob + entropy in Triton, with pure-torch reference paths (the sampler's kernels:
-sample_kernels.py).
+Fused per-token log-prob + entropy in Triton, with pure-torch reference paths (the sampler's
+kernels: sample_kernels.py).
 
 GRPO's memory goes to logits: log_softmax(logits).gather(targets) materialises a full fp32 copy of a
-[tokens, vocab] tensor and entropy wants another. token_logprobs reads each row of given logits once (forward)
-and once more (backward), keeping a few floats per row; lm_head_logprobs, what training runs, never holds the
-logits at all: it projects hidden states tile by tile and folds each tile into the same per-token statistics.
-Triton runs on CUDA tensors; CPU tensors take torch paths unless use_triton=True (the tests force it under
-TRITON_INTERPRET=1).
+[tokens, vocab] tensor and entropy wants another. token_logprobs reads each row of given logits once
+(forward) and once more (backward), keeping a few floats per row; lm_head_logprobs, what training
+runs, never holds the logits at all: it projects hidden states tile by tile and folds each tile into
+the same per-token statistics. Triton runs on CUDA tensors; CPU tensors take torch paths unless
+use_triton=True (the tests force it under TRITON_INTERPRET=1).
 """
 import torch
 import triton
@@ -18,8 +18,9 @@ import triton.language as tl
 
 @triton.jit
 def _fold(base, n_loop, n_valid, m, s, w, inv_temp, BLOCK: tl.constexpr):
-    # fold columns [0, n_loop) of one row (those from n_valid on read as -inf) into its online softmax of z = x / T:
-    # m the running max of the RAW logits, s = sum e, w = sum e * d with d = (x - m) / T, e = exp(d)
+    # fold columns [0, n_loop) of one row (those from n_valid on read as -inf) into its online
+    # softmax of z = x / T: m the running max of the RAW logits, s = sum e, w = sum e * d with d =
+    # (x - m) / T, e = exp(d)
     for start in range(0, n_loop, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(base + cols, mask=cols < n_valid, other=float('-inf')).to(tl.float32)
@@ -90,7 +91,8 @@ def num_warps(block):  # per program over a block of the vocabulary (the sampler
 
 
 def _rows(logits):
-    """View logits as (B, T, V) without copying the common cases (2-D, 3-D, last-dim-contiguous slices)."""
+    """View logits as (B, T, V) without copying the common cases (2-D, 3-D, last-dim-contiguous
+    slices)."""
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     x = logits if logits.dim() == 3 else logits.reshape(1, -1, logits.shape[-1])
@@ -132,15 +134,16 @@ class _TokenLogprobs(torch.autograd.Function):
 # log-prob + entropy: public functions
 
 def token_logprobs_ref(logits, targets, temperature=1.0, mask=None):
-    """Pure-torch log p(target) and entropy of softmax(logits / T); fp32 out (fp64 in stays fp64)."""
+    """Pure-torch log p(target) and entropy of softmax(logits / T); fp32 out (fp64 in stays
+    fp64)."""
     z = logits if logits.dtype == torch.float64 else logits.float()  # no copy for fp32 input
     # shift by the (detached, shift-invariant) row max first so logits of 1e4 keep fp32 precision
     d = z - z.detach().amax(-1, keepdim=True)
     logq = torch.log_softmax(d if temperature == 1.0 else d * (1.0 / temperature), -1)
     del z, d  # free the temporaries before the next full-size one is made
     p = logq.exp()
-    # p = 0 terms (logit -inf) add 0, not 0 * -inf, and get finite gradients; einsum is a batched dot
-    # (no p * logq temporary)
+    # p = 0 terms (logit -inf) add 0, not 0 * -inf, and get finite gradients; einsum is a batched
+    # dot (no p * logq temporary)
     entropy = -torch.einsum('...v,...v->...', p, logq.masked_fill(p == 0, 0.0))
     if mask is not None:
         targets = torch.where(mask, targets, 0)  # padding may hold any id, e.g. -100
@@ -152,10 +155,10 @@ def token_logprobs_ref(logits, targets, temperature=1.0, mask=None):
 
 def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=None, block_size=None):
     """
-    Per-token log p(target) and entropy under softmax(logits / temperature).
-    logits (..., V) any float dtype, targets (...) int, mask (...) bool or None (False = padding: outputs 0,
-    zero gradient). Returns (logp, entropy), fp32, shape (...), both differentiable w.r.t. logits.
-    Triton on CUDA tensors (or when use_triton=True), the torch reference otherwise.
+    Per-token log p(target) and entropy under softmax(logits / temperature). logits (..., V) any
+    float dtype, targets (...) int, mask (...) bool or None (False = padding: outputs 0, zero
+    gradient). Returns (logp, entropy), fp32, shape (...), both differentiable w.r.t. logits. Triton
+    on CUDA tensors (or when use_triton=True), the torch reference otherwise.
     """
     assert temperature > 0, 'temperature must be > 0 for log-probs'
     if not (logits.is_cuda if use_triton is None else use_triton):
@@ -173,7 +176,8 @@ def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=No
 @triton.jit
 def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, xt_ptr, inv_temp,
                      BLOCK: tl.constexpr):
-    # one program per token: fold one tile row into that token's (m, s, w) (_fold, as _logprob_fwd_kernel does)
+    # one program per token: fold one tile row into that token's (m, s, w) (_fold, as
+    # _logprob_fwd_kernel does)
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride
     m = tl.load(m_ptr + row)
@@ -191,8 +195,9 @@ def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, 
 @triton.jit
 def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, lse_ptr, a_ptr, b_ptr, g_lp_ptr, inv_temp,
                      BLOCK: tl.constexpr):
-    # grid (tokens, column blocks): overwrite the tile with dlogits = (p * (a + b * log p) + [i == t] g_lp) / T,
-    # where a = -g_lp - g_ent * H and b = -g_ent fold both outputs' gradients into two floats per token
+    # grid (tokens, column blocks): overwrite the tile with dlogits = (p * (a + b * log p) + [i ==
+    # t] g_lp) / T, where a = -g_lp - g_ent * H and b = -g_ent fold both outputs' gradients into two
+    # floats per token
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ptrs = x_ptr + row * stride + cols
@@ -205,8 +210,8 @@ def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, lse_ptr, a_ptr, b_ptr
 
 
 def _fold_fwd_torch(z, e, tgt, col0, m, s, w, zt):
-    """_head_fwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z (n, v) fp32 is clobbered,
-    e is scratch of its shape; updates m, s, w, zt (n,) in place."""
+    """_head_fwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z (n, v)
+    fp32 is clobbered, e is scratch of its shape; updates m, s, w, zt (n,) in place."""
     local = tgt - col0
     inside = (local >= 0) & (local < z.shape[1])
     zt.copy_(torch.where(inside, z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1), zt))
@@ -217,14 +222,15 @@ def _fold_fwd_torch(z, e, tgt, col0, m, s, w, zt):
     alpha = shift.exp()
     w.add_(shift * s).mul_(alpha)  # the old terms, now relative to m_new
     s.mul_(alpha).add_(e.sum(1))
-    # sum e * d: in place in the scratch, summed by torch's cascade (a bmm dot loses ~1e-5 over a 4,096-wide row)
+    # sum e * d: in place in the scratch, summed by torch's cascade (a bmm dot loses ~1e-5 over a
+    # 4,096-wide row)
     w.add_(e.mul_(z).sum(1))
     m.copy_(m_new)
 
 
 def _fold_bwd_torch(z, e, tgt, col0, shift, a, b, g_lp):
-    """_head_bwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z becomes dlogits.
-    shift = m + log s, so z - shift = log p."""
+    """_head_bwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z becomes
+    dlogits. shift = m + log s, so z - shift = log p."""
     z.sub_(shift[:, None])
     torch.exp(z, out=e)
     if b is None:  # no entropy gradient
@@ -246,12 +252,13 @@ def _addmm_fp32(acc, x, y):
 
 
 def _grad_goes_to(weight, acc_node):
-    """The weight's .grad, when backward may add to it directly instead of returning a second full-size gradient
-    for autograd to add: a later micro-batch of .backward() (so .grad exists), fp32, and nothing between autograd
-    and .grad. Not under autograd.grad (which must leave .grad alone: its AccumulateGrad node will not run), not with
-    tensor hooks (they would miss this share), and not with FSDP2 (whose unsharded weight has no .grad here).
-    A tied embedding is safe: its own share reaches AccumulateGrad after ours (the head runs last in forward, so
-    first in backward), and DDP's hook, which fires there, reads .grad whole."""
+    """The weight's .grad, when backward may add to it directly instead of returning a second
+    full-size gradient for autograd to add: a later micro-batch of .backward() (so .grad exists),
+    fp32, and nothing between autograd and .grad. Not under autograd.grad (which must leave .grad
+    alone: its AccumulateGrad node will not run), not with tensor hooks (they would miss this
+    share), and not with FSDP2 (whose unsharded weight has no .grad here). A tied embedding is safe:
+    its own share reaches AccumulateGrad after ours (the head runs last in forward, so first in
+    backward), and DDP's hook, which fires there, reads .grad whole."""
     g = weight.grad
     if acc_node is None or g is None or weight._backward_hooks or g.dtype != torch.float32 or g.layout != torch.strided:
         return None
@@ -263,10 +270,11 @@ def _grad_goes_to(weight, acc_node):
 
 
 def _tiles(hidden, weight, inv_temp, cd, tiles, triton_fold):
-    """Yield (hidden tile, first token, first vocab id, logits tile, scratch, weight tile) for every tile, the logits
-    tile projected in dtype cd into one reused buffer. The Triton fold reads raw logits x and divides by T itself;
-    the torch fold gets fp32 z = x / T: in fp32 from hidden scaled once (_prescaled), else as an fp32 copy of the
-    tile scaled on the way (scaling a bf16 hidden would round it twice)."""
+    """Yield (hidden tile, first token, first vocab id, logits tile, scratch, weight tile) for every
+    tile, the logits tile projected in dtype cd into one reused buffer. The Triton fold reads raw
+    logits x and divides by T itself; the torch fold gets fp32 z = x / T: in fp32 from hidden scaled
+    once (_prescaled), else as an fp32 copy of the tile scaled on the way (scaling a bf16 hidden
+    would round it twice)."""
     hs = hidden.float().mul(inv_temp).to(cd) if _prescaled(cd, inv_temp, triton_fold) else hidden.to(cd)
     N, V = hidden.shape[0], weight.shape[0]
     tt, vt = min(tiles[0], N), min(tiles[1], V)
@@ -287,7 +295,8 @@ def _tiles(hidden, weight, inv_temp, cd, tiles, triton_fold):
 
 
 def _prescaled(cd, inv_temp, triton_fold):
-    """Whether the torch fold's hidden states are scaled by 1/T before the projection (fp32 only)."""
+    """Whether the torch fold's hidden states are scaled by 1/T before the projection (fp32
+    only)."""
     return not triton_fold and cd == torch.float32 and inv_temp != 1.0
 
 
@@ -325,8 +334,9 @@ class _LMHead(torch.autograd.Function):
         if g_lp is None and g_ent is None:
             return (None,) * 8
         pre = _prescaled(cd, inv_temp, triton_fold)
-        # dlogits = p * (a + b * log p) + [i == target] * g_lp, times dz/dtile: the torch fold folds that factor
-        # (1/T unless the hidden states were prescaled) into a, b and g_lp; the Triton kernel applies 1/T itself
+        # dlogits = p * (a + b * log p) + [i == target] * g_lp, times dz/dtile: the torch fold folds
+        # that factor (1/T unless the hidden states were prescaled) into a, b and g_lp; the Triton
+        # kernel applies 1/T itself
         k = 1.0 if triton_fold or pre else inv_temp
         g_lp = g_lp.float().contiguous() * k if g_lp is not None else None  # .contiguous(): .sum()'s grad is an expand
         b = -g_ent.float() * k if g_ent is not None else None
@@ -361,24 +371,27 @@ class _LMHead(torch.autograd.Function):
         return gh, gw, None, None, None, None, None, None
 
 
-# (tokens, vocab) per tile. CPU, measured on 2 cores (2,048 tokens x vocab 32,768 x hidden 896, fp32, CPU seconds per
-# forward+backward, 3 runs): 2048x4096 5.9, 2048x8192 5.7-5.9, 2048x16384 5.8, 2048x2048 6.5, 1024x8192 6.3,
-# 1024x4096 7.1, 512x4096 8.4. GEMMs dominate (90%) and want many tokens; vocab widths 4,096-16,384 tie, so the
-# narrowest (tile + scratch: 64 MiB). CUDA: not measured yet; bf16 tiles of 128 MiB, GEMMs large enough for full speed
+# (tokens, vocab) per tile. CPU, measured on 2 cores (2,048 tokens x vocab 32,768 x hidden 896,
+# fp32, CPU seconds per forward+backward, 3 runs): 2048x4096 5.9, 2048x8192 5.7-5.9, 2048x16384 5.8,
+# 2048x2048 6.5, 1024x8192 6.3, 1024x4096 7.1, 512x4096 8.4. GEMMs dominate (90%) and want many
+# tokens; vocab widths 4,096-16,384 tie, so the narrowest (tile + scratch: 64 MiB). CUDA: not
+# measured yet; bf16 tiles of 128 MiB, GEMMs large enough for full speed
 HEAD_TILES = {'cpu': (2048, 4096), 'cuda': (4096, 16384)}
 
 
 def lm_head_logprobs(hidden, weight, targets, temperature=1.0, mask=None, *, head_fp32=False, tiles=None,
                      use_triton=None):
     """
-    Per-token log p(target) and entropy under softmax(hidden @ weight.T / temperature), never holding more logits
-    than one tile of tiles = (tokens, vocab) (None or 0: HEAD_TILES for the device): forward keeps four floats per
-    token, backward recomputes each tile. hidden (..., D), weight (V, D), targets (...) int, mask (...) bool or None
-    (False: outputs 0, zero gradient, the target may be anything). Returns (logp, entropy) fp32 of shape (...),
-    differentiable w.r.t. hidden and weight; their gradients are accumulated in fp32 (a later micro-batch adds the
-    weight's straight into weight.grad: _grad_goes_to). The projection runs in hidden's dtype, or in fp32 with
-    head_fp32 (hidden and weight upcast; under bf16 autocast the logits are then not rounded to bf16). Softmax math is
-    always fp32. The fold is Triton on CUDA tensors (or when use_triton=True), torch tile ops otherwise.
+    Per-token log p(target) and entropy under softmax(hidden @ weight.T / temperature), never
+    holding more logits than one tile of tiles = (tokens, vocab) (None or 0: HEAD_TILES for the
+    device): forward keeps four floats per token, backward recomputes each tile. hidden (..., D),
+    weight (V, D), targets (...) int, mask (...) bool or None (False: outputs 0, zero gradient, the
+    target may be anything). Returns (logp, entropy) fp32 of shape (...), differentiable w.r.t.
+    hidden and weight; their gradients are accumulated in fp32 (a later micro-batch adds the
+    weight's straight into weight.grad: _grad_goes_to). The projection runs in hidden's dtype, or in
+    fp32 with head_fp32 (hidden and weight upcast; under bf16 autocast the logits are then not
+    rounded to bf16). Softmax math is always fp32. The fold is Triton on CUDA tensors (or when
+    use_triton=True), torch tile ops otherwise.
     """
     assert temperature > 0, 'temperature must be > 0 for log-probs'
     triton_fold = hidden.is_cuda if use_triton is None else use_triton

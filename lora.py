@@ -1,15 +1,19 @@
 """
-LoRA (Hu et al. 2021) on model.py's GPT: low-rank adapters on the blocks' linear layers, the base weights frozen.
+LoRA (Hu et al. 2021) on model.py's GPT: low-rank adapters on the blocks' linear layers, the base
+weights frozen.
 
-A targeted layer computes x W^T + b + scale * dropout(x) A^T B^T, scale = alpha / rank, A (rank, in) initialised as
-peft does (kaiming-uniform, a = sqrt(5)), B (out, rank) zeros, so a fresh adapter changes nothing. Our fused layers
-(q/k/v in attn.c_attn, gate/up in mlp.c_fc) keep one A/B pair per Hugging Face sub-projection (q_proj, k_proj,
-v_proj; gate_proj, up_proj), each adding to its own rows of the fused output: the pairs are exactly peft's, and
-export needs no approximation. Names are HF's (hf.hf_layout says which HF tensors and rows each of our weights fuses).
+A targeted layer computes x W^T + b + scale * dropout(x) A^T B^T, scale = alpha / rank, A (rank, in)
+initialised as peft does (kaiming-uniform, a = sqrt(5)), B (out, rank) zeros, so a fresh adapter
+changes nothing. Our fused layers (q/k/v in attn.c_attn, gate/up in mlp.c_fc) keep one A/B pair per
+Hugging Face sub-projection (q_proj, k_proj, v_proj; gate_proj, up_proj), each adding to its own
+rows of the fused output: the pairs are exactly peft's, and export needs no approximation. Names are
+HF's (hf.hf_layout says which HF tensors and rows each of our weights fuses).
 
-What the rest of the run uses: apply (at load), param_groups (the optimizer: adapters only), disabled (the KL
-reference is the model with its adapters off, no second copy), sampler (the sampler: merged weights), adapter_state / merged_state / save_peft (checkpoints hold adapters only; exports: merged HF snapshot and a
-peft adapter directory). Every function is the identity or a no-op on a model without adapters.
+What the rest of the run uses: apply (at load), param_groups (the optimizer: adapters only),
+disabled (the KL reference is the model with its adapters off, no second copy), sampler (the
+sampler: merged weights), adapter_state / merged_state / save_peft (checkpoints hold adapters only;
+exports: merged HF snapshot and a peft adapter directory). Every function is the identity or a no-op
+on a model without adapters.
 """
 import contextlib
 import copy
@@ -23,14 +27,16 @@ import torch.nn.functional as F
 
 from hf import atomic_dir, hf_layout
 
-# lora_targets='all-linear': every linear layer of the blocks (not the LM head), by HF module name, as peft's 'all-linear'
+# lora_targets='all-linear': every linear layer of the blocks (not the LM head), by HF module name,
+# as peft's 'all-linear'
 ALL_LINEAR = {'gpt2': ('c_attn', 'c_proj', 'c_fc'),  # GPT-2's c_proj: attention's and the MLP's (peft matches both too)
               'other': ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')}
 
 
 class LoRALinear(nn.Module):
-    """A linear layer (the base's own weight and bias Parameters, so state-dict names do not change) plus one A/B pair
-    per targeted HF sub-projection: parts = [(HF module path, its first row, rows, targeted)] in output order."""
+    """A linear layer (the base's own weight and bias Parameters, so state-dict names do not change)
+    plus one A/B pair per targeted HF sub-projection: parts = [(HF module path, its first row, rows,
+    targeted)] in output order."""
 
     def __init__(self, base, parts, rank, alpha, dropout):
         super().__init__()
@@ -64,7 +70,8 @@ def short(path):
 
 
 def targets_of(cfg, targets):
-    """lora_targets ('all-linear' or comma-separated HF module names) -> the tuple of names; ValueError names a bad one."""
+    """lora_targets ('all-linear' or comma-separated HF module names) -> the tuple of names;
+    ValueError names a bad one."""
     known = ALL_LINEAR['gpt2' if cfg.arch == 'gpt2' else 'other']
     names = known if targets == 'all-linear' else tuple(t.strip() for t in targets.split(',') if t.strip())
     bad = [t for t in names if t not in known]
@@ -80,9 +87,10 @@ def adapters(model):
 
 
 def apply(model, rank, alpha, dropout, targets, seed):
-    """Freeze model and give the targeted linear layers of its blocks adapters (rank 0: nothing, model untouched).
-    A is drawn from a generator of its own (seed), so the init does not depend on what ran before. model.lora records
-    the settings and a fingerprint of the base weights (resume checks it: the base is reloaded from init_from)."""
+    """Freeze model and give the targeted linear layers of its blocks adapters (rank 0: nothing,
+    model untouched). A is drawn from a generator of its own (seed), so the init does not depend on
+    what ran before. model.lora records the settings and a fingerprint of the base weights (resume
+    checks it: the base is reloaded from init_from)."""
     if not rank:
         return model
     cfg = model.config
@@ -113,14 +121,15 @@ def apply(model, rank, alpha, dropout, targets, seed):
 
 @torch.no_grad()
 def init_A(shape, g):
-    """peft's A: kaiming-uniform with a = sqrt(5) (nn.Linear's own init), drawn on the CPU in fp32."""
+    """peft's A: kaiming-uniform with a = sqrt(5) (nn.Linear's own init), drawn on the CPU in
+    fp32."""
     return nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=g)
 
 
 @torch.no_grad()
 def fingerprint(model):
-    """Two float64 sums over every base weight: equal for the same weights loaded the same way, different if the
-    snapshot at init_from changed since the adapters were trained on it."""
+    """Two float64 sums over every base weight: equal for the same weights loaded the same way,
+    different if the snapshot at init_from changed since the adapters were trained on it."""
     if any(p.is_meta for p in model.parameters()):
         return None  # (a model with no weights yet: bench/lora_memory.py)
     s = [0.0, 0.0]
@@ -132,8 +141,8 @@ def fingerprint(model):
 
 
 def param_groups(model, weight_decay):
-    """AdamW's groups: the trainable parameters (with LoRA the adapters only: the base has requires_grad False), decay
-    on matrices only."""
+    """AdamW's groups: the trainable parameters (with LoRA the adapters only: the base has
+    requires_grad False), decay on matrices only."""
     ps = [p for p in model.parameters() if p.requires_grad]
     return [{'params': [p for p in ps if p.dim() >= 2], 'weight_decay': weight_decay},
             {'params': [p for p in ps if p.dim() < 2], 'weight_decay': 0.0}]
@@ -141,8 +150,8 @@ def param_groups(model, weight_decay):
 
 @contextlib.contextmanager
 def disabled(model):
-    """Inside: the model computes with its base weights alone, exactly (the KL reference). Restored on the way out,
-    exceptions included. A no-op without adapters."""
+    """Inside: the model computes with its base weights alone, exactly (the KL reference). Restored
+    on the way out, exceptions included. A no-op without adapters."""
     layers = [m for _, m in adapters(model)]
     was = [m.enabled for m in layers]
     for m in layers:
@@ -159,8 +168,8 @@ def _full(t):
 
 
 def delta(layer, A, B):
-    """The weight update of one layer, (out, in), from its adapters' tensors A[name], B[name] (zero rows where a
-    sub-projection has none), computed in fp32."""
+    """The weight update of one layer, (out, in), from its adapters' tensors A[name], B[name] (zero
+    rows where a sub-projection has none), computed in fp32."""
     W = torch.zeros(sum(n for _, _, n, _ in layer.parts), A[next(iter(A))].shape[1], device=A[next(iter(A))].device)
     for p, s, n, on in layer.parts:
         if on:
@@ -169,8 +178,8 @@ def delta(layer, A, B):
 
 
 def merged_state(model, sd):
-    """A whole state dict of model (base + adapters, e.g. full_state's) -> the plain model's: each targeted weight
-    W + scale * B @ A, adapter entries dropped. The identity without LoRA."""
+    """A whole state dict of model (base + adapters, e.g. full_state's) -> the plain model's: each
+    targeted weight W + scale * B @ A, adapter entries dropped. The identity without LoRA."""
     out = {k: v for k, v in sd.items() if '.lora_A.' not in k and '.lora_B.' not in k}
     for name, layer in adapters(model):
         W = sd[name + '.weight']
@@ -180,15 +189,17 @@ def merged_state(model, sd):
 
 
 def adapter_state(model, sd):
-    """Only the adapters' entries of a state dict (what a LoRA checkpoint holds); None without LoRA."""
+    """Only the adapters' entries of a state dict (what a LoRA checkpoint holds); None without
+    LoRA."""
     return {k: v for k, v in sd.items() if '.lora_A.' in k or '.lora_B.' in k} if adapters(model) else None
 
 
 def sampler(model, dtype, fsdp):
-    """(the sampler, what refreshes it after an update). In fp32 on one process the sampler is the model itself (with
-    LoRA its adapters apply unmerged: the very numbers the update computes, no second copy) and needs no refresh;
-    otherwise a copy in dtype, its weights cast once per update rather than once per decode step (with FSDP always a
-    copy: the trained model holds only this rank's shard); with LoRA a plain model of the merged weights."""
+    """(the sampler, what refreshes it after an update). In fp32 on one process the sampler is the
+    model itself (with LoRA its adapters apply unmerged: the very numbers the update computes, no
+    second copy) and needs no refresh; otherwise a copy in dtype, its weights cast once per update
+    rather than once per decode step (with FSDP always a copy: the trained model holds only this
+    rank's shard); with LoRA a plain model of the merged weights."""
     from model import copy_weights
     if dtype == torch.float32 and not fsdp:
         return model, lambda: None
@@ -209,8 +220,9 @@ def sampler(model, dtype, fsdp):
 
 @torch.no_grad()
 def copy_merged(dst, src):
-    """dst's weights set to src's merged ones, W + scale * B @ A (fp32, then dst's dtype), without touching src's
-    base: no merge-then-unmerge rounding. An FSDP-sharded src is gathered tensor by tensor (every rank takes part)."""
+    """dst's weights set to src's merged ones, W + scale * B @ A (fp32, then dst's dtype), without
+    touching src's base: no merge-then-unmerge rounding. An FSDP-sharded src is gathered tensor by
+    tensor (every rank takes part)."""
     layers, params = dict(adapters(src)), dict(src.named_parameters())
     for name, p in dst.named_parameters():
         q = _full(params[name])
@@ -225,7 +237,8 @@ def copy_merged(dst, src):
 # ----------------------------------------------------------------------------- peft's adapter directory
 
 def peft_tensors(model, sd):
-    """Adapter tensors under peft's names: base_model.model.<HF module>.lora_A.weight / .lora_B.weight."""
+    """Adapter tensors under peft's names: base_model.model.<HF module>.lora_A.weight /
+    .lora_B.weight."""
     out = {}
     for name, layer in adapters(model):
         for p, _, _, on in layer.parts:
@@ -236,8 +249,9 @@ def peft_tensors(model, sd):
 
 
 def peft_config(model, base_name):
-    """adapter_config.json as peft's LoraConfig writes it (the fields that matter for loading; peft fills in the
-    rest with its defaults). GPT-2's HF layers are Conv1D, stored (in, out): fan_in_fan_out."""
+    """adapter_config.json as peft's LoraConfig writes it (the fields that matter for loading; peft
+    fills in the rest with its defaults). GPT-2's HF layers are Conv1D, stored (in, out):
+    fan_in_fan_out."""
     lc = model.lora
     return dict(peft_type='LORA', task_type='CAUSAL_LM', base_model_name_or_path=base_name, r=lc['rank'],
                 lora_alpha=lc['alpha'], lora_dropout=lc['dropout'], target_modules=sorted(lc['targets']),
@@ -246,9 +260,10 @@ def peft_config(model, base_name):
 
 
 def save_peft(model, sd, out_dir, base_name):
-    """Write out_dir as a peft adapter directory (adapter_config.json + adapter_model.safetensors) that
-    peft.PeftModel.from_pretrained(<the base snapshot in transformers>, out_dir) loads. sd: a state dict holding
-    the adapters (adapter_state's). Written beside out_dir and renamed into place, as hf.save_pretrained does."""
+    """Write out_dir as a peft adapter directory (adapter_config.json + adapter_model.safetensors)
+    that peft.PeftModel.from_pretrained(<the base snapshot in transformers>, out_dir) loads. sd: a
+    state dict holding the adapters (adapter_state's). Written beside out_dir and renamed into
+    place, as hf.save_pretrained does."""
     from safetensors.torch import save_file
     with atomic_dir(out_dir) as tmp:
         with open(os.path.join(tmp, 'adapter_config.json'), 'w') as f:
@@ -260,7 +275,8 @@ def save_peft(model, sd, out_dir, base_name):
 
 
 def bad_knob(config):
-    """A one-line error for LoRA knobs that cannot work, else None (lora_targets is checked against the model)."""
+    """A one-line error for LoRA knobs that cannot work, else None (lora_targets is checked against
+    the model)."""
     if config.get('lora_rank', 0) < 0:
         return f"--lora_rank={config['lora_rank']}: a rank is >= 0 (0 = off)"
     if not config.get('lora_rank'):

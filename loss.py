@@ -1,9 +1,11 @@
 """
-The GRPO objective, as small functions of flat per-token tensors so each piece can be checked by hand.
+The GRPO objective, as small functions of flat per-token tensors so each piece can be checked by
+hand.
 
-Each micro-batch's loss (batch.py cuts and lays out the micro-batches) is sum(token_loss * w) with the weights w of
-token_weights(), whose denominators count the whole step (every micro-batch, every rank): the sum of the
-micro-batch losses is the step's loss, and its gradient does not depend on how the step was cut.
+Each micro-batch's loss (batch.py cuts and lays out the micro-batches) is sum(token_loss * w) with
+the weights w of token_weights(), whose denominators count the whole step (every micro-batch, every
+rank): the sum of the micro-batch losses is the step's loss, and its gradient does not depend on how
+the step was cut.
 """
 import torch
 
@@ -11,8 +13,9 @@ import torch
 def group_advantages(rewards, scale='group', eps=1e-4):
     """rewards (P, G) -> advantages (P, G), zero_std (P,) bool: r minus its group's mean, divided by
     scale='group' (GRPO): the group's std + eps, so a group with a small spread is up-weighted;
-    scale='batch': the std of all the step's rewards + eps, one scale for every group (TRL's scale_rewards='batch');
-    scale='none' (Dr. GRPO): nothing, so an advantage keeps the reward's own units."""
+    scale='batch': the std of all the step's rewards + eps, one scale for every group (TRL's
+    scale_rewards='batch'); scale='none' (Dr. GRPO): nothing, so an advantage keeps the reward's own
+    units."""
     std = rewards.std(dim=1, keepdim=True)  # unbiased, as in the GRPO paper's implementations
     zero = std < 1e-6
     adv = rewards - rewards.mean(dim=1, keepdim=True)
@@ -26,10 +29,11 @@ def group_advantages(rewards, scale='group', eps=1e-4):
 
 
 def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens):
-    """Per-token weight for the micro-batch whose sequences have these completion lengths (a LongTensor).
-    token_mean (DAPO): every token of the step counts the same, 1 / n_tok.
+    """Per-token weight for the micro-batch whose sequences have these completion lengths (a
+    LongTensor). token_mean (DAPO): every token of the step counts the same, 1 / n_tok.
     seq_mean_token_mean (GRPO): mean over each sequence's tokens, then over the step's sequences.
-    seq_sum_const (Dr. GRPO): sum over tokens / (n_seq * max_new_tokens), a constant: no length bias."""
+    seq_sum_const (Dr. GRPO): sum over tokens / (n_seq * max_new_tokens), a constant: no length
+    bias."""
     if loss_agg == 'token_mean':
         return torch.full((int(lens.sum()),), 1.0 / n_tok, device=lens.device)
     if loss_agg == 'seq_mean_token_mean':
@@ -46,7 +50,8 @@ def segment_sum(x, lens):
 
 
 def reverse_cumsum(x, lens):
-    """Within each sequence, x[t] + x[t+1] + ... to its end (the return-to-go of per-token rewards)."""
+    """Within each sequence, x[t] + x[t+1] + ... to its end (the return-to-go of per-token
+    rewards)."""
     ends = torch.repeat_interleave(torch.cumsum(lens, 0), lens)  # each token's sequence end, exclusive
     c = torch.cumsum(x, 0)
     return c[ends - 1] - c + x
@@ -76,10 +81,11 @@ TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask
 
 
 def tis_weights(train_logp, gen_logp, lens, mode, cap):
-    """Truncated importance sampling against the sampler: rho = pi_train_old / pi_sampler per token (the two compute
-    the same policy in different numerics: bf16 residual stream and head in the sampler, fp32 master weights in the
-    trainer), or per sequence (the product over its tokens). 'truncate': min(rho, cap); 'mask': rho, or 0 where
-    rho > cap (TRL's vllm_importance_sampling_mode, no lower bound, as its default). Returns detached per-token
+    """Truncated importance sampling against the sampler: rho = pi_train_old / pi_sampler per token
+    (the two compute the same policy in different numerics: bf16 residual stream and head in the
+    sampler, fp32 master weights in the trainer), or per sequence (the product over its tokens).
+    'truncate': min(rho, cap); 'mask': rho, or 0 where rho > cap (TRL's
+    vllm_importance_sampling_mode, no lower bound, as its default). Returns detached per-token
     weights and where rho was above the cap (capped or masked)."""
     log_rho = (train_logp - gen_logp).detach()
     if mode.startswith('sequence'):

@@ -69,9 +69,9 @@ class Norm(nn.Module):
 
 
 def rope_cos_sin(pos, head_dim, theta, dtype, scaling=None):
-    """cos/sin for integer positions pos (..., T) -> (..., T, head_dim), computed in fp32 exactly as HF's
-    Qwen2 does, then cast. Computed per call rather than kept as a buffer: model.to(bfloat16) would cast a
-    buffer and lose precision at large positions."""
+    """cos/sin for integer positions pos (..., T) -> (..., T, head_dim), computed in fp32 exactly as
+    HF's Qwen2 does, then cast. Computed per call rather than kept as a buffer: model.to(bfloat16)
+    would cast a buffer and lose precision at large positions."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=pos.device) / head_dim))
     if scaling:  # llama3: long wavelengths slowed by factor, short kept, smooth in between (as HF's, op for op)
         factor, lo, hi, old = scaling
@@ -90,10 +90,11 @@ def apply_rope(x, cos, sin):
 
 
 def packed_backend(choice, device):
-    """The attention for packed groups: 'flex' (FlexAttention with a block mask: computes only the blocks the mask
-    keeps, K/V shared by GQA heads as they are) or 'sdpa' (SDPA with a dense (B, 1, T, T) mask: every query-key pair
-    computed, K/V repeated for GQA). 'auto': flex on CUDA where torch has it, sdpa elsewhere (on the CPU FlexAttention
-    has no backward, and its kernel compiles anew for every shape there)."""
+    """The attention for packed groups: 'flex' (FlexAttention with a block mask: computes only the
+    blocks the mask keeps, K/V shared by GQA heads as they are) or 'sdpa' (SDPA with a dense (B, 1,
+    T, T) mask: every query-key pair computed, K/V repeated for GQA). 'auto': flex on CUDA where
+    torch has it, sdpa elsewhere (on the CPU FlexAttention has no backward, and its kernel compiles
+    anew for every shape there)."""
     if choice not in ('auto', 'flex', 'sdpa'):
         raise ValueError(f"packed_attention must be 'auto', 'flex' or 'sdpa', not {choice!r}")
     if choice == 'auto':
@@ -104,10 +105,11 @@ def packed_backend(choice, device):
 
 
 def packed_mask(seg, backend):
-    """Who-sees-whom of packed groups from segment ids seg (B, T) int64, built on seg's device: 0 the prompt, s >= 1
-    the s-th completion, -1 padding. A token sees earlier prompt tokens and earlier tokens of its own segment; padding
-    sees only itself (finite, never read, and no work for a block-sparse kernel). backend 'sdpa': a (B, 1, T, T) bool
-    mask; 'flex': a FlexAttention BlockMask over (B, T, T), the same for every head."""
+    """Who-sees-whom of packed groups from segment ids seg (B, T) int64, built on seg's device: 0
+    the prompt, s >= 1 the s-th completion, -1 padding. A token sees earlier prompt tokens and
+    earlier tokens of its own segment; padding sees only itself (finite, never read, and no work for
+    a block-sparse kernel). backend 'sdpa': a (B, 1, T, T) bool mask; 'flex': a FlexAttention
+    BlockMask over (B, T, T), the same for every head."""
     B, T = seg.shape
     if backend == 'sdpa':
         ar = torch.arange(T, device=seg.device)
@@ -125,9 +127,10 @@ _FLEX = {}  # device type -> flex_attention through torch.compile
 
 
 def flex(q, k, v, block_mask, gqa):
-    """FlexAttention's fused kernel (called eagerly it would materialize every score). Compiled once per device type:
-    dynamic shapes on CUDA (after the first shape), static on the CPU (torch 2.13's dynamic-shape CPU kernel does not
-    build). CPU: forward only, torch has no FlexAttention backward there."""
+    """FlexAttention's fused kernel (called eagerly it would materialize every score). Compiled once
+    per device type: dynamic shapes on CUDA (after the first shape), static on the CPU (torch 2.13's
+    dynamic-shape CPU kernel does not build). CPU: forward only, torch has no FlexAttention backward
+    there."""
     if torch.compiler.is_compiling():  # inside a torch.compile'd model: traced with it
         return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
     dev = q.device.type
@@ -173,11 +176,13 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             L = mask.size(-1)
-            # fold each kv head's group of query heads into the query axis (the mask is laid out so, see hidden):
-            # attention then reads the shared K/V as they are (no expanded copy) and any SDPA backend takes the mask
+            # fold each kv head's group of query heads into the query axis (the mask is laid out so,
+            # see hidden): attention then reads the shared K/V as they are (no expanded copy) and
+            # any SDPA backend takes the mask
             q, kc, vc = q.reshape(B, nkv, nh // nkv * T, hd), kc[:, :, :L], vc[:, :, :L]
             if T == 1 and q.device.type == 'cpu':
-                # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x what these take
+                # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x
+                # what these take
                 scores = (q @ kc.transpose(-1, -2)) * hd ** -0.5
                 y = torch.softmax(torch.where(mask, scores, float('-inf')), dim=-1) @ vc
             else:
@@ -217,10 +222,11 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """Preallocated keys/values, one (B, n_kv_head, max_len, head_dim) tensor per layer; lengths (B,) = valid
-    positions per row. GPT.forward writes new tokens at each row's own length, so rows may be at different
-    positions. (Separate tensors, not one stacked one: a compiled decode step then writes each in place, where a
-    write into a slice of a stacked cache makes torch.compile copy the whole cache every step.)"""
+    """Preallocated keys/values, one (B, n_kv_head, max_len, head_dim) tensor per layer; lengths
+    (B,) = valid positions per row. GPT.forward writes new tokens at each row's own length, so rows
+    may be at different positions. (Separate tensors, not one stacked one: a compiled decode step
+    then writes each in place, where a write into a slice of a stacked cache makes torch.compile
+    copy the whole cache every step.)"""
 
     def __init__(self, cfg, batch_size, max_len, dtype, device):
         shape = (batch_size, cfg.n_kv_head, max_len, cfg.head_dim)
@@ -236,9 +242,10 @@ class KVCache:
         return c
 
     def repeat_interleave(self, n):
-        """Each row copied n times, adjacent (prefill a prompt once, then share it with its G samples). Through
-        select, so the copies are plain tensors as after compaction: Tensor.repeat_interleave returns a view of the
-        copy it makes, a compiled decode step guards on a view's base, and the first compaction then recompiled it."""
+        """Each row copied n times, adjacent (prefill a prompt once, then share it with its G
+        samples). Through select, so the copies are plain tensors as after compaction:
+        Tensor.repeat_interleave returns a view of the copy it makes, a compiled decode step guards
+        on a view's base, and the first compaction then recompiled it."""
         return self.select(torch.arange(len(self.lengths), device=self.lengths.device).repeat_interleave(n))
 
     def select(self, rows):
@@ -248,8 +255,8 @@ class KVCache:
 
 
 class GPT(nn.Module):
-    """Qwen2, Qwen3, Llama or GPT-2, switched on cfg.arch. Parameter names follow nanoGPT; hf_layout maps them to
-    HF's."""
+    """Qwen2, Qwen3, Llama or GPT-2, switched on cfg.arch. Parameter names follow nanoGPT; hf_layout
+    maps them to HF's."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -274,21 +281,22 @@ class GPT(nn.Module):
 
     def forward(self, idx, kv_cache=None, input_lengths=None, last_only=False, select=None, head=None, pos=None,
                 attn_mask=None):
-        """idx (B, T) -> logits (B, T, vocab) in the model dtype.
-        No cache: causal LM at positions 0..T-1 (right padding is harmless to the real tokens).
-        With a cache: idx are new tokens; row b's sit at positions kv_cache.lengths[b] + arange(T), see all
-        earlier positions of their row, and are appended to the cache. input_lengths (B,): only the first
-        input_lengths[b] tokens of row b are real (right-padded prefill); lengths advance by that much.
-        last_only: logits (B, 1, vocab) of each row's last real token only (skips the rest of the head).
-        select (B, T) bool: only these positions reach the head, flattened to (N, ...) (training: completion
-        tokens); or int64 (N,) indices into the B*T positions, where one position may be picked more than once.
-        pos (B, T) and attn_mask (no cache): explicit positions and who-sees-whom, for several sequences packed into
-        one row (training: a prompt once, then its G completions, each seeing the prompt and its own earlier tokens):
-        attn_mask is that layout's segment ids (B, T) int64 (0 prompt, s the s-th completion, -1 padding; the mask is
-        built from them on the device, for FlexAttention or SDPA by self.packed_attention: packed_mask), or any
-        (B, 1, T, T) bool mask (SDPA). head(h, lm_head_weight) replaces the plain LM head, e.g. with a fused log-prob
-        kernel; it runs in here so that a DDP or FSDP wrapper sees every use of the weights (FSDP only gathers them
-        in forward)."""
+        """idx (B, T) -> logits (B, T, vocab) in the model dtype. No cache: causal LM at positions
+        0..T-1 (right padding is harmless to the real tokens). With a cache: idx are new tokens; row
+        b's sit at positions kv_cache.lengths[b] + arange(T), see all earlier positions of their
+        row, and are appended to the cache. input_lengths (B,): only the first input_lengths[b]
+        tokens of row b are real (right-padded prefill); lengths advance by that much. last_only:
+        logits (B, 1, vocab) of each row's last real token only (skips the rest of the head). select
+        (B, T) bool: only these positions reach the head, flattened to (N, ...) (training:
+        completion tokens); or int64 (N,) indices into the B*T positions, where one position may be
+        picked more than once. pos (B, T) and attn_mask (no cache): explicit positions and
+        who-sees-whom, for several sequences packed into one row (training: a prompt once, then its
+        G completions, each seeing the prompt and its own earlier tokens): attn_mask is that
+        layout's segment ids (B, T) int64 (0 prompt, s the s-th completion, -1 padding; the mask is
+        built from them on the device, for FlexAttention or SDPA by self.packed_attention:
+        packed_mask), or any (B, 1, T, T) bool mask (SDPA). head(h, lm_head_weight) replaces the
+        plain LM head, e.g. with a fused log-prob kernel; it runs in here so that a DDP or FSDP
+        wrapper sees every use of the weights (FSDP only gathers them in forward)."""
         h = self.hidden(idx, kv_cache, input_lengths, pos, attn_mask)
         if last_only:
             B, T = idx.shape
@@ -299,13 +307,15 @@ class GPT(nn.Module):
         return F.linear(h, self.lm_head_weight) if head is None else head(h, self.lm_head_weight)
 
     def sequence_scores(self, idx):
-        """Classifier: idx (B, T) -> (B, num_labels) at each row's rightmost token that is not pad_token_id, as
-        transformers pools (right padding needs no mask; a real last token equal to the pad id is passed over)."""
+        """Classifier: idx (B, T) -> (B, num_labels) at each row's rightmost token that is not
+        pad_token_id, as transformers pools (right padding needs no mask; a real last token equal to
+        the pad id is passed over)."""
         last = (torch.arange(idx.size(1), device=idx.device) * (idx != self.config.pad_token_id)).argmax(-1)
         return self.score(self.hidden(idx)[torch.arange(len(idx), device=idx.device), last])
 
     def hidden(self, idx, kv_cache=None, input_lengths=None, pos=None, attn_mask=None):
-        """Final-normed hidden states (B, T, n_embd), for computing log-probs a chunk of the vocab at a time."""
+        """Final-normed hidden states (B, T, n_embd), for computing log-probs a chunk of the vocab
+        at a time."""
         cfg, cache = self.config, kv_cache
         B, T = idx.shape
         ar = torch.arange(T, device=idx.device)
@@ -319,10 +329,11 @@ class GPT(nn.Module):
             if L > cache.max_len:
                 raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > max_len {cache.max_len}')
             pos = cache.lengths[:, None] + ar  # (B, T)
-            # (B, 1, g*T, L): query t of row b sees positions <= pos[b, t], repeated for the g query heads that share
-            # a kv head (Attention folds them into the query axis). An empty cache: every row starts at 0, so plain
-            # causal attention over the new tokens (right padding is harmless: pad positions are overwritten by the
-            # tokens that follow, and masked until then)
+            # (B, 1, g*T, L): query t of row b sees positions <= pos[b, t], repeated for the g query
+            # heads that share a kv head (Attention folds them into the query axis). An empty cache:
+            # every row starts at 0, so plain causal attention over the new tokens (right padding is
+            # harmless: pad positions are overwritten by the tokens that follow, and masked until
+            # then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None if cache.extent == 0 else \
                 (torch.arange(L, device=idx.device) <= pos[:, :, None])[:, None].repeat(1, 1, g, 1)
@@ -338,7 +349,8 @@ class GPT(nn.Module):
                                                                  cfg.rope_scaling))
         for i, block in enumerate(self.h):
             if self.grad_checkpoint and self.training and cache is None and torch.is_grad_enabled():
-                # keep only each block's input; recompute its activations in backward (long completions)
+                # keep only each block's input; recompute its activations in backward (long
+                # completions)
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, mask, None, use_reentrant=False)
             else:
                 x = block(x, rope, mask, None if cache is None else (cache.k[i], cache.v[i], rows, pos))
@@ -348,7 +360,8 @@ class GPT(nn.Module):
         return self.ln_f(x)
 
     def packed_kind(self):
-        """The attention packed rows get on this model's device: 'flex' or 'sdpa' (packed_backend)."""
+        """The attention packed rows get on this model's device: 'flex' or 'sdpa'
+        (packed_backend)."""
         return packed_backend(self.packed_attention, self.wte.weight.device)
 
     def num_params(self):
@@ -356,8 +369,9 @@ class GPT(nn.Module):
 
 
 def from_scratch(cfg, dtype=torch.float32, device='cpu', seed=0):
-    """Random init as nanoGPT: normal(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer), zero
-    biases, unit norms. Drawn on the CPU in fp32 so a seed gives the same weights on every device."""
+    """Random init as nanoGPT: normal(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
+    zero biases, unit norms. Drawn on the CPU in fp32 so a seed gives the same weights on every
+    device."""
     with torch.device('meta'):
         model = GPT(cfg)
     model.to_empty(device='cpu')
@@ -375,7 +389,7 @@ def from_scratch(cfg, dtype=torch.float32, device='cpu', seed=0):
 
 @torch.no_grad()
 def copy_weights(dst, src):
-    """dst's weights set to src's (the sampler's low-precision copy after an update); an FSDP-sharded src is gathered
-    weight by weight, and every rank must take part."""
+    """dst's weights set to src's (the sampler's low-precision copy after an update); an
+    FSDP-sharded src is gathered weight by weight, and every rank must take part."""
     for p, q in zip(dst.parameters(), src.parameters()):
         p.copy_(q.full_tensor() if hasattr(q, 'full_tensor') else q)

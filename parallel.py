@@ -1,6 +1,7 @@
 """
-Several processes, one run (torchrun: one process per GPU): start-up, the collectives the loop needs, and an exit
-that every rank takes cleanly. In a single process every function here is a no-op or the identity.
+Several processes, one run (torchrun: one process per GPU): start-up, the collectives the loop
+needs, and an exit that every rank takes cleanly. In a single process every function here is a no-op
+or the identity.
 """
 import os
 import sys
@@ -12,8 +13,9 @@ from reward import merge_scores
 
 
 def setup(device, batch_prompts, fsdp):
-    """(rank, world, device). torchrun sets RANK: join the process group; each rank samples and trains on its share
-    of the prompts, rank 0 alone prints and writes. Errors exit with code 2 through die()."""
+    """(rank, world, device). torchrun sets RANK: join the process group; each rank samples and
+    trains on its share of the prompts, rank 0 alone prints and writes. Errors exit with code 2
+    through die()."""
     if int(os.environ.get('RANK', -1)) == -1:
         if fsdp:
             die("--fsdp=True shards the model across ranks: launch with torchrun (see README)", 2)
@@ -32,8 +34,9 @@ def setup(device, batch_prompts, fsdp):
 
 
 def wrap(model, device, fsdp, compile):
-    """The module the update runs: FSDP2 shards each block (weights gathered for its forward and backward, then
-    freed; gradients reduce-scattered), torch.compile'd if asked, DDP all-reduces gradients in backward."""
+    """The module the update runs: FSDP2 shards each block (weights gathered for its forward and
+    backward, then freed; gradients reduce-scattered), torch.compile'd if asked, DDP all-reduces
+    gradients in backward."""
     if fsdp:
         from torch.distributed.fsdp import fully_shard
         for block in model.h:
@@ -62,8 +65,8 @@ def barrier():
 
 
 def gather_step(comps, sc):
-    """Every rank's completions (less their per-token log-probs, needed only where they are trained on) and reward
-    scores, on every rank, in prompt order: the whole step as one process sees it."""
+    """Every rank's completions (less their per-token log-probs, needed only where they are trained
+    on) and reward scores, on every rank, in prompt order: the whole step as one process sees it."""
     if not dist.is_initialized():
         return comps, sc
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -74,10 +77,11 @@ def gather_step(comps, sc):
 
 
 def finish(code=0, together=True):
-    """Exit. Under torchrun: (when every rank gets here together) a barrier and the process group torn down, then
-    os._exit, skipping interpreter teardown: gloo's worker threads may still be dropping finished work that holds
-    tensors, need the GIL for it while Python finalizes, and abort the rank ("terminate called without an active
-    exception", pytorch#179291; DDP keeps the group alive, so destroy_process_group does not join those threads)."""
+    """Exit. Under torchrun: (when every rank gets here together) a barrier and the process group
+    torn down, then os._exit, skipping interpreter teardown: gloo's worker threads may still be
+    dropping finished work that holds tensors, need the GIL for it while Python finalizes, and abort
+    the rank ("terminate called without an active exception", pytorch#179291; DDP keeps the group
+    alive, so destroy_process_group does not join those threads)."""
     if getattr(sys.modules.get('wandb'), 'run', None) is not None:  # wandb_log: flush it before os._exit can skip that
         sys.modules['wandb'].run.finish(exit_code=code)
     sys.stdout.flush()

@@ -2,8 +2,8 @@
 
     python plot.py OUT_DIR        # or the path of a metrics.jsonl; writes curves.png beside it
 
-train_grpo.py calls plot_metrics every plot_every steps, at the end, and for --plot=OUT_DIR; its metrics rows go out
-through metrics_log (metrics.jsonl, and Weights & Biases when wandb_log is on).
+train_grpo.py calls plot_metrics every plot_every steps, at the end, and for --plot=OUT_DIR; its
+metrics rows go out through metrics_log (metrics.jsonl, and Weights & Biases when wandb_log is on).
 """
 import json
 import math
@@ -16,10 +16,11 @@ PHASES = ['gen', 'reward', 'ref', 'old_logprob', 'update']  # timing_s/<phase>, 
 
 
 def metrics_log(path, master, out_dir, wandb_log=False, project='grpo', run_name='', config=None):
-    """The function that records a step's metrics row: appended to metrics.jsonl (rank 0 only) and, with wandb_log,
-    sent to Weights & Biases with the same keys at step=row['step']. wandb is imported only then. Its run id is kept
-    in out_dir/wandb_id, so a resumed run continues the same wandb run; rows of steps that run already has (redone
-    after a resume, equal to the first ones by exact resume) are not sent again."""
+    """The function that records a step's metrics row: appended to metrics.jsonl (rank 0 only) and,
+    with wandb_log, sent to Weights & Biases with the same keys at step=row['step']. wandb is
+    imported only then. Its run id is kept in out_dir/wandb_id, so a resumed run continues the same
+    wandb run; rows of steps that run already has (redone after a resume, equal to the first ones by
+    exact resume) are not sent again."""
     if not master:
         return lambda row: None
     run = None
@@ -63,7 +64,8 @@ def num(v):
 
 
 def lines(ax, rows, keys, nonfinite, **kw):
-    """Plot each key's finite values; NaN/inf become a red x on the panel's top edge. -> drew anything."""
+    """Plot each key's finite values; NaN/inf become a red x on the panel's top edge. -> drew
+    anything."""
     drew = False
     for k in keys:
         pts = [(r['step'], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
@@ -80,7 +82,8 @@ def lines(ax, rows, keys, nonfinite, **kw):
 
 
 def twin(ax, rows, left, right, nonfinite):
-    """Left keys on ax, one right key (different scale) dashed on a twin axis; one legend for both."""
+    """Left keys on ax, one right key (different scale) dashed on a twin axis; one legend for
+    both."""
     drew = lines(ax, rows, left, nonfinite)
     if any(num(r.get(right)) is not None for r in rows):
         tw = ax.twinx()
@@ -103,7 +106,8 @@ def plot_metrics(metrics_path, out_png=None):
     rows, bad, dup = read_metrics(metrics_path)
     keys = sorted({k for r in rows for k in r})
     nonfinite, empty = {}, []
-    # matplotlib is imported here, not at the top: it is 0.5 s of every run's start-up, and plot_every=0 never draws
+    # matplotlib is imported here, not at the top: it is 0.5 s of every run's start-up, and
+    # plot_every=0 never draws
     from matplotlib.figure import Figure  # no pyplot: no global figure list to leak from a long run, no display needed
     from matplotlib.ticker import MaxNLocator
 

@@ -16,10 +16,11 @@ import math
 import re
 from fractions import Fraction
 
-# A number as people write it: optional sign, digits with optional thousands commas, optional decimals,
-# optional "/denominator". ASCII digits only, so int-like parsing never meets exotic unicode digits.
-# Every piece is deterministic (no two ways to match the same char), so scanning stays linear.
-# The sign counts only where it cannot be a binary minus ("12-7" is 12 and 7, not 12 and -7).
+# A number as people write it: optional sign, digits with optional thousands commas, optional
+# decimals, optional "/denominator". ASCII digits only, so int-like parsing never meets exotic
+# unicode digits. Every piece is deterministic (no two ways to match the same char), so scanning
+# stays linear. The sign counts only where it cannot be a binary minus ("12-7" is 12 and 7, not 12
+# and -7).
 _NUM = re.compile(r"(?:(?<![0-9)}\]])-)?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?(?: ?/ ?[0-9]+)?")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s{0,8}\{")
 # \frac{3}{4}, \dfrac{3}{4}, \tfrac34 -> 3/4, so fractions take the same path as "3/4".
@@ -31,7 +32,8 @@ _WINDOW = 80  # how far after a marker ("the answer is") the number may sit
 
 
 def _clean(text):
-    # LaTeX and currency noise that sits between a marker and its number: \$18, 1{,}234, 50\%, 1\,000, −3.
+    # LaTeX and currency noise that sits between a marker and its number: \$18, 1{,}234, 50\%,
+    # 1\,000, −3.
     for a, b in (('\\$', ''), ('$', ''), ('{,}', ','), ('\\,', ''), ('\\!', ''), ('\\%', '%'), ('\u2212', '-')):
         text = text.replace(a, b)
     return _FRAC_SHORT.sub(r'\1/\2', _FRAC.sub(r'\1/\2', text))
@@ -46,7 +48,8 @@ def _canon_decimal(s):
 
 
 def _canon(num):
-    """'1,234' -> '1234', '-3.50' -> '-3.5', '6 / 8' -> '6/8' (fractions are compared by value later)."""
+    """'1,234' -> '1234', '-3.50' -> '-3.5', '6 / 8' -> '6/8' (fractions are compared by value
+    later)."""
     num = num.replace(' ', '')
     if '/' in num:
         a, b = num.split('/')
@@ -55,8 +58,9 @@ def _canon(num):
 
 
 def _boxed_spans(text):
-    """(start, end) of the contents of every closed \\boxed{...}, in order. One pass pairs all braces, so
-    nesting is free and a 100 kB run of unclosed '\\boxed{' costs one scan, not one scan per opener."""
+    """(start, end) of the contents of every closed \\boxed{...}, in order. One pass pairs all
+    braces, so nesting is free and a 100 kB run of unclosed '\\boxed{' costs one scan, not one scan
+    per opener."""
     openers = [m.end() - 1 for m in _BOXED.finditer(text)]
     if not openers:
         return []
@@ -75,8 +79,9 @@ def _first_number(s):
 
 
 def extract_answer(text):
-    """Final answer in canonical form ('1234', '-3.5', '3/4', or a non-numeric boxed string), else None.
-    Order of trust: last \\boxed{}, '####', 'the answer is', 'final answer', then the last number."""
+    """Final answer in canonical form ('1234', '-3.5', '3/4', or a non-numeric boxed string), else
+    None. Order of trust: last \\boxed{}, '####', 'the answer is', 'final answer', then the last
+    number."""
     try:
         if not isinstance(text, str) or not text:
             return None
@@ -84,7 +89,8 @@ def extract_answer(text):
         for a, b in reversed(_boxed_spans(text)):
             content = text[a:b].strip()
             if content:  # an empty \boxed{} is the instruction echoed back, not an answer
-                # "x = 5" and "12+7=19" -> the part after '='; then the first number ("25 m^2" -> 25).
+                # "x = 5" and "12+7=19" -> the part after '='; then the first number ("25 m^2" ->
+                # 25).
                 ans = _first_number(content.rpartition('=')[2]) or _TEXT.sub(r'\1', content).strip()
                 if ans:
                     return ans
@@ -105,7 +111,8 @@ def extract_answer(text):
 
 
 def _value(s):
-    """Exact rational value of a canonical number string, or None for non-numbers / absurd lengths."""
+    """Exact rational value of a canonical number string, or None for non-numbers / absurd
+    lengths."""
     if len(s) > 200 or not re.fullmatch(r"-?[0-9.]+(?:/[0-9.]+)?", s):
         return None
     try:
@@ -116,7 +123,8 @@ def _value(s):
 
 
 def is_correct(completion, reference, rel_tol=1e-6):
-    """Numeric equality (exact for integers, rel_tol otherwise; fractions evaluated), else string equality."""
+    """Numeric equality (exact for integers, rel_tol otherwise; fractions evaluated), else string
+    equality."""
     pred = extract_answer(completion)
     if pred is None:
         return False
@@ -140,7 +148,8 @@ def correctness_reward(completion, example, correct=1.0, incorrect=0.0):
 
 
 def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0):
-    """Did the completion put a number where the prompt asked? pattern: 'boxed' (\\boxed{n}) or '####'."""
+    """Did the completion put a number where the prompt asked? pattern: 'boxed' (\\boxed{n}) or
+    '####'."""
     text = _clean(completion)
     if pattern == 'boxed':
         ok = any(_NUM.search(text, a, b) for a, b in _boxed_spans(text))
@@ -152,9 +161,10 @@ def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0)
 
 
 def length_penalty(completion, example, max_len=0, cache_len=0, penalty=1.0, n_tokens=None, max_new_tokens=None):
-    """DAPO soft overlong penalty: 0 up to max_len - cache_len, then linear down to -penalty at max_len.
-    max_len 0: the run's max_new_tokens (train_grpo passes it per sample, with n_tokens); cache_len 0: a quarter of
-    max_len. Length is n_tokens when the caller passes it, else characters (the same for the byte tokenizer)."""
+    """DAPO soft overlong penalty: 0 up to max_len - cache_len, then linear down to -penalty at
+    max_len. max_len 0: the run's max_new_tokens (train_grpo passes it per sample, with n_tokens);
+    cache_len 0: a quarter of max_len. Length is n_tokens when the caller passes it, else characters
+    (the same for the byte tokenizer)."""
     max_len = max_len or max_new_tokens
     if not max_len:
         raise ValueError("length: no max_len, and no max_new_tokens from the training loop to default it to")
@@ -172,9 +182,9 @@ DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512}  # pe
 
 
 def check_reward_config(rewards):
-    """Normalise the reward config to [(name, fn, weight, kwargs)], raising on anything that would be ignored.
-    Entries: {'name', 'weight'=1.0, 'kwargs'={}} dicts, or (name, weight[, kwargs]) tuples; name is a key of
-    REWARD_FNS or a callable."""
+    """Normalise the reward config to [(name, fn, weight, kwargs)], raising on anything that would
+    be ignored. Entries: {'name', 'weight'=1.0, 'kwargs'={}} dicts, or (name, weight[, kwargs])
+    tuples; name is a key of REWARD_FNS or a callable."""
     out = []
     for entry in rewards:
         if isinstance(entry, dict):
@@ -219,7 +229,8 @@ def check_reward_config(rewards):
 
 
 def grade_reward(grade):
-    """The 'correct' reward of a task: `correct` when grade(completion, example) holds, else `incorrect`."""
+    """The 'correct' reward of a task: `correct` when grade(completion, example) holds, else
+    `incorrect`."""
     def correct(completion, example, correct=1.0, incorrect=0.0):
         return correct if grade(completion, example) else incorrect
     return correct
@@ -233,11 +244,12 @@ def _builtin(name):
 
 
 def resolve_rewards(entries, grade=None, device='cpu', dtype='float32', messages=None):
-    """The config's reward entries made runnable: a 'module:function' name imported (a user's reward function), and
-    'correct' paying the task's grade() when one is given, so the reward and eval/pass@1 judge alike. The run's
-    device, compute dtype and messages (example -> the task's prompt messages) are given to each fn that names them
-    in its signature (the model rewards), unless the entry's kwargs set them. Returns {'name', 'weight', 'kwargs'}
-    dicts, checked by check_reward_config. Raises ValueError naming the entry."""
+    """The config's reward entries made runnable: a 'module:function' name imported (a user's reward
+    function), and 'correct' paying the task's grade() when one is given, so the reward and
+    eval/pass@1 judge alike. The run's device, compute dtype and messages (example -> the task's
+    prompt messages) are given to each fn that names them in its signature (the model rewards),
+    unless the entry's kwargs set them. Returns {'name', 'weight', 'kwargs'} dicts, checked by
+    check_reward_config. Raises ValueError naming the entry."""
     out, run = [], {'device': device, 'dtype': dtype, 'messages': messages}
     for entry in entries:
         if isinstance(entry, dict):
@@ -261,14 +273,16 @@ def resolve_rewards(entries, grade=None, device='cpu', dtype='float32', messages
 
 
 def _accepts(fn):
-    # Per-sample facts (n_tokens, truncated, ...) are offered to every fn; each gets the ones it declares.
+    # Per-sample facts (n_tokens, truncated, ...) are offered to every fn; each gets the ones it
+    # declares.
     params = inspect.signature(fn).parameters
     return None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else set(params)
 
 
 def _values(fn, completions, examples, kwargs, extra_kwargs):
-    """fn's value for each sample, or the exception raised in its place. A batched fn is called once for them all,
-    with each per-sample fact it accepts as a list over the samples; any other fn once per sample."""
+    """fn's value for each sample, or the exception raised in its place. A batched fn is called once
+    for them all, with each per-sample fact it accepts as a list over the samples; any other fn once
+    per sample."""
     accepts = _accepts(fn)
     if getattr(fn, 'batched', False):
         names = {k for extra in extra_kwargs for k in extra if accepts is None or k in accepts}
@@ -290,11 +304,12 @@ def _values(fn, completions, examples, kwargs, extra_kwargs):
 
 def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None, max_msgs=5):
     """Weighted sum of the configured rewards per sample (a batched fn called once for all of them).
-    extra_kwargs: None or one dict per sample (e.g. {'n_tokens': 87}), passed to the fns that accept them.
-    A fn that raises (or returns a non-finite value) scores failure_reward for that sample, weighted like a
-    normal value; it is counted in errors[name], and the first max_msgs messages are kept.
-    Returns dict(total=[float], per_fn={name: [float]} (unweighted), errors={name: int}, error_msgs=[str],
-    all_failed=bool: every sample had at least one failing fn, which the training loop's guards watch)."""
+    extra_kwargs: None or one dict per sample (e.g. {'n_tokens': 87}), passed to the fns that accept
+    them. A fn that raises (or returns a non-finite value) scores failure_reward for that sample,
+    weighted like a normal value; it is counted in errors[name], and the first max_msgs messages are
+    kept. Returns dict(total=[float], per_fn={name: [float]} (unweighted), errors={name: int},
+    error_msgs=[str], all_failed=bool: every sample had at least one failing fn, which the training
+    loop's guards watch)."""
     assert len(completions) == len(examples), (len(completions), len(examples))
     extra_kwargs = extra_kwargs or [{}] * len(completions)
     assert len(extra_kwargs) == len(completions), (len(extra_kwargs), len(completions))
@@ -322,7 +337,8 @@ def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None,
 
 
 def merge_scores(scs):
-    """score()'s results for consecutive slices of samples (ranks, dynamic-sampling rounds) as one result."""
+    """score()'s results for consecutive slices of samples (ranks, dynamic-sampling rounds) as one
+    result."""
     return {'total': [x for s in scs for x in s['total']],
             'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in scs[0]['per_fn']},
             'errors': {k: sum(s['errors'][k] for s in scs) for k in scs[0]['errors']},

@@ -23,9 +23,9 @@ PROBE = ([{'role': 'user', 'content': 'What is 2 + 3?'}], 'Adding them: 2 + 3 = 
 
 @functools.lru_cache(maxsize=None)
 def snapshot(path):
-    """A snapshot's config (every tensor name and shape checked, no weight read), tokenizer and chat template
-    (compiled by load_tokenizer), validated once per process: dict(path, cfg, tok, template: compiled Jinja or None,
-    template_file)."""
+    """A snapshot's config (every tensor name and shape checked, no weight read), tokenizer and chat
+    template (compiled by load_tokenizer), validated once per process: dict(path, cfg, tok,
+    template: compiled Jinja or None, template_file)."""
     path = resolve_snapshot(path)
     meta, tok = from_pretrained(path, device='meta')
     cfg, tfile = meta.config, os.path.join(path, 'tokenizer.json')
@@ -37,20 +37,23 @@ def snapshot(path):
                              f"config.json's 'vocab_size' is {cfg.vocab_size}: not this model's tokenizer")
     if cfg.num_labels and not 0 <= cfg.pad_token_id < cfg.vocab_size:
         raise ModelLoadError(f"{path}/config.json: field 'pad_token_id' {cfg.pad_token_id} is outside the vocabulary")
-    # the chat template (chat_template.jinja, else tokenizer_config.json's field) is the tokenizer's: tokenizer.py
+    # the chat template (chat_template.jinja, else tokenizer_config.json's field) is the
+    # tokenizer's: tokenizer.py
     return dict(path=path, cfg=cfg, tok=tok, template=tok.template, template_file=tok.template_file)
 
 
 def render(snap, messages, add_generation_prompt):
-    """Token ids of chat messages through the snapshot's own chat template, as transformers' apply_chat_template
-    renders and tokenizes it (special-token text inside a message stays text), or ChatML without one:
-    tokenizer.render_chat, which compiles and renders templates for the policy's prompts too."""
+    """Token ids of chat messages through the snapshot's own chat template, as transformers'
+    apply_chat_template renders and tokenizes it (special-token text inside a message stays text),
+    or ChatML without one: tokenizer.render_chat, which compiles and renders templates for the
+    policy's prompts too."""
     return snap['tok'].render_chat(messages, add_generation_prompt)
 
 
 @functools.lru_cache(maxsize=None)
 def weights(path, device, dtype):
-    """The snapshot's model on device in dtype, eval mode, frozen: loaded on first use, once per process."""
+    """The snapshot's model on device in dtype, eval mode, frozen: loaded on first use, once per
+    process."""
     t = time.time()
     model = from_pretrained(path, dtype, device)[0].eval().requires_grad_(False)
     gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
@@ -60,16 +63,17 @@ def weights(path, device, dtype):
 
 
 def _messages(messages, example):
-    """The task's prompt for example as chat messages (messages: the run's tasks.messages; default: the example's
-    'question' as the user turn). A raw-text prompt becomes the user turn."""
+    """The task's prompt for example as chat messages (messages: the run's tasks.messages; default:
+    the example's 'question' as the user turn). A raw-text prompt becomes the user turn."""
     msgs = messages(example) if messages is not None else [{'role': 'user', 'content': example['question']}]
     return [{'role': 'user', 'content': msgs}] if isinstance(msgs, str) else list(msgs)
 
 
 @torch.inference_mode()
 def _batched(seqs, batch_size, max_len, pad_id, fn):
-    """fn(idx (B, T) right-padded with pad_id, lengths (B,)) -> (B,) per batch of seqs, longest first (least padding);
-    the results in the order of seqs. max_len > 0: a longer sequence keeps its last max_len tokens (the scored end)."""
+    """fn(idx (B, T) right-padded with pad_id, lengths (B,)) -> (B,) per batch of seqs, longest
+    first (least padding); the results in the order of seqs. max_len > 0: a longer sequence keeps
+    its last max_len tokens (the scored end)."""
     out = [0.0] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     for lo in range(0, len(order), batch_size):
@@ -105,9 +109,9 @@ def check_reward_model(path, label=-1, **_):
 
 def reward_model(completions, examples, path, batch_size=16, scale=1.0, shift=0.0, clip=0.0, label=-1, max_len=0,
                  messages=None, device='cpu', dtype='float32'):
-    """scale * score + shift, bounded to [-clip, clip] when clip > 0. score: the classifier's logit (one label), or
-    the softmax probability of label (several). max_len > 0: score each sequence's last max_len tokens only (0: all;
-    a GPT-2 snapshot's n_positions at most)."""
+    """scale * score + shift, bounded to [-clip, clip] when clip > 0. score: the classifier's logit
+    (one label), or the softmax probability of label (several). max_len > 0: score each sequence's
+    last max_len tokens only (0: all; a GPT-2 snapshot's n_positions at most)."""
     snap, model = check_reward_model(path, label), weights(path, device, dtype)
     seqs = [render(snap, _messages(messages, ex) + [{'role': 'assistant', 'content': c}], False)
             for c, ex in zip(completions, examples)]
@@ -121,7 +125,8 @@ def reward_model(completions, examples, path, batch_size=16, scale=1.0, shift=0.
 
 
 def _judge_prompt(snap, template, system, chat, messages, completion, example):
-    """The judge's input: the template filled in, as a user turn through its chat template (chat), or as raw text."""
+    """The judge's input: the template filled in, as a user turn through its chat template (chat),
+    or as raw text."""
     msgs = _messages(messages, example)
     question = next((m['content'] for m in reversed(msgs) if m['role'] == 'user'), '')
     text = template.format(question=question, completion=completion, answer=example.get('answer', ''))
@@ -158,10 +163,10 @@ def check_judge(path, template=JUDGE_TEMPLATE, yes='Yes', no='No', system='', ch
 
 def judge(completions, examples, path, template=JUDGE_TEMPLATE, yes='Yes', no='No', system='', chat=True,
           batch_size=16, max_len=0, messages=None, device='cpu', dtype='float32'):
-    """P(yes) / (P(yes) + P(no)) = sigmoid(logit_yes - logit_no) of the judge's next token after its question: in
-    [0, 1], 0.5 when it cannot tell. template fields: {question} (the task prompt's last user turn), {completion},
-    {answer} (the example's reference answer, '' if none). system: a system turn for the judge; chat=False: the
-    filled template is the raw prompt (base models)."""
+    """P(yes) / (P(yes) + P(no)) = sigmoid(logit_yes - logit_no) of the judge's next token after its
+    question: in [0, 1], 0.5 when it cannot tell. template fields: {question} (the task prompt's
+    last user turn), {completion}, {answer} (the example's reference answer, '' if none). system: a
+    system turn for the judge; chat=False: the filled template is the raw prompt (base models)."""
     (snap, y, n), model = check_judge(path, template, yes, no, system, chat), weights(path, device, dtype)
     seqs = [_judge_prompt(snap, template, system, chat, messages, c, ex) for c, ex in zip(completions, examples)]
 

@@ -1,9 +1,10 @@
 """
-Run safety: what makes a failing run loud. Per-step warnings that name the cause and the fix, guards that decide
-when to roll back or stop, a watchdog that dumps every thread's stack when nothing moves, signal handling that
-checkpoints before exiting, and the memory figures every step logs.
+Run safety: what makes a failing run loud. Per-step warnings that name the cause and the fix, guards
+that decide when to roll back or stop, a watchdog that dumps every thread's stack when nothing
+moves, signal handling that checkpoints before exiting, and the memory figures every step logs.
 
-The guards' state is one dict (new_guards), saved with each checkpoint, so a resumed run remembers its streaks.
+The guards' state is one dict (new_guards), saved with each checkpoint, so a resumed run remembers
+its streaks.
 """
 import faulthandler
 import json
@@ -29,8 +30,9 @@ def new_guards():
 
 
 def stop(msg, master, code=3):
-    """A guard decided the run cannot go on: say why in plain words, leave the last good checkpoint, exit non-zero.
-    (Every rank stops here: guards decide from numbers all ranks share; one says why.)"""
+    """A guard decided the run cannot go on: say why in plain words, leave the last good checkpoint,
+    exit non-zero. (Every rank stops here: guards decide from numbers all ranks share; one says
+    why.)"""
     if master:
         print(f"\n{'=' * 100}\nSTOPPED: {msg}\n{'=' * 100}", file=sys.stderr, flush=True)
     finish(code)
@@ -77,9 +79,10 @@ def startup_warnings(c):
 
 
 def cpu_contention(load=None, cores=None, threads=None):
-    """A line when other processes already keep the CPU busy and torch would run several threads per op: they then
-    wait on each other at every op's barrier, and a step can take several times as long as with one thread (measured on
-    2 cores at load 4-8: a warm-start step of the offline demo 3.1-6.0 s with 2 threads, 0.54-2.0 s with 1)."""
+    """A line when other processes already keep the CPU busy and torch would run several threads per
+    op: they then wait on each other at every op's barrier, and a step can take several times as
+    long as with one thread (measured on 2 cores at load 4-8: a warm-start step of the offline demo
+    3.1-6.0 s with 2 threads, 0.54-2.0 s with 1)."""
     load = os.getloadavg()[0] if load is None and hasattr(os, 'getloadavg') else load
     cores, threads = cores or os.cpu_count() or 1, threads or torch.get_num_threads()
     if load is None or threads < 2 or load < cores - 0.5:
@@ -90,8 +93,8 @@ def cpu_contention(load=None, cores=None, threads=None):
 
 
 def warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn=None):
-    """Print this step's warnings (each names a cause and a fix) and return the warn/* counters for the metrics.
-    kl_warn: None when there is no reference model (no KL is measured)."""
+    """Print this step's warnings (each names a cause and a fix) and return the warn/* counters for
+    the metrics. kl_warn: None when there is no reference model (no KL is measured)."""
     warns = []
     if m['frac_zero_std'] == 1.0:
         warns.append(('all_zero_std', "every group got identical rewards: all advantages are zero, so the loss is zero "
@@ -128,9 +131,10 @@ def warn(guards, m, n_tok, skipped, grad_norm, max_new_tokens, kl_warn=None):
 
 
 def guard(guards, m, step, skipped, sc, texts, nan_patience, kl_max=None):
-    """Update the streaks from this step's metrics m and print what the guards saw. Returns (action, finite): action
-    None, ('rollback', why) for a non-finite streak at nan_patience, or ('kl', why) for KL above kl_max (None: no
-    reference model), which the caller turns into a rollback or a stop (on_kl_max)."""
+    """Update the streaks from this step's metrics m and print what the guards saw. Returns (action,
+    finite): action None, ('rollback', why) for a non-finite streak at nan_patience, or ('kl', why)
+    for KL above kl_max (None: no reference model), which the caller turns into a rollback or a stop
+    (on_kl_max)."""
     finite = math.isfinite(m['loss']) and math.isfinite(m['grad_norm'])
     guards['nan_streak'] = 0 if finite or skipped else guards['nan_streak'] + 1
     guards['zero_streak'] = guards['zero_streak'] + 1 if (m['reward/mean'] == 0.0 or sc['all_failed']) else 0
@@ -150,8 +154,8 @@ def guard(guards, m, step, skipped, sc, texts, nan_patience, kl_max=None):
 
 
 def stage_marker(step, t_step, last_progress, verbose, device):
-    """mark(name) after each stage of a step: refreshes the watchdog's heartbeat; verbose: prints a numbered stage line
-    with the time since the step began and the memory in use."""
+    """mark(name) after each stage of a step: refreshes the watchdog's heartbeat; verbose: prints a
+    numbered stage line with the time since the step began and the memory in use."""
     n = [0]
 
     def mark(name):
@@ -165,7 +169,8 @@ def stage_marker(step, t_step, last_progress, verbose, device):
 
 
 def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode):
-    """Printed before the first step, which may take long enough to look like a hang: what it is about to do."""
+    """Printed before the first step, which may take long enough to look like a hang: what it is
+    about to do."""
     compiling = ' and compiles the sampler (compile_decode: seconds to minutes)' if compile_decode else ''
     return (f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens = <= {P * G * max_new_tokens:,} "
             f"generated tokens, then {num_iterations} update(s) in micro-batches of {micro_batch_size} rows. The first "
@@ -173,8 +178,9 @@ def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compil
 
 
 def log_samples(path, step, comps, batch, prompts, totals, tok, task):
-    """Four of the step's completions, spread over its groups, with their prompt, the task's answer and grade, the
-    reference and the reward, appended to path (samples.jsonl): what the model actually writes."""
+    """Four of the step's completions, spread over its groups, with their prompt, the task's answer
+    and grade, the reference and the reward, appended to path (samples.jsonl): what the model
+    actually writes."""
     answer = tasks.answer_fn(task)
     with open(path, 'a') as f:
         for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
@@ -185,8 +191,9 @@ def log_samples(path, step, comps, batch, prompts, totals, tok, task):
 
 
 def update_metrics(moved=False, tis=False):
-    """Accumulators for what a step logs about its update: the rollout's (iteration 0) or, moved=True, the last
-    iteration's. Every key is there from the start, so every rank all-reduces the same list (reduce_metrics)."""
+    """Accumulators for what a step logs about its update: the rollout's (iteration 0) or,
+    moved=True, the last iteration's. Every key is there from the start, so every rank all-reduces
+    the same list (reduce_metrics)."""
     if moved:
         keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
         return {'sum': dict.fromkeys(keys, 0.0), 'max': {'ratio/max': -math.inf, 'ratio/min': -math.inf}}
@@ -196,11 +203,12 @@ def update_metrics(moved=False, tis=False):
 
 
 def add_metrics(acc, loss, st, w, logp, entropy, old_logp, gen_logp, is_weight, n_tokens, rollout, moved):
-    """Add one micro-batch's share. rollout (iteration 0): loss, its policy-gradient part, and means over the tokens
-    trained on of KL to the reference, entropy, log-prob, |sampler - trainer| log-prob and, with tis, the importance
-    weight and the share of tokens whose ratio was above the cap (is_weight: tis_weights' pair). moved (the last iteration,
-    num_iterations > 1): clipped fractions on each side, the ratio's mean and range, and KL(old || new) by k3 on the
-    tokens drawn from old. Means divide by n_tokens, the step's trained tokens over every rank."""
+    """Add one micro-batch's share. rollout (iteration 0): loss, its policy-gradient part, and means
+    over the tokens trained on of KL to the reference, entropy, log-prob, |sampler - trainer|
+    log-prob and, with tis, the importance weight and the share of tokens whose ratio was above the
+    cap (is_weight: tis_weights' pair). moved (the last iteration, num_iterations > 1): clipped
+    fractions on each side, the ratio's mean and range, and KL(old || new) by k3 on the tokens drawn
+    from old. Means divide by n_tokens, the step's trained tokens over every rank."""
     s, mx = acc['sum'], acc['max']
     add = {}
     if rollout:
@@ -228,8 +236,8 @@ def reduce_metrics(acc, all_reduce):
 
 
 def reward_spread(sc, G):
-    """Per reward function: the std of its scores and the share of groups (G consecutive samples) whose G scores are
-    all equal, i.e. groups that function gives no signal to."""
+    """Per reward function: the std of its scores and the share of groups (G consecutive samples)
+    whose G scores are all equal, i.e. groups that function gives no signal to."""
     out = {}
     for k, v in sc['per_fn'].items():
         mean, groups = sum(v) / len(v), [v[i:i + G] for i in range(0, len(v), G)]
@@ -239,7 +247,8 @@ def reward_spread(sc, G):
 
 
 def model_reward_hint(name, m):
-    """What to check when a model reward gives no signal: said by the zero-spread warning and the zero-reward stop."""
+    """What to check when a model reward gives no signal: said by the zero-spread warning and the
+    zero-reward stop."""
     clip = m.get('response_len/clip_frac')
     return (f"check that its 'path' is the scorer you meant (see the 'reward: loaded' line), that "
             f"{'its chat template' if name == 'reward_model' else 'the template'} shows it the prompt and the whole "
@@ -249,8 +258,8 @@ def model_reward_hint(name, m):
 
 
 def rollout_metrics(r, zero_std, sc, comps, prompts, G, timing):
-    """The step's rewards (r: (groups, G), every group drawn; per function: reward_spread), completion lengths,
-    timing and throughput."""
+    """The step's rewards (r: (groups, G), every group drawn; per function: reward_spread),
+    completion lengths, timing and throughput."""
     lens = [len(c['ids']) for c in comps]
     return {'reward/mean': r.mean().item(), 'reward/std': r.std().item(),
             **{f'reward/{k}/mean': sum(v) / len(v) for k, v in sc['per_fn'].items()},
@@ -277,7 +286,8 @@ def step_line(m):
 
 
 def zero_reward_report(guards, sc, patience):
-    """The stop message when the reward mean has been 0 (or every reward failed) for `patience` steps in a row."""
+    """The stop message when the reward mean has been 0 (or every reward failed) for `patience`
+    steps in a row."""
     errs = {k: v for k, v in sc['errors'].items() if v}
     means = {k: round(sum(v) / max(len(v), 1), 4) for k, v in sc['per_fn'].items()}
     models = [k for k in sc['per_fn'] if k in MODEL_REWARDS]
@@ -289,8 +299,9 @@ def zero_reward_report(guards, sc, patience):
 
 
 def start_watchdog(last_progress, watchdog_s, out_dir, exit_after):
-    """A daemon thread: when last_progress[0] (a time.time() the loop refreshes) is older than watchdog_s, dump every
-    thread's stack to stderr and out_dir/watchdog_stacks.txt, once per stall; exit_after: then exit with code 4."""
+    """A daemon thread: when last_progress[0] (a time.time() the loop refreshes) is older than
+    watchdog_s, dump every thread's stack to stderr and out_dir/watchdog_stacks.txt, once per stall;
+    exit_after: then exit with code 4."""
     def watch():
         fired = False
         while True:
@@ -313,9 +324,10 @@ def start_watchdog(last_progress, watchdog_s, out_dir, exit_after):
 
 
 def catch_signals(again_after_s=1.0):
-    """The first SIGINT/SIGTERM is noted, not acted on: the loop checkpoints at the end of the step and exits
-    128 + signal. A second one, at least again_after_s later (a repeat within it is the same Ctrl-C reaching us twice,
-    e.g. through torchrun), exits at once without a checkpoint: for a step stuck in a collective or a long generation."""
+    """The first SIGINT/SIGTERM is noted, not acted on: the loop checkpoints at the end of the step
+    and exits 128 + signal. A second one, at least again_after_s later (a repeat within it is the
+    same Ctrl-C reaching us twice, e.g. through torchrun), exits at once without a checkpoint: for a
+    step stuck in a collective or a long generation."""
     caught = []
 
     def on_signal(sig, frame):

@@ -4,9 +4,10 @@ Batched KV-cache generation for groups of samples, and evaluation on GSM8K / the
     python sample.py --init_from=DIR_OR_HUB_ID --prompt="What is 12*7?"
     python sample.py config/eval_gsm8k.py --init_from=out/gsm8k/hf --num_examples=200 --n_samples=8
 
-generate() prefills each prompt once, shares its KV cache with its G samples, drops finished rows from the decode
-batch (compaction), and draws every token from a seed that depends only on (seed, prompt index, sample index,
-step): a completion is the same whichever prompts share its batch, so 1 GPU and N GPUs sample alike.
+generate() prefills each prompt once, shares its KV cache with its G samples, drops finished rows
+from the decode batch (compaction), and draws every token from a seed that depends only on (seed,
+prompt index, sample index, step): a completion is the same whichever prompts share its batch, so 1
+GPU and N GPUs sample alike.
 """
 import json
 import os
@@ -30,10 +31,11 @@ _compiled = weakref.WeakKeyDictionary()  # model -> its torch.compile'd forward,
 
 
 def decode_forward(model, compile):
-    """The forward that generate calls, for the prefill and every decode step: the model itself, or (compile=True)
-    torch.compile of it with dynamic shapes, so other prompt lengths, the batch shrinking under compaction and the
-    cache growing each step do not recompile it (two graphs: prefill and decode). Eager decode of a small model is
-    bound by per-op overhead (a dispatch per op on CPU, a kernel launch per op on GPU); compiled, each layer's
+    """The forward that generate calls, for the prefill and every decode step: the model itself, or
+    (compile=True) torch.compile of it with dynamic shapes, so other prompt lengths, the batch
+    shrinking under compaction and the cache growing each step do not recompile it (two graphs:
+    prefill and decode). Eager decode of a small model is bound by per-op overhead (a dispatch per
+    op on CPU, a kernel launch per op on GPU); compiled, each layer's
     norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
     if not compile:
         return model
@@ -46,11 +48,12 @@ def decode_forward(model, compile):
 def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
              seed=0, stop_ids=None, stop_strings=(), prompt_index=None, compact=True, compile=False, progress=False,
              on_step=None):
-    """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each with
-    ids (completion ids, stop token included), text, logprobs (of each sampled id under the full softmax at this
-    temperature), finished (hit a stop) and truncated (hit max_new_tokens). compile: the prefill and decode steps
-    run through torch.compile (see decode_forward; the first call compiles, seconds to a minute). on_step() is called
-    after every decode step (the training loop's watchdog heartbeat)."""
+    """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each
+    with ids (completion ids, stop token included), text, logprobs (of each sampled id under the
+    full softmax at this temperature), finished (hit a stop) and truncated (hit max_new_tokens).
+    compile: the prefill and decode steps run through torch.compile (see decode_forward; the first
+    call compiles, seconds to a minute). on_step() is called after every decode step (the training
+    loop's watchdog heartbeat)."""
     from model import KVCache
     device = next(model.parameters()).device
     stop_ids = torch.tensor(tok.stop_ids if stop_ids is None else stop_ids, dtype=torch.int64, device=device)
@@ -63,7 +66,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
                          f"max_seq_len {model.config.max_seq_len}")
     if int(lens.min()) == 0:
         raise ValueError("empty prompt: every prompt needs at least one token")
-    # prefill every prompt once (right-padded, per-row lengths), then copy its cache for its G samples
+    # prefill every prompt once (right-padded, per-row lengths), then copy its cache for its G
+    # samples
     idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)
     for i, p in enumerate(prompts):
         idx[i, :len(p)] = torch.tensor(p, device=device)
@@ -73,15 +77,16 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     cache, logits = cache.repeat_interleave(G), logits.repeat_interleave(G, dim=0)
     N = P * G
     seeds = row_seeds(seed, prompt_index, G).to(device)
-    # every completion's tokens and log-probs, by step. Rows that stopped but are still in the decode batch (before
-    # compaction drops them, or with compact=False) keep writing here past their end; n_gen says where each ends.
+    # every completion's tokens and log-probs, by step. Rows that stopped but are still in the
+    # decode batch (before compaction drops them, or with compact=False) keep writing here past
+    # their end; n_gen says where each ends.
     out_ids = torch.full((N, max_new_tokens), tok.pad_id, dtype=torch.int64, device=device)
     out_lp = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
     n_gen = torch.full((N,), max_new_tokens, dtype=torch.int64, device=device)  # tokens per completion
     finished = torch.zeros(N, dtype=torch.bool, device=device)
-    # the decode batch: rows[i] is the completion that row i generates (None: the identity, before any compaction);
-    # live: still generating; ends: its n_gen so far. Written back to n_gen/finished when rows are dropped and at
-    # the end
+    # the decode batch: rows[i] is the completion that row i generates (None: the identity, before
+    # any compaction); live: still generating; ends: its n_gen so far. Written back to
+    # n_gen/finished when rows are dropped and at the end
     rows, row_seed = None, seeds
     live, ends = torch.ones(N, dtype=torch.bool, device=device), n_gen.clone()
     check_stops = len(stop_ids) > 0 or bool(stop_strings)
@@ -137,8 +142,9 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
 
 
 def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
-    """Token ids of the task's prompt for each example: its chat messages through the tokenizer's chat template, or a
-    raw-text prompt as it is. system_prompt/instruction: None = the task's default (tasks.messages)."""
+    """Token ids of the task's prompt for each example: its chat messages through the tokenizer's
+    chat template, or a raw-text prompt as it is. system_prompt/instruction: None = the task's
+    default (tasks.messages)."""
     import tasks
     out = []
     for ex in examples:
@@ -150,9 +156,10 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, n_samples=1, temperature=1.0, top_k=0,
              top_p=1.0, max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True, compile=False):
-    """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled pass@k, maj@k
-    (votes on the task's answer(), default reward.extract_answer) and mean@k (the unbiased pass@1 estimate). Writes
-    one JSON row per problem to out_path when given. Returns the summary dict."""
+    """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
+    pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
+    unbiased pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the
+    summary dict."""
     import tasks
     answer = tasks.answer_fn(task)
     was_training = model.training
@@ -196,7 +203,8 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, n
 
 
 def majority_correct(row):
-    """maj@k: the most common extracted answer among the samples (ties: first seen) is the prediction."""
+    """maj@k: the most common extracted answer among the samples (ties: first seen) is the
+    prediction."""
     votes = Counter(a for a in row['answers'][1:] if a is not None)
     if not votes:
         return False
@@ -205,8 +213,9 @@ def majority_correct(row):
 
 
 def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
-    """(model, tokenizer) of a train_grpo.py checkpoint (OUT_DIR/ckpt_*.pt): the model built as its run built it
-    (init_from and shape from the config saved in it), with its weights. Loads no code from the file."""
+    """(model, tokenizer) of a train_grpo.py checkpoint (OUT_DIR/ckpt_*.pt): the model built as its
+    run built it (init_from and shape from the config saved in it), with its weights. Loads no code
+    from the file."""
     from checkpoint import load_checkpoint
     from hf import load_model
     state = load_checkpoint(path)
@@ -223,8 +232,8 @@ def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
 
 
 def run_config(init_from):
-    """The training run's config saved beside an hf/ export (grpo_run.json) or in a checkpoint (OUT_DIR/ckpt_*.pt), or
-    {} for any other model."""
+    """The training run's config saved beside an hf/ export (grpo_run.json) or in a checkpoint
+    (OUT_DIR/ckpt_*.pt), or {} for any other model."""
     if init_from.endswith('.pt') and os.path.isfile(init_from):
         from checkpoint import load_checkpoint
         state = load_checkpoint(init_from)

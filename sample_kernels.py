@@ -1,8 +1,9 @@
 """
-A sort-free sampler in Triton, with a pure-torch reference path that draws the very same ids: one token per row of
-logits under temperature, top-k, top-p and min-p, without sorting the vocabulary (a threshold found by bisection,
-then a Gumbel-max draw over the tokens above it). Triton runs on CUDA tensors; CPU tensors take the torch path unless
-use_triton=True (the tests force it under TRITON_INTERPRET=1).
+A sort-free sampler in Triton, with a pure-torch reference path that draws the very same ids: one
+token per row of logits under temperature, top-k, top-p and min-p, without sorting the vocabulary (a
+threshold found by bisection, then a Gumbel-max draw over the tokens above it). Triton runs on CUDA
+tensors; CPU tensors take the torch path unless use_triton=True (the tests force it under
+TRITON_INTERPRET=1).
 """
 import math
 import struct
@@ -51,8 +52,8 @@ def _gumbel_torch(r1, r2, V):
 
 @triton.jit
 def _gumbel(r1, r2, cols):
-    # h = mix32(mix32(j ^ r1) ^ r2) on uint32 (multiplies wrap mod 2^32); written out, not a helper call,
-    # because the interpreter pays ~1 ms per nested jit call
+    # h = mix32(mix32(j ^ r1) ^ r2) on uint32 (multiplies wrap mod 2^32); written out, not a helper
+    # call, because the interpreter pays ~1 ms per nested jit call
     h = cols.to(tl.uint32) ^ r1
     for i in tl.static_range(2):
         h = h ^ (h >> 16)
@@ -86,8 +87,8 @@ def _key(z):  # fp32 -> int32, order-preserving (negative floats have their magn
 @triton.jit
 def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, r1_ptr, r2_ptr, m_ptr, s_ptr, bv_ptr, bi_ptr,
                         HAS_THRESH: tl.constexpr, DRAW: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr):
-    # grid (rows, splits): each program covers one tile of one row (few rows -> many tiles fill the GPU),
-    # writing partial softmax stats and, if DRAW, its best (z + gumbel) over the kept set
+    # grid (rows, splits): each program covers one tile of one row (few rows -> many tiles fill the
+    # GPU), writing partial softmax stats and, if DRAW, its best (z + gumbel) over the kept set
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     out = row * tl.num_programs(1) + split
@@ -126,8 +127,9 @@ def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, r1_ptr, r2_
 @triton.jit
 def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl.constexpr, NPASS: tl.constexpr,
             BLOCK: tl.constexpr):
-    # Largest key t in [lo, hi) with count(key >= t) >= k (COUNT) or mass(key >= t) >= target (mass, where
-    # mass = sum exp(z - m)). Invariant: the condition holds at lo and fails at hi. Also returns mass(>= t).
+    # Largest key t in [lo, hi) with count(key >= t) >= k (COUNT) or mass(key >= t) >= target (mass,
+    # where mass = sum exp(z - m)). Invariant: the condition holds at lo and fails at hi. Also
+    # returns mass(>= t).
     mass_lo = tl.zeros((), tl.float32)
     for _ in range(NPASS):
         cand = lo + ((hi - lo) * tl.arange(0, NC).to(tl.int64)) // NC  # cand[0] == lo
@@ -155,7 +157,8 @@ def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl
 def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, t_ptr, top_k, top_p, KEY_NEG_INF: tl.constexpr,
                       DO_TOPK: tl.constexpr, DO_TOPP: tl.constexpr, NC: tl.constexpr, NPASS: tl.constexpr,
                       BLOCK: tl.constexpr):
-    # one program per row: top-k first, then top-p on the renormalised top-k distribution (HF/vLLM order)
+    # one program per row: top-k first, then top-p on the renormalised top-k distribution (HF/vLLM
+    # order)
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * stride_row
     m = tl.load(m_ptr + row)
@@ -209,11 +212,12 @@ def sample_tokens_ref(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, 
 def sample_tokens(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, *, use_triton=None,
                   n_split=None, block_size=None):
     """
-    Draw one token per row of logits (B, V) from softmax(logits / temperature) restricted by top_k (0 = off),
-    top_p (1 = off), min_p (0 = off). seeds (B,) int64 and step (int or (B,)) fix the draw: row b's id
-    depends only on (seeds[b], step, logits[b]). temperature 0 or top_k 1 is greedy argmax.
-    Returns ids int64 (B,) and logp fp32 (B,), the log-prob of each id under the FULL softmax at this
-    temperature (temperature 1 when temperature is 0). Ties at the top-k / top-p boundary value are all kept.
+    Draw one token per row of logits (B, V) from softmax(logits / temperature) restricted by top_k
+    (0 = off), top_p (1 = off), min_p (0 = off). seeds (B,) int64 and step (int or (B,)) fix the
+    draw: row b's id depends only on (seeds[b], step, logits[b]). temperature 0 or top_k 1 is greedy
+    argmax. Returns ids int64 (B,) and logp fp32 (B,), the log-prob of each id under the FULL
+    softmax at this temperature (temperature 1 when temperature is 0). Ties at the top-k / top-p
+    boundary value are all kept.
     """
     if not (logits.is_cuda if use_triton is None else use_triton):
         return sample_tokens_ref(logits, seeds, step, temperature, top_k, top_p, min_p)

@@ -1,11 +1,13 @@
 """
-Tokenizers on tiktoken: a byte-level BPE read from an HF snapshot's tokenizer files, and a byte encoding for
-scratch models. A snapshot's own chat template (tokenizer_config.json's 'chat_template' or chat_template.jinja) is
-rendered with jinja2 in its immutable sandbox, as transformers renders it; without one, ChatML is plain code here.
+Tokenizers on tiktoken: a byte-level BPE read from an HF snapshot's tokenizer files, and a byte
+encoding for scratch models. A snapshot's own chat template (tokenizer_config.json's 'chat_template'
+or chat_template.jinja) is rendered with jinja2 in its immutable sandbox, as transformers renders
+it; without one, ChatML is plain code here.
 
-tiktoken's ranks are its token ids and it merges the pair whose joined bytes have the lowest rank. An HF byte-level
-BPE gives the same tokens when each merge creates a token whose id grows with the merge's position in `merges`,
-which holds for GPT-2, Qwen2 and anything `tokenizers` trains; load_tokenizer checks it instead of assuming.
+tiktoken's ranks are its token ids and it merges the pair whose joined bytes have the lowest rank.
+An HF byte-level BPE gives the same tokens when each merge creates a token whose id grows with the
+merge's position in `merges`, which holds for GPT-2, Qwen2 and anything `tokenizers` trains;
+load_tokenizer checks it instead of assuming.
 """
 import datetime
 import json
@@ -26,7 +28,8 @@ class TokenizerError(ValueError):
 
 
 def bytes_to_unicode():
-    """GPT-2's reversible map from bytes to printable unicode characters, used by every byte-level BPE vocab file."""
+    """GPT-2's reversible map from bytes to printable unicode characters, used by every byte-level
+    BPE vocab file."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -46,7 +49,8 @@ class Tokenizer:
         self.special = dict(enc._special_tokens)
         self.vocab_size = enc.n_vocab
         end = self.special.get('<|endoftext|>')
-        # eos: the config's own, where it names one (a GPT-2 export may list ChatML tokens it never learned)
+        # eos: the config's own, where it names one (a GPT-2 export may list ChatML tokens it never
+        # learned)
         self.eos_id = self.special[eos] if eos in self.special else self.special.get('<|im_end|>', end)
         self.stop_ids = sorted({i for i in (self.eos_id, end) if i is not None})
         self.pad_id = self.special.get('<|pad|>', end if end is not None else 0)
@@ -58,7 +62,8 @@ class Tokenizer:
         self._special_re = re.compile('|'.join(map(re.escape, sorted(self.special, key=len, reverse=True))) or r'(?!)')
 
     def encode(self, text):
-        """Ordinary text: special-token strings in it are plain text, so user data cannot inject a turn end."""
+        """Ordinary text: special-token strings in it are plain text, so user data cannot inject a
+        turn end."""
         text = unicodedata.normalize('NFC', text) if self.nfc else text
         return self.enc.encode_ordinary(text)
 
@@ -73,10 +78,11 @@ class Tokenizer:
 
     def render_chat(self, messages, add_generation_prompt=True, **kwargs):
         """Token ids of chat messages. With the snapshot's chat template: the ids of transformers'
-        apply_chat_template(messages, add_generation_prompt=..., tokenize=True) (kwargs: the template's own variables,
-        e.g. enable_thinking), except that special-token text inside a message's content stays text (no injected
-        turn end). Without one: ChatML, as Qwen's template writes it (no default system turn is added: pass one if you
-        want it); tokenizers without ChatML tokens (GPT-2) get plain 'role: content' lines."""
+        apply_chat_template(messages, add_generation_prompt=..., tokenize=True) (kwargs: the
+        template's own variables, e.g. enable_thinking), except that special-token text inside a
+        message's content stays text (no injected turn end). Without one: ChatML, as Qwen's template
+        writes it (no default system turn is added: pass one if you want it); tokenizers without
+        ChatML tokens (GPT-2) get plain 'role: content' lines."""
         if self.template is not None:
             return self._render_template(messages, add_generation_prompt, **kwargs)
         if not self.chat:
@@ -91,10 +97,11 @@ class Tokenizer:
         return ids
 
     def _render_template(self, messages, add_generation_prompt, **kwargs):
-        """Special-token strings in message contents are swapped for private-use characters before rendering, so that
-        the only specials in the rendered text are the template's; the text is then split at those, and each stretch
-        between them (template text and contents, the swapped strings put back) is encoded as ordinary text. For
-        contents without special-token text this is exactly how transformers tokenizes the rendered string."""
+        """Special-token strings in message contents are swapped for private-use characters before
+        rendering, so that the only specials in the rendered text are the template's; the text is
+        then split at those, and each stretch between them (template text and contents, the swapped
+        strings put back) is encoded as ordinary text. For contents without special-token text this
+        is exactly how transformers tokenizes the rendered string."""
         contents = [m.get('content') for m in messages if isinstance(m, dict)]
         used = set(''.join(c for c in contents if isinstance(c, str)))
         free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
@@ -120,7 +127,8 @@ class Tokenizer:
         return ids + self.encode(text[pos:].translate(back))
 
     def save(self, out_dir):
-        """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated tokenizer.json."""
+        """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated
+        tokenizer.json."""
         os.makedirs(out_dir, exist_ok=True)
         files = self.files or byte_tokenizer_files(self)
         for name, data in files.items():
@@ -142,9 +150,9 @@ def _raise(msg):  # what chat templates call to refuse a conversation
 
 
 def compile_chat_template(source, where):
-    """A chat template compiled as transformers compiles it: jinja2's immutable sandbox (a template from a download
-    cannot reach Python internals, the OS or mutate its arguments), trim_blocks/lstrip_blocks, loop controls,
-    raise_exception, tojson and strftime_now."""
+    """A chat template compiled as transformers compiles it: jinja2's immutable sandbox (a template
+    from a download cannot reach Python internals, the OS or mutate its arguments),
+    trim_blocks/lstrip_blocks, loop controls, raise_exception, tojson and strftime_now."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols'])
     env.filters['tojson'] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
@@ -158,9 +166,10 @@ def compile_chat_template(source, where):
 
 
 def render_chat_template(template, messages, add_generation_prompt, where, **variables):
-    """The text of messages through a compiled chat template, with transformers' variables (messages,
-    add_generation_prompt, bos_token, eos_token, ... and any template kwargs such as enable_thinking). Anything the
-    template raises, including the sandbox's SecurityError, becomes one ValueError naming the file."""
+    """The text of messages through a compiled chat template, with transformers' variables
+    (messages, add_generation_prompt, bos_token, eos_token, ... and any template kwargs such as
+    enable_thinking). Anything the template raises, including the sandbox's SecurityError, becomes
+    one ValueError naming the file."""
     try:
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except Exception as e:
@@ -168,8 +177,9 @@ def render_chat_template(template, messages, add_generation_prompt, where, **var
 
 
 def _chat_template(path, files):
-    """(compiled template or None, its file, its variables) as transformers finds them: chat_template.jinja, else
-    tokenizer_config.json's 'chat_template' (a list of named templates: 'default')."""
+    """(compiled template or None, its file, its variables) as transformers finds them:
+    chat_template.jinja, else tokenizer_config.json's 'chat_template' (a list of named templates:
+    'default')."""
     conf = files.get('tokenizer_config.json', (None, {}))[1]
     named = {**files.get('special_tokens_map.json', (None, {}))[1], **conf}
     variables = {k: v.get('content') if isinstance(v, dict) else v for k, v in named.items() if k.endswith('_token')}
@@ -184,8 +194,8 @@ def _chat_template(path, files):
 
 
 def load_tokenizer(path):
-    """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+ tokenizer_config.json), with
-    the snapshot's chat template when it has one."""
+    """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+
+    tokenizer_config.json), with the snapshot's chat template when it has one."""
     files = {}
     for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
                  'added_tokens.json', 'chat_template.jinja'):
@@ -209,8 +219,9 @@ def load_tokenizer(path):
         conf = files.get('tokenizer_config.json', (None, {}))[1]
         added = {t['content']: int(i) for i, t in conf.get('added_tokens_decoder', {}).items()}
         added.update(files.get('added_tokens.json', (None, {}))[1])
-        # the old GPT-2 layout names its specials only as bos/eos/unk (here or in special_tokens_map.json), and they
-        # sit in vocab.json: without this, '<|endoftext|>' is ordinary text and generation never stops
+        # the old GPT-2 layout names its specials only as bos/eos/unk (here or in
+        # special_tokens_map.json), and they sit in vocab.json: without this, '<|endoftext|>' is
+        # ordinary text and generation never stops
         named = {**files.get('special_tokens_map.json', (None, {}))[1], **conf}
         names = {k: v.get('content') if isinstance(v, dict) else v for k, v in named.items() if k.endswith('_token')}
         added.update({t: vocab[t] for t in names.values() if isinstance(t, str) and t in vocab and t not in added})
@@ -276,7 +287,8 @@ def byte_tokenizer():
 
 
 def byte_tokenizer_files(tok):
-    """An HF tokenizer.json for a merge-free byte-level encoding, so exported snapshots load in transformers."""
+    """An HF tokenizer.json for a merge-free byte-level encoding, so exported snapshots load in
+    transformers."""
     u = bytes_to_unicode()
     vocab = {u[b]: r for b, r in ((t[0], r) for t, r in tok.enc._mergeable_ranks.items() if len(t) == 1)}
     if len(vocab) != len(tok.enc._mergeable_ranks):

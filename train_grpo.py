@@ -1,8 +1,9 @@
 """
-GRPO fine-tuning on one GPU (or a CPU, or several through torchrun), top to bottom: knobs -> setup -> a loop of named
-stages: 1 prompts and completions (sample.py) -> 2 rewards (the task's) -> 3 group-relative advantages -> 4 old and
-reference log-probs -> 5 clipped policy-gradient update -> 6 metrics, warnings, guards -> 7 checkpoint. The operations
-are in files named for them: tasks/, batch.py, loss.py, safety.py, parallel.py, checkpoint.py, sft.py.
+GRPO fine-tuning on one GPU (or a CPU, or several through torchrun), top to bottom: knobs -> setup
+-> a loop of named stages: 1 prompts and completions (sample.py) -> 2 rewards (the task's) -> 3
+group-relative advantages -> 4 old and reference log-probs -> 5 clipped policy-gradient update -> 6
+metrics, warnings, guards -> 7 checkpoint. The operations are in files named for them: tasks/,
+batch.py, loss.py, safety.py, parallel.py, checkpoint.py, sft.py.
 
     python train_grpo.py config/arith.py            # the offline demo: tiny model, CPU, minutes
     python train_grpo.py config/gsm8k.py            # Qwen2.5-0.5B-Instruct on GSM8K, one GPU
@@ -25,7 +26,8 @@ init_from = 'Qwen/Qwen2.5-0.5B-Instruct'  # HF snapshot dir or hub id; 'scratch'
 resume = 'auto'  # 'auto': continue from the newest checkpoint in out_dir that loads; 'never': start fresh
 resume_changed = False  # resume even though knobs that change the run differ from the checkpoint's (printed)
 plot = ''  # --plot=OUT_DIR: redraw OUT_DIR/curves.png from its metrics.jsonl and exit
-# task (tasks/): its data, prompts, grading and default rewards; its own knobs (e.g. arith_*) are in its file
+# task (tasks/): its data, prompts, grading and default rewards; its own knobs (e.g. arith_*) are in
+# its file
 task = 'gsm8k'  # 'gsm8k', 'arith' (built-in, offline), 'mymodule:my_task' or 'path/to/task.py'
 data_dir = ''  # local dir with the task's train/test .jsonl or .parquet (e.g. ../shared/gsm8k); '' = its default source
 system_prompt = None  # system turn; None = the task's default, '' = none
@@ -70,7 +72,8 @@ lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: never more logits than
 lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob; batch.py)
 tis = ''  # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*' (loss.py)
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
-# rewards: reward.REWARD_FNS names, 'reward_model'/'judge' (reward_model.py) or 'module:function'; kwargs reach them
+# rewards: reward.REWARD_FNS names, 'reward_model'/'judge' (reward_model.py) or 'module:function';
+# kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
 failure_reward = 0.0  # reward of a sample whose reward function raised
 # optimization
@@ -184,7 +187,8 @@ except (ValueError, OSError) as e:
     die(str(e))
 model.grad_checkpoint, model.packed_attention = grad_checkpoint, packed_attention
 print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on {device}")
-# the sampler: the model itself in fp32, else a low-precision copy (LoRA: of the merged weights); synced after updates
+# the sampler: the model itself in fp32, else a low-precision copy (LoRA: of the merged weights);
+# synced after updates
 gen_model, sync_gen_model = lora.sampler(model, ptdtype, fsdp)
 train_model = wrap(model, device, fsdp, compile)
 step_share = share_prompt is True  # this step's update layout (share_prompt='auto': batch.choose_share_prompt per step)
@@ -243,7 +247,8 @@ if state is None and sft_steps > 0:
         {'prompt': p, 'ids': tok.encode(task_mod.solution(ex)) + [tok.eos_id]} for p, ex in zip(prompts_for(batch), batch)],
         sft_steps, sft_batch_size, seed + 1, lambda it: lr_at(it, sft_lr, sft_steps, max(1, sft_steps // 10)))
     sync_gen_model()
-# frozen KL reference (beta > 0): the starting policy, kept as ref.pt beside the checkpoints (LoRA: adapters off, no copy)
+# frozen KL reference (beta > 0): the starting policy, kept as ref.pt beside the checkpoints (LoRA:
+# adapters off, no copy)
 ref_model = None if beta == 0 else train_model if lora_rank else reference_model(gen_model if fsdp else model, ptdtype,
     os.path.join(out_dir, 'ref.pt'), state is not None, master, device, None if sft_steps else lambda: load_model(
         init_from, torch.float32, 'cpu', seed, n_layer, n_head, n_kv_head, n_embd, max_seq_len)[0])
@@ -276,7 +281,8 @@ def rollout(examples, first, step, timing):  # this rank's groups, sampled and s
 while step < max_steps:
     t_step = time.time()
     timing, mark = {}, safety.stage_marker(step + 1, t_step, last_progress, verbose, device)
-    # 1-2. prompts, completions, rewards; dynamic_sampling (DAPO): draw more prompts until P groups have a spread
+    # 1-2. prompts, completions, rewards; dynamic_sampling (DAPO): draw more prompts until P groups
+    # have a spread
     batch, prompts, comps, scs, owned, next_cursor = [], [], [], [], set(), cursor
     for rnd in range(1 + dynamic_sampling):  # a refill draws enough prompts to fill the step at the rate seen so far
         n = P if rnd == 0 else min(P, math.ceil((P - n_spread) * len(batch) / max(n_spread, 1)))
@@ -289,7 +295,8 @@ while step < max_steps:
             break
     sc = merge_scores(scs)
     mark(f"generated and scored {len(comps)} completions")
-    # 3. group-relative advantages of the step's groups (dynamic sampling: the first P with a spread); rows to train on
+    # 3. group-relative advantages of the step's groups (dynamic sampling: the first P with a
+    # spread); rows to train on
     kept = keep_groups(zero_all, P) if dynamic_sampling else list(range(P))
     adv, zero_std = group_advantages(r_all[kept], scale_rewards, adv_eps)
     rows, n_tok, n_seq, (n_trained, t_trained) = train_rows(  # a zero-spread group's gradient is 0 without KL/entropy
@@ -308,7 +315,8 @@ while step < max_steps:
     timing['ref'] = time.time() - t
     gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]  # the sampler's
     mark("old/ref log-probs computed")
-    # 5. policy-gradient update: each micro-batch adds its share of the step's loss, so the gradient does not
+    # 5. policy-gradient update: each micro-batch adds its share of the step's loss, so the gradient
+    # does not
     #    depend on how the step is cut into micro-batches
     t = time.time()
     beta_now = beta * min(1.0, (step + 1) / kl_warmup_steps) if kl_warmup_steps > 0 else beta
@@ -320,7 +328,8 @@ while step < max_steps:
     grad_norm, skipped = 0.0, n_trained == 0 or sc['all_failed']  # skipped: no update attempted, gradient 0
     for it in range(num_iterations if not skipped else 0):
         for j, mb in enumerate(micro):
-            # DDP all-reduces the gradients once, in the last micro-batch's backward (FSDP reduce-scatters each)
+            # DDP all-reduces the gradients once, in the last micro-batch's backward (FSDP
+            # reduce-scatters each)
             with train_model.no_sync() if ddp and not fsdp and j < len(micro) - 1 else contextlib.nullcontext():
                 logp, ent = logprobs(train_model, mb)
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)

@@ -1,6 +1,6 @@
 """
-Time and peak memory of kernels.py and sample_kernels.py next to the torch ways of doing the same, on the same
-inputs, in one run.
+Time and peak memory of kernels.py and sample_kernels.py next to the torch ways of doing the same,
+on the same inputs, in one run.
 
   log-prob + entropy, forward and forward+backward:
     ours            token_logprobs (Triton on GPU; on CPU the torch reference path)
@@ -194,7 +194,8 @@ sampler['speedup_vs_sort'] = round(sampler['torch_sort']['ms'] / sampler['ours']
 
 # ----------------------------------------------------------------------------- packed-group attention
 def packed_attention():
-    """Forward (and on GPU forward+backward) ms of one attention layer over a step's packed groups, three ways."""
+    """Forward (and on GPU forward+backward) ms of one attention layer over a step's packed groups,
+    three ways."""
     n_groups, P, G, C = (int(v) for v in args.attn_shape.split(','))
     nh, nkv, hd = 14, 2, 64
     T = P + G * (C - 1)  # pack_groups: the prompt, then each completion less its last token

@@ -1,19 +1,22 @@
 """
-Per-token log-prob + entropy through the LM head, forward and backward w.r.t. hidden states and weight, three ways on
-the same inputs, each in its own process (so one method's freed memory or warm allocator cannot flatter another):
+Per-token log-prob + entropy through the LM head, forward and backward w.r.t. hidden states and
+weight, three ways on the same inputs, each in its own process (so one method's freed memory or warm
+allocator cannot flatter another):
 
   ours    kernels.lm_head_logprobs: tiles of tokens x vocabulary folded into an online log-sum-exp; backward
           recomputes each tile (torch tile ops on CPU, the Triton fold on CUDA)
   trl     TRL 1.16's ChunkedLogProbFunction (what GRPOTrainer runs by default), 4,096 tokens x 32,768 vocabulary
   naive   logits = hidden @ weight.T, log_softmax, gather; entropy from the same log-softmax
 
-Each process builds the inputs from one seed, warms up on 64 tokens (Triton compiles, BLAS and thread pools start),
-then runs forward+backward twice: the first with no .grad (a step's first micro-batch), the second adding into the
-existing .grad (gradient accumulation: a method that returns a fresh weight gradient for autograd to add holds two of
-them then). Peak memory is above the inputs: the process resident-set high-water mark on CPU (large frees go straight
-back to the OS), torch.cuda.max_memory_allocated on GPU. Agreement: every method's log-probs, entropies, hidden
-gradient and 512 rows of the weight gradient against naive's. GPU: ours' TFLOP/s and fraction of the matmul peak
-(four GEMMs of tokens x vocab x hidden per forward+backward) and of HBM peak (the bytes its tiles move, a model).
+Each process builds the inputs from one seed, warms up on 64 tokens (Triton compiles, BLAS and
+thread pools start), then runs forward+backward twice: the first with no .grad (a step's first
+micro-batch), the second adding into the existing .grad (gradient accumulation: a method that
+returns a fresh weight gradient for autograd to add holds two of them then). Peak memory is above
+the inputs: the process resident-set high-water mark on CPU (large frees go straight back to the
+OS), torch.cuda.max_memory_allocated on GPU. Agreement: every method's log-probs, entropies, hidden
+gradient and 512 rows of the weight gradient against naive's. GPU: ours' TFLOP/s and fraction of the
+matmul peak (four GEMMs of tokens x vocab x hidden per forward+backward) and of HBM peak (the bytes
+its tiles move, a model).
 
   python bench/bench_logprob.py                  # CPU: fp32, 2,048 tokens, Qwen2.5-0.5B's head (896 x 151,936)
   python bench/bench_logprob.py --gpu            # GPU: bf16 (fp32 weight, as under autocast), 16,384 tokens
@@ -62,7 +65,8 @@ ROWS = 512  # weight-gradient rows compared across processes (the whole of it is
 
 
 def inputs():
-    """The same inputs in every process: hidden (N, D) in DTYPE, fp32 weight (V, D) as the model keeps it."""
+    """The same inputs in every process: hidden (N, D) in DTYPE, fp32 weight (V, D) as the model
+    keeps it."""
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(N, args.hidden, generator=g).to(DEVICE, DTYPE)
     weight = (torch.randn(args.vocab, args.hidden, generator=g) * 0.05).to(DEVICE)  # logits of std ~1.5
@@ -183,9 +187,10 @@ def main():
             results[m]['max_rel_diff_vs_naive'] = {k: float((o[k] - ref[k]).abs().max() / ref[k].abs().max())
                                                    for k in ('logp', 'entropy', 'd_hidden', 'd_weight_rows')}
     if GPU and 'ours' in results and 's' in results['ours']:
-        # per fwd+bwd: four GEMMs of N x V x D (forward, recompute, two gradients); the bytes our tiles move at
-        # least: the logits tile written and read in forward, written, read, rewritten and read twice in backward,
-        # plus the fp32 weight read and its gradient read and written once per token tile
+        # per fwd+bwd: four GEMMs of N x V x D (forward, recompute, two gradients); the bytes our
+        # tiles move at least: the logits tile written and read in forward, written, read, rewritten
+        # and read twice in backward, plus the fp32 weight read and its gradient read and written
+        # once per token tile
         tflops, gbps = gpu_peaks()
         tt = int(args.tiles.split('x')[0]) if args.tiles else __import__('kernels').HEAD_TILES['cuda'][0]
         flop = 4 * 2 * N * args.vocab * args.hidden

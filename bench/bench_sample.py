@@ -1,23 +1,24 @@
 """
-Generated tokens/s of our sample.generate next to transformers' model.generate, on the same weights, prompts,
-batch and number of new tokens, measured side by side in one run.
+Generated tokens/s of our sample.generate next to transformers' model.generate, on the same weights,
+prompts, batch and number of new tokens, measured side by side in one run.
 
-Both decode greedily for exactly --new_tokens steps, so they do the same work: ours with temperature 0 and no
-stop ids; transformers with do_sample=False, min_new_tokens = max_new_tokens and no eos token (so nothing stops
-early and no logits processor touches the logits). The weights are a random Qwen2 built by transformers, every
-parameter (biases and norm gains too) perturbed from a fixed seed so that a wrongly loaded tensor shows up as a
-token mismatch; it is saved with the byte tokenizer and loaded into ours with hf.from_pretrained. Prompts are
-random bytes of different lengths: ours takes them as they are (per-row lengths), transformers left-padded with
-an attention mask. The greedy tokens of the two are compared to show that the work is the same.
+Both decode greedily for exactly --new_tokens steps, so they do the same work: ours with temperature
+0 and no stop ids; transformers with do_sample=False, min_new_tokens = max_new_tokens and no eos
+token (so nothing stops early and no logits processor touches the logits). The weights are a random
+Qwen2 built by transformers, every parameter (biases and norm gains too) perturbed from a fixed seed
+so that a wrongly loaded tensor shows up as a token mismatch; it is saved with the byte tokenizer
+and loaded into ours with hf.from_pretrained. Prompts are random bytes of different lengths: ours
+takes them as they are (per-row lengths), transformers left-padded with an attention mask. The
+greedy tokens of the two are compared to show that the work is the same.
 
   CPU: tiny Qwen2 (hidden 128, 4 layers, 4/2 heads, vocab 260) in fp32, batch 32 x 64 new tokens, 2 threads.
   GPU: Qwen2.5-0.5B's exact shape, random init, bf16, batch 64 x 256 new tokens, and the fraction of the HBM
        roofline: every forward reads all weights and the KV cache held at that step; bytes over time over peak.
 
-Ours runs twice: eager, and with compile=True (prefill and decode steps through torch.compile; its first call, the
-warm-up, compiles and is reported as compile_s). Timed runs alternate ours / ours compiled / transformers so a change in
-machine load hits all three. On CPU the process CPU time is reported next to wall time: on a shared machine it is
-the steadier of the two.
+Ours runs twice: eager, and with compile=True (prefill and decode steps through torch.compile; its
+first call, the warm-up, compiles and is reported as compile_s). Timed runs alternate ours / ours
+compiled / transformers so a change in machine load hits all three. On CPU the process CPU time is
+reported next to wall time: on a shared machine it is the steadier of the two.
 
 Usage: python bench/bench_sample.py [--batch=B] [--new_tokens=N] [--prompt_len=L] [--reps=R] [--threads=T]
                                    [--gen_kwargs='{"compact": false}']   (passed on to sample.generate)
@@ -76,7 +77,8 @@ def hf_config():
                           intermediate_size=384, max_seq_len=1024, tie_word_embeddings=True)
     else:
         raise ValueError(f"unknown --shape {args.shape!r}: expected 'tiny' or 'qwen25_05b'")
-    # no bos/eos: transformers must neither stop early nor mask eos for min_new_tokens (ours gets stop_ids=[])
+    # no bos/eos: transformers must neither stop early nor mask eos for min_new_tokens (ours gets
+    # stop_ids=[])
     return transformers.Qwen2Config(
         vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
@@ -85,7 +87,8 @@ def hf_config():
 
 
 def build(path):
-    """(transformers model, our model, tokenizer) with the same random weights, passed through a snapshot."""
+    """(transformers model, our model, tokenizer) with the same random weights, passed through a
+    snapshot."""
     import transformers
     transformers.logging.set_verbosity_error()
     torch.manual_seed(args.seed)
@@ -152,10 +155,11 @@ def run_timed(fns, reps):
 
 
 def decode_bytes(cfg, weight_bytes, prompts, N, elem):
-    """HBM bytes a greedy decode of N tokens must read at the least: all weights once per forward (the tied head
-    reads the whole embedding matrix), plus every row's KV cache as held at that forward (its real length; the
-    padding up to the longest row is not counted). N forwards: the prefill that yields token 1, then N - 1 steps;
-    the prefill is counted like a step that holds the prompt, which it writes rather than reads (a small overcount)."""
+    """HBM bytes a greedy decode of N tokens must read at the least: all weights once per forward
+    (the tied head reads the whole embedding matrix), plus every row's KV cache as held at that
+    forward (its real length; the padding up to the longest row is not counted). N forwards: the
+    prefill that yields token 1, then N - 1 steps; the prefill is counted like a step that holds the
+    prompt, which it writes rather than reads (a small overcount)."""
     kv_per_pos = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * elem
     P, B = sum(len(p) for p in prompts), len(prompts)
     return N * weight_bytes + kv_per_pos * sum(P + t * B for t in range(N))
@@ -240,8 +244,9 @@ def main():
         achieved = decode_bytes(cfg, weight_bytes, rows, N, dtype.itemsize) / med[best]['wall']
         peak_bw = args.peak_bw or next((bw for name, bw in PEAK_BW if name in dev_name), None)
         roofline = None if peak_bw is None else achieved / peak_bw
-        # each side's own weights plus the most its generate call held above what was allocated before it
-        # (both models sit on the GPU together, so the raw high-water mark would count the other's weights too)
+        # each side's own weights plus the most its generate call held above what was allocated
+        # before it (both models sit on the GPU together, so the raw high-water mark would count the
+        # other's weights too)
         hf_weights = sum(p.numel() * p.element_size() for p in hf.parameters()) / 1e9
         peak_ours, peak_hf = weight_bytes / 1e9 + res['ours']['extra_gb'], hf_weights + res['hf']['extra_gb']
         print(f"{best} reads {achieved / 1e9:.0f} GB/s = {'?' if roofline is None else f'{roofline:.1%}'} of peak HBM "

@@ -1,6 +1,7 @@
 """
-One whole GRPO step of ours (train_grpo.py) next to one of TRL's GRPOTrainer: the same random Qwen2 snapshot, the
-same prompts, batch, lengths, temperature, learning rate and reward function, in one run of this script.
+One whole GRPO step of ours (train_grpo.py) next to one of TRL's GRPOTrainer: the same random Qwen2
+snapshot, the same prompts, batch, lengths, temperature, learning rate and reward function, in one
+run of this script.
 
   ours  train_grpo.py itself, launched as a subprocess with matching --key=value overrides; its per-step
         timing_s/* come from its metrics.jsonl. That measures the real loop, not a copy of it.
@@ -8,12 +9,14 @@ same prompts, batch, lengths, temperature, learning rate and reward function, in
         from on_step_begin to on_step_end by a TrainerCallback, and its generation / reward / scoring calls by
         wrapping those methods on the trainer instance.
 
-The first --warmup steps of each (allocator, kernel and lazy-init costs) are run and excluded from the figures.
+The first --warmup steps of each (allocator, kernel and lazy-init costs) are run and excluded from
+the figures.
 
-Prompts: GSM8K training questions (--data_dir, default ../shared/gsm8k) with the project's default system prompt and
-instruction in the chat template, as config/gsm8k.py trains on; only questions of 200-260 characters, so both sides
-see prompts of the same length whichever ones their samplers draw (about 400 byte tokens; the bench checks that
-transformers' chat template gives the same ids as ours). --task=arith uses the short arithmetic prompts instead.
+Prompts: GSM8K training questions (--data_dir, default ../shared/gsm8k) with the project's default
+system prompt and instruction in the chat template, as config/gsm8k.py trains on; only questions of
+200-260 characters, so both sides see prompts of the same length whichever ones their samplers draw
+(about 400 byte tokens; the bench checks that transformers' chat template gives the same ids as
+ours). --task=arith uses the short arithmetic prompts instead.
 
   CPU (default without a GPU): Qwen2 with hidden 128, 4 layers, 4 heads / 2 kv heads, the byte tokenizer (vocab
        260), fp32, 2 threads; 8 prompts x 8 samples x 64 new tokens.
@@ -54,26 +57,29 @@ sys.path.insert(0, ROOT)
 PRESETS = {  # the workload per optimizer step
     'cpu': dict(prompts=8, group=8, new_tokens=64, micro=64, dtype='float32', threads=2, steps=5, warmup=2),
     'gpu': dict(prompts=64, group=8, new_tokens=256, micro=32, dtype='bfloat16', threads=0, steps=3, warmup=1),
-    # the CPU pipeline at toy size (bench/gpu_check.py --cpu-smoke): the tiny CPU model, seconds per side
+    # the CPU pipeline at toy size (bench/gpu_check.py --cpu-smoke): the tiny CPU model, seconds per
+    # side
     'smoke': dict(prompts=2, group=2, new_tokens=8, micro=4, dtype='float32', threads=2, steps=1, warmup=0),
 }
 
 
 def digit_fraction(completion, example, **kwargs):
-    """The shared reward: fraction of digit characters. Cheap, and it varies within a group even for a random
-    model, so no group has zero advantage and every row reaches the update on both sides."""
+    """The shared reward: fraction of digit characters. Cheap, and it varies within a group even for
+    a random model, so no group has zero advantage and every row reaches the update on both
+    sides."""
     return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
 def trl_digit_fraction(prompts, completions, answer, **kwargs):
-    """TRL's batch signature around the same function (conversational completions are [{'role', 'content'}])."""
+    """TRL's batch signature around the same function (conversational completions are [{'role',
+    'content'}])."""
     texts = [c[-1]['content'] if isinstance(c, list) else c for c in completions]
     return [digit_fraction(t, {'answer': a}) for t, a in zip(texts, answer)]
 
 
 def build_snapshot(path, preset, natural_stops, seed):
-    """A random Qwen2 saved as an HF snapshot (config.json + model.safetensors + byte tokenizer files) that our
-    from_pretrained and transformers both load."""
+    """A random Qwen2 saved as an HF snapshot (config.json + model.safetensors + byte tokenizer
+    files) that our from_pretrained and transformers both load."""
     from model import ModelConfig, from_scratch, qwen25_05b_config
     from hf import save_pretrained
     from tokenizer import byte_tokenizer
@@ -88,8 +94,9 @@ def build_snapshot(path, preset, natural_stops, seed):
     specials = sorted(tok.special.values())
     if preset == 'cpu' and not natural_stops:
         with torch.no_grad():
-            # residual channel 0 is a constant 1 for every token, so the final norm always carries a large positive
-            # component there; head rows with -3 in that channel then give the specials logits far below the rest
+            # residual channel 0 is a constant 1 for every token, so the final norm always carries a
+            # large positive component there; head rows with -3 in that channel then give the
+            # specials logits far below the rest
             model.wte.weight[:, 0] = 1.0
             model.lm_head.weight[specials, 0] = -3.0
     save_pretrained(model, tok, path)
@@ -102,9 +109,10 @@ def build_snapshot(path, preset, natural_stops, seed):
 
 
 def run_ours(snap, work, pre, lr, steps, warmup, seed, device, data_args, config='', extra=()):
-    """train_grpo.py as a subprocess with every knob that changes the work set to match TRL's run; returns the
-    measured steps' metrics rows. config: a train_grpo.py config file instead, whose shape (prompts, group, lengths,
-    micro-batches, lr, rewards...) is kept; only the model, data, step count and run plumbing are set here."""
+    """train_grpo.py as a subprocess with every knob that changes the work set to match TRL's run;
+    returns the measured steps' metrics rows. config: a train_grpo.py config file instead, whose
+    shape (prompts, group, lengths, micro-batches, lr, rewards...) is kept; only the model, data,
+    step count and run plumbing are set here."""
     out = os.path.join(work, 'ours')
     plumbing = dict(init_from=snap, out_dir=out, resume='never', **data_args, max_steps=warmup + steps, eval_every=0,
                     save_every=10**9, keep_last=1, export_hf=False, plot_every=0, log_samples_every=0, watchdog_s=0,
@@ -137,7 +145,8 @@ def run_ours(snap, work, pre, lr, steps, warmup, seed, device, data_args, config
 
 
 def run_trl(snap, work, pre, lr, steps, warmup, seed, gpu, dataset_rows):
-    """GRPOTrainer on the same snapshot, one generation of prompts x group completions per optimizer step."""
+    """GRPOTrainer on the same snapshot, one generation of prompts x group completions per optimizer
+    step."""
     import transformers
     from datasets import Dataset
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
@@ -213,7 +222,8 @@ def main():
     ap.add_argument('--trl', default='auto', choices=['auto', '1', '0'])  # auto: TRL's side when trl and datasets
     # import, else a skip line and ours alone; 1: required; 0: ours alone
     ap.add_argument('--config', default='')  # a train_grpo.py config file: ours alone at that config's shape (e.g.
-    # config/gsm8k.py: 32 prompts x 8 x 512 tokens), on the preset's model (gpu: Qwen2.5-0.5B shape), random weights
+    # config/gsm8k.py: 32 prompts x 8 x 512 tokens), on the preset's model (gpu: Qwen2.5-0.5B
+    # shape), random weights
     ap.add_argument('--ours_args', default='')  # more train_grpo.py --key=value overrides, space-separated, applied
     # last (e.g. a toy shape for a config: '--batch_prompts=2 --group_size=2 --max_new_tokens=8')
     ap.add_argument('--steps', type=int, default=0)  # measured optimizer steps, each side; 0 = the preset's (5 cpu, 3 gpu)
@@ -283,7 +293,8 @@ def main():
                   "a step that loses a core can take 10-30x longer, on either side; rerun on an idle machine "
                   "(load_avg_1min_at_end in the JSON shows contention during the run)", flush=True)
 
-        # the same prompts for both: ours reads them from a jsonl copy, TRL gets them in its conversational format
+        # the same prompts for both: ours reads them from a jsonl copy, TRL gets them in its
+        # conversational format
         data_args = dict(task='arith', system_prompt='', instruction='', arith_difficulty='easy')
         if args.task == 'gsm8k':
             os.makedirs(os.path.join(work, 'data'))
@@ -325,8 +336,8 @@ def main():
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
 
-    # medians over the measured steps: on a shared 2-core machine one step in a few can be slowed many times over
-    # by another process, and a mean would report that process rather than the loop
+    # medians over the measured steps: on a shared 2-core machine one step in a few can be slowed
+    # many times over by another process, and a mean would report that process rather than the loop
     ours_each = [{'gen': r['timing_s/gen'], 'reward': r['timing_s/reward'],
                   'logprob': r['timing_s/old_logprob'] + r['timing_s/ref'], 'update': r['timing_s/update'],
                   'step': r['timing_s/step']} for r in ours]
@@ -353,7 +364,8 @@ def main():
                              for e, r in zip(ours_each, ours)],  # frac_zero_std 1: no update ran that step
               'ours_completion_len': round(ours_len, 2),
               'ours_gen_tokens_per_s': round(statistics.median(r['perf/gen_tokens_per_s'] for r in ours), 1),
-              # CUDA: torch.cuda.max_memory_allocated; CPU: the process's peak resident set (safety.memory)
+              # CUDA: torch.cuda.max_memory_allocated; CPU: the process's peak resident set
+              # (safety.memory)
               'ours_peak_mem_gb': round(max(r['mem/peak_gb'] for r in ours), 3),
               'ours_run': 'train_grpo.py as a subprocess of this script; timings from its metrics.jsonl',
               'load_avg_1min_at_start': round(load, 2), 'torch_version': torch.__version__,
@@ -376,7 +388,8 @@ def main():
               f"tokens (max {pre['new_tokens']})")
         result.update({
             'trl_step_s': round(trl_step, 4), 'ratio': round(trl_step / ours_step, 2),
-            # fastest step of each: what is left when other processes slow some steps (contention only adds time)
+            # fastest step of each: what is left when other processes slow some steps (contention
+            # only adds time)
             'trl_step_min_s': round(min(e['step'] for e in trl_each), 4),
             'ratio_min': round(min(e['step'] for e in trl_each) / min(e['step'] for e in ours_each), 2),
             'trl_phases': {k: round(v, 4) for k, v in trl_phases.items()},

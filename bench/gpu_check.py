@@ -1,6 +1,7 @@
 """
-Everything issue 18 asks of a GPU machine, in one command: each part in its own subprocess with a timeout (one
-failure or hang does not lose the others), one JSON per part in a results folder, each with a `device` field.
+Everything issue 18 asks of a GPU machine, in one command: each part in its own subprocess with a
+timeout (one failure or hang does not lose the others), one JSON per part in a results folder, each
+with a `device` field.
 
   python bench/gpu_check.py                            # on a GPU: all parts, ~15-20 min, bench/results/<date>_<gpu>/
   python bench/gpu_check.py --parts=tests,kernel       # some parts (same folder: a later run adds to it)
@@ -102,10 +103,11 @@ def commands(args, smoke, task):
 
 
 def run_part(part, argv, env, timeout, out_dir):
-    """Run argv from the repository root with a timeout (its whole process group killed on expiry); its output to
-    <out_dir>/<part>.log. Returns (status, rc, wall seconds, log text)."""
+    """Run argv from the repository root with a timeout (its whole process group killed on expiry);
+    its output to <out_dir>/<part>.log. Returns (status, rc, wall seconds, log text)."""
     log_path = os.path.join(out_dir, f'{part}.log')
-    # (GPU tests: TRITON_INTERPRET=0, which triton reads as off; tests/conftest.py sets 1 only where it is absent)
+    # (GPU tests: TRITON_INTERPRET=0, which triton reads as off; tests/conftest.py sets 1 only where
+    # it is absent)
     full_env = {**os.environ, 'PYTHONUNBUFFERED': '1', **env}
     t = time.time()
     with open(log_path, 'w') as log:

@@ -1,10 +1,11 @@
 """
-Training-state memory of full fine-tuning vs LoRA, as train_grpo.py holds it on one GPU: the fp32 weights
-(parameters), fp32 gradients of what trains, AdamW's two fp32 moments per trained parameter, and the sampler's bf16
-copy (dtype=bfloat16: with LoRA a plain copy of the merged weights). Models are built on the meta device (no memory,
-no download) from the real config shapes written below, LoRA applied by lora.apply exactly as a run does, and the
-sampler made by lora.sampler; only the AdamW line is arithmetic (2 x 4 bytes per trained parameter).
-Not counted: activations, the LM head's tiles, the KV cache (they depend on the batch, not on the method).
+Training-state memory of full fine-tuning vs LoRA, as train_grpo.py holds it on one GPU: the fp32
+weights (parameters), fp32 gradients of what trains, AdamW's two fp32 moments per trained parameter,
+and the sampler's bf16 copy (dtype=bfloat16: with LoRA a plain copy of the merged weights). Models
+are built on the meta device (no memory, no download) from the real config shapes written below,
+LoRA applied by lora.apply exactly as a run does, and the sampler made by lora.sampler; only the
+AdamW line is arithmetic (2 x 4 bytes per trained parameter). Not counted: activations, the LM
+head's tiles, the KV cache (they depend on the batch, not on the method).
 
   python bench/lora_memory.py                  # rank 32, all linear layers of the blocks
   python bench/lora_memory.py --rank=16 --targets=q_proj,v_proj

@@ -1,6 +1,6 @@
 """
-Tasks: one file per task, each a plain module exposing the same few names, so that training, its evaluation and
-sample.py render the same prompts and grade the same way.
+Tasks: one file per task, each a plain module exposing the same few names, so that training, its
+evaluation and sample.py render the same prompts and grade the same way.
 
     load(split, data_dir='', seed=0) -> [example dict]   split 'train' or 'test'; accept **_ if you need neither
     messages(example, system_prompt=None, instruction=None) -> chat messages [{'role', 'content'}], or a str
@@ -34,7 +34,8 @@ _from_files = {}  # path -> module: a task file runs once per process, however o
 
 
 def resolve(spec):
-    """The task object for a --task value. Raises ValueError with one line naming the task and what is wrong."""
+    """The task object for a --task value. Raises ValueError with one line naming the task and what
+    is wrong."""
     if spec.endswith('.py') and os.path.abspath(spec) in _from_files:
         task = _from_files[os.path.abspath(spec)]
     elif spec.endswith('.py'):
@@ -64,26 +65,30 @@ def resolve(spec):
 
 
 def knobs(task):
-    """{name: default} of the task's knobs: its public lowercase attributes of plain config types."""
+    """{name: default} of the task's knobs: its public lowercase attributes of plain config
+    types."""
     return {k: getattr(task, k) for k in dir(task) if not k.startswith('_') and k == k.lower() and k not in INTERFACE
             and isinstance(getattr(task, k), KNOB_TYPES) and not inspect.ismodule(getattr(task, k))}
 
 
 def set_knobs(task, config):
-    """Give the task the configured values of its knobs (its module globals, as nanoGPT's config sets globals)."""
+    """Give the task the configured values of its knobs (its module globals, as nanoGPT's config
+    sets globals)."""
     for k in knobs(task):
         if k in config:
             setattr(task, k, config[k])
 
 
 def messages(task, example, system_prompt=None, instruction=None):
-    """The task's messages for example; only the prompt parts the config overrides (not None) are passed."""
+    """The task's messages for example; only the prompt parts the config overrides (not None) are
+    passed."""
     given = {k: v for k, v in (('system_prompt', system_prompt), ('instruction', instruction)) if v is not None}
     return task.messages(example, **given)
 
 
 def check_prompt_overrides(task, spec, system_prompt, instruction):
-    """A task whose messages() takes no system_prompt/instruction cannot honour an override: say so at start-up."""
+    """A task whose messages() takes no system_prompt/instruction cannot honour an override: say so
+    at start-up."""
     params = inspect.signature(task.messages).parameters
     takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
     for k, v in (('system_prompt', system_prompt), ('instruction', instruction)):

@@ -1,8 +1,8 @@
 """
-Arithmetic word problems, built in: no download, written GSM8K-style ("Liz has 80 books and sells 7. How many books
-does Liz have?" -> "80-7=73\n#### 73"). It is what a byte-level model of a few million parameters learns in minutes
-on a CPU (the offline demo, config/arith.py), so the easy end is genuinely easy and every problem is short (one
-byte = one token).
+Arithmetic word problems, built in: no download, written GSM8K-style ("Liz has 80 books and sells 7.
+How many books does Liz have?" -> "80-7=73\n#### 73"). It is what a byte-level model of a few
+million parameters learns in minutes on a CPU (the offline demo, config/arith.py), so the easy end
+is genuinely easy and every problem is short (one byte = one token).
 """
 import random
 import re
@@ -31,7 +31,8 @@ def load(split, data_dir='', seed=0):
 
 
 def messages(example, system_prompt='', instruction=''):
-    """No system turn or instruction by default: every prompt byte is a token for the byte models this task is for."""
+    """No system turn or instruction by default: every prompt byte is a token for the byte models
+    this task is for."""
     return question_messages(example['question'], system_prompt, instruction)
 
 
@@ -70,7 +71,8 @@ def _arith_problem(rng, digits, ops, steps, operand_digits=None):
     name, thing = rng.choice(_NAMES), rng.choice(_THINGS)
     phrases, lines = [], []
     for _ in range(steps):
-        # Only ops that keep the answer a positive integer: no subtracting past 1, only exact division.
+        # Only ops that keep the answer a positive integer: no subtracting past 1, only exact
+        # division.
         divisors = [d for d in range(2, 10) if value % d == 0]
         allowed = [op for op in ops if (op != '-' or value > 1) and (op != '/' or divisors)]
         op = rng.choice(allowed or ['+'])
@@ -102,9 +104,9 @@ def _arith_stream(seed, difficulty='easy', digits=None, ops=None, steps=None, op
 
 
 def make_arith(n, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
-    """n synthetic problems, a pure function of the arguments. digits: max digits of the numbers drawn;
-    operand_digits: max digits of the amounts added/removed (default digits); ops: which of '+-*/' may appear;
-    steps: operations per problem; None takes the `difficulty` preset."""
+    """n synthetic problems, a pure function of the arguments. digits: max digits of the numbers
+    drawn; operand_digits: max digits of the amounts added/removed (default digits); ops: which of
+    '+-*/' may appear; steps: operations per problem; None takes the `difficulty` preset."""
     stream = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits)
     return [next(stream) for _ in range(n)]
 
@@ -113,9 +115,10 @@ ONE_DIGIT_STEP = re.compile(r'(\d+)([+-])(\d)=\d+')  # a solution line adding or
 
 
 def count_on(solution):
-    """The same solution with each '+' or '-' of a one-digit amount worked by counting on (or back) one at a time,
-    the count in brackets: '46+7=53' -> '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6) 53(7)'. Longer, but every step
-    is a +-1 and a count, which a tiny model gets right long before it can state 46+7 at once. Other lines stay."""
+    """The same solution with each '+' or '-' of a one-digit amount worked by counting on (or back)
+    one at a time, the count in brackets: '46+7=53' -> '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6)
+    53(7)'. Longer, but every step is a +-1 and a count, which a tiny model gets right long before
+    it can state 46+7 at once. Other lines stay."""
     def line(s):
         m = ONE_DIGIT_STEP.fullmatch(s)
         if not m:
@@ -126,11 +129,12 @@ def count_on(solution):
 
 
 def slip(solution):
-    """The same solution with each '+' or '-' of a one-digit amount worked the way a hurried pupil does it, the
-    carry or borrow dropped: the tens stay, the ones digit wraps: '46+7=53' -> '46+7=43', '80-7=73' -> '80-7=83'.
-    Right exactly when no carry or borrow is needed (about half the 'starter' problems), so a model that imitates it
-    is wrong about half the time however well it learns, on every machine. Later lines are left as they were (a slip
-    in a multi-step solution is not carried through). The '####' answer follows the last line it rewrote."""
+    """The same solution with each '+' or '-' of a one-digit amount worked the way a hurried pupil
+    does it, the carry or borrow dropped: the tens stay, the ones digit wraps: '46+7=53' ->
+    '46+7=43', '80-7=73' -> '80-7=83'. Right exactly when no carry or borrow is needed (about half
+    the 'starter' problems), so a model that imitates it is wrong about half the time however well
+    it learns, on every machine. Later lines are left as they were (a slip in a multi-step solution
+    is not carried through). The '####' answer follows the last line it rewrote."""
     out, answer = [], None
     for s in solution.split('\n'):
         m = ONE_DIGIT_STEP.fullmatch(s)
@@ -146,11 +150,12 @@ def slip(solution):
 
 def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None,
                  count_on_frac=0.0, slip_frac=0.0):
-    """(train, test) with no arithmetic shared between them (keyed by the solution, so renaming Tom to Ann does
-    not leak a test problem). The test split comes first from the stream, so it does not depend on n_train.
-    count_on_frac: this fraction of the training solutions (a fixed random choice) is written by count_on();
-    slip_frac: this fraction of the others (their own fixed choice) by slip(). The test split is never rewritten:
-    grading compares the answer, which slip() gets wrong whenever a carry or borrow is needed."""
+    """(train, test) with no arithmetic shared between them (keyed by the solution, so renaming Tom
+    to Ann does not leak a test problem). The test split comes first from the stream, so it does not
+    depend on n_train. count_on_frac: this fraction of the training solutions (a fixed random
+    choice) is written by count_on(); slip_frac: this fraction of the others (their own fixed
+    choice) by slip(). The test split is never rewritten: grading compares the answer, which slip()
+    gets wrong whenever a carry or borrow is needed."""
     stream, tries = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits), 0
     test, seen, train = [], set(), []
     # bounded, so a problem space too small for the request ends in an error rather than a hang

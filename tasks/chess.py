@@ -1,5 +1,6 @@
 """
-Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engine runs per sample. Four sub-tasks:
+Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engine runs per sample.
+Four sub-tasks:
 
     policy       prompt 'P: <fen>'                 completion '<padding>M: <moves>  E: <evals>  B: <best move>'
     mate         the policy format, on positions with a mate in one: right when B: mates
@@ -7,12 +8,13 @@ Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engi
     move         prompt 'P: <fen> B:'              completion ' <move>': right when the move is legal (the policy
                  line's B: field alone, for small models from scratch: the CPU demo, config/chess_demo.py)
 
-Positions come from random legal play, a pure function of the seed, and every label a reward needs (legal moves,
-mating moves, next FEN, reward and flags) is computed into the example when it is made, so the rewards are pure
-functions of (completion, example) that never raise. With --data_dir (one sub-task), rows {'fen', ...} of
-DIR/{split}.jsonl are used instead (e.g. with Stockfish's candidates and evals: 'moves', 'evals', 'best', written by
-tools/chess_labels.py); their labels are recomputed from the FEN the same way. Prompts are raw text (no chat
-template), as RookWorld-LM was trained.
+Positions come from random legal play, a pure function of the seed, and every label a reward needs
+(legal moves, mating moves, next FEN, reward and flags) is computed into the example when it is
+made, so the rewards are pure functions of (completion, example) that never raise. With --data_dir
+(one sub-task), rows {'fen', ...} of DIR/{split}.jsonl are used instead (e.g. with Stockfish's
+candidates and evals: 'moves', 'evals', 'best', written by tools/chess_labels.py); their labels are
+recomputed from the FEN the same way. Prompts are raw text (no chat template), as RookWorld-LM was
+trained.
 """
 import math
 import random
@@ -39,7 +41,8 @@ _UCI = re.compile(r'[a-h][1-8][a-h][1-8][qrbn]?')
 
 
 def load(split, data_dir='', seed=0):
-    """The split's examples, sub-tasks interleaved; from random play (seed) or from data_dir's {split}.jsonl."""
+    """The split's examples, sub-tasks interleaved; from random play (seed) or from data_dir's
+    {split}.jsonl."""
     subtasks = [s.strip() for s in chess_subtask.split(',') if s.strip()]
     bad = [s for s in subtasks if s not in SUBTASKS]
     if bad or not subtasks:
@@ -55,14 +58,14 @@ def load(split, data_dir='', seed=0):
 
 
 def messages(example):
-    """The raw prompt: 'P: <fen>' with no trailing space (so its GPT-2 tokens are a prefix of the training line's),
-    'P: <fen> B:' (move) or 'A: <fen>+<move>+<history>+'."""
+    """The raw prompt: 'P: <fen>' with no trailing space (so its GPT-2 tokens are a prefix of the
+    training line's), 'P: <fen> B:' (move) or 'A: <fen>+<move>+<history>+'."""
     return example['question']
 
 
 def grade(completion, example):
-    """environment: the whole next state exact; mate: B: mates; policy: B: is the engine's best when the example
-    has engine labels, else B: is legal; move: the move is legal."""
+    """environment: the whole next state exact; mate: B: mates; policy: B: is the engine's best when
+    the example has engine labels, else B: is legal; move: the move is legal."""
     if example['subtask'] == 'environment':
         return _env_fields(completion) == _env_fields(example['solution'])
     best = _move_of(completion, example)
@@ -74,9 +77,9 @@ def grade(completion, example):
 
 
 def solution(example):
-    """The warm start's target: the environment's next state, the move sub-task's ' <move>' (a legal move drawn
-    when the example is made), or the policy line's completion (engine labels needed: random play has no evaluations
-    to write in E:)."""
+    """The warm start's target: the environment's next state, the move sub-task's ' <move>' (a legal
+    move drawn when the example is made), or the policy line's completion (engine labels needed:
+    random play has no evaluations to write in E:)."""
     if example['subtask'] in ('environment', 'move'):
         return example['solution']
     if not example.get('moves'):
@@ -98,9 +101,9 @@ def answer(completion):
 
 
 def chess_format(completion, example):
-    """Share of the sub-task's fields that parse. Policy/mate: M: holds 1-5 UCI moves, E: as many numbers, B: one
-    UCI move. Move: one UCI move and nothing else. Environment: four '+'-separated fields, a valid FEN, a number,
-    and 0/1 flags."""
+    """Share of the sub-task's fields that parse. Policy/mate: M: holds 1-5 UCI moves, E: as many
+    numbers, B: one UCI move. Move: one UCI move and nothing else. Environment: four '+'-separated
+    fields, a valid FEN, a number, and 0/1 flags."""
     if example['subtask'] == 'move':
         return float(parse_move(completion) is not None)
     if example['subtask'] != 'environment':
@@ -115,8 +118,8 @@ def chess_format(completion, example):
 
 
 def chess_legal(completion, example):
-    """1 when B: is a legal move in the position (as python-chess writes it: 'e1g1', never the 'e1h1' it also
-    accepts), else 0. Environment examples: 0."""
+    """1 when B: is a legal move in the position (as python-chess writes it: 'e1g1', never the
+    'e1h1' it also accepts), else 0. Environment examples: 0."""
     return float(example['subtask'] != 'environment' and _move_of(completion, example) in example['legal'])
 
 
@@ -126,8 +129,9 @@ def chess_mate(completion, example):
 
 
 def chess_best(completion, example, best=1.0, candidate=0.5):
-    """With engine labels: `best` for the engine's best move, `candidate` for another of its candidates; else 0.
-    (RookWorld's own B: labels are the worst candidate when Black moves: label your data with an engine.)"""
+    """With engine labels: `best` for the engine's best move, `candidate` for another of its
+    candidates; else 0. (RookWorld's own B: labels are the worst candidate when Black moves: label
+    your data with an engine.)"""
     if example['subtask'] == 'environment' or not example.get('best'):
         return 0.0
     move = _move_of(completion, example)
@@ -135,8 +139,9 @@ def chess_best(completion, example, best=1.0, candidate=0.5):
 
 
 def chess_transition(completion, example):
-    """Environment: 1 for the exact next state; else partial credit, 0.8 x the FEN's fields (the board counted
-    rank by rank) + 0.2 x the reward and flags, each exact. Policy/mate examples: 0."""
+    """Environment: 1 for the exact next state; else partial credit, 0.8 x the FEN's fields (the
+    board counted rank by rank) + 0.2 x the reward and flags, each exact. Policy/mate examples:
+    0."""
     if example['subtask'] != 'environment':
         return 0.0
     got, want = _env_fields(completion), _env_fields(example['solution'])
@@ -152,15 +157,17 @@ def chess_transition(completion, example):
     return 0.8 * sum(fields) / 6 + 0.2 * sum(flags) / 3
 
 
-# each pays only on its own sub-task's examples (and chess_best only with engine labels), so one list serves all
+# each pays only on its own sub-task's examples (and chess_best only with engine labels), so one
+# list serves all
 rewards = [{'name': 'correct', 'weight': 1.0}, {'name': chess_format, 'weight': 0.1},
            {'name': chess_legal, 'weight': 0.2}, {'name': chess_mate, 'weight': 0.5},
            {'name': chess_best, 'weight': 0.5}, {'name': chess_transition, 'weight': 0.5}]
 
 
 def metrics(completions, examples):
-    """Per-task eval numbers beside pass@1 (tasks/__init__.py): legal-move rate, mate-in-one accuracy (on the
-    positions that have one), next-state accuracy, format rate; those with no example to count are left out."""
+    """Per-task eval numbers beside pass@1 (tasks/__init__.py): legal-move rate, mate-in-one
+    accuracy (on the positions that have one), next-state accuracy, format rate; those with no
+    example to count are left out."""
     def mean(pairs):
         pairs = list(pairs)
         return sum(pairs) / len(pairs) if pairs else None
@@ -178,7 +185,8 @@ def metrics(completions, examples):
 
 
 def parse_policy(text):
-    """{'moves', 'evals', 'best'} from a policy completion (each None when its field is missing or malformed)."""
+    """{'moves', 'evals', 'best'} from a policy completion (each None when its field is missing or
+    malformed)."""
     out = {'moves': None, 'evals': None, 'best': None}
     if not isinstance(text, str):
         return out
@@ -196,7 +204,8 @@ def parse_policy(text):
 
 
 def parse_move(text):
-    """The move sub-task's completion: one UCI move, blanks around it allowed and nothing else, or None."""
+    """The move sub-task's completion: one UCI move, blanks around it allowed and nothing else, or
+    None."""
     move = text.strip() if isinstance(text, str) else ''
     return move if _UCI.fullmatch(move) else None
 
@@ -207,7 +216,8 @@ def _move_of(completion, example):
 
 
 def _env_fields(text):
-    """(fen, reward, terminated, truncated) as written, or None unless the text is exactly four '+' fields."""
+    """(fen, reward, terminated, truncated) as written, or None unless the text is exactly four '+'
+    fields."""
     parts = text.strip().split('+') if isinstance(text, str) else []
     return tuple(p.strip() for p in parts) if len(parts) == 4 else None
 
@@ -246,8 +256,8 @@ def mating_moves(board):
 
 
 def policy_example(fen, subtask='policy', moves=None, evals=None, best=None, target=None):
-    """A policy, mate or move example; move: `target` is the warm start's move (default: the engine's best, else a
-    legal move drawn by the FEN)."""
+    """A policy, mate or move example; move: `target` is the warm start's move (default: the
+    engine's best, else a legal move drawn by the FEN)."""
     board = _board(fen)
     if board is None:
         raise ValueError(f"invalid FEN {fen!r}")
@@ -265,7 +275,8 @@ def policy_example(fen, subtask='policy', moves=None, evals=None, best=None, tar
 
 
 def environment_example(fen, move, history):
-    """The transition RookWorld's environment writes for `move` (UCI text) after `history` (earlier moves)."""
+    """The transition RookWorld's environment writes for `move` (UCI text) after `history` (earlier
+    moves)."""
     board = _board(fen)
     if board is None:
         raise ValueError(f"invalid FEN {fen!r}")
@@ -299,7 +310,8 @@ def from_row(row, subtask):
 
 
 def _illegal_move(board, rng):
-    """A move that looks like one (a piece of the side to move, to another square) and is not legal."""
+    """A move that looks like one (a piece of the side to move, to another square) and is not
+    legal."""
     legal = {board.uci(m) for m in board.legal_moves}
     own = list(chess.SquareSet(board.occupied_co[board.turn]))
     for _ in range(100):
@@ -339,7 +351,8 @@ def chess_stream(subtask, seed, min_plies=0, max_plies=80, illegal_frac=0.0):
 
 @lru_cache(maxsize=4)
 def _splits(subtask, n_train, n_test, seed, min_plies, max_plies, illegal_frac, history):
-    """(train, test) with no position (environment: position and move) in both; test first from the stream."""
+    """(train, test) with no position (environment: position and move) in both; test first from the
+    stream."""
     if not (0 <= min_plies <= max_plies and n_train >= 0 and n_test >= 0 and 0 <= illegal_frac <= 1 and history >= 1):
         raise ValueError(f"chess knobs: need 0 <= chess_min_plies <= chess_max_plies (got {min_plies}, {max_plies}), "
                          f"0 <= chess_illegal_frac <= 1 (got {illegal_frac}), chess_history >= 1 (got {history})")

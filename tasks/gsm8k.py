@@ -1,6 +1,7 @@
 """
-GSM8K grade-school math (openai/gsm8k, MIT): the hub, or a local directory of train/test .jsonl or .parquet.
-An example is {'question', 'answer' (the final answer, commas dropped), 'solution' (the reference working)}.
+GSM8K grade-school math (openai/gsm8k, MIT): the hub, or a local directory of train/test .jsonl or
+.parquet. An example is {'question', 'answer' (the final answer, commas dropped), 'solution' (the
+reference working)}.
 """
 from data import parse_rows, question_messages, read_rows
 from reward import is_correct
@@ -12,7 +13,8 @@ rewards = [{'name': 'correct', 'weight': 1.0}, {'name': 'format', 'weight': 0.1}
 
 
 def parse_row(row):
-    """GSM8K row {'question', 'answer': 'reasoning ... #### 72'} -> our example dict. Raises ValueError(reason)."""
+    """GSM8K row {'question', 'answer': 'reasoning ... #### 72'} -> our example dict. Raises
+    ValueError(reason)."""
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     for key in ('question', 'answer'):
@@ -27,7 +29,8 @@ def parse_row(row):
 
 
 def boxed_solution(solution):
-    """A solution with its '#### n' line rewritten as the \\boxed{} answer the default instruction asks for."""
+    """A solution with its '#### n' line rewritten as the \\boxed{} answer the default instruction
+    asks for."""
     if '####' not in solution:
         return solution
     body, _, final = solution.rpartition('####')
@@ -46,15 +49,17 @@ def _hub_rows(split):
 
 
 def load(split, data_dir='', seed=0, stats=None):
-    """GSM8K `split` ('train' | 'test'). data_dir '' downloads openai/gsm8k. A malformed row raises one ValueError
-    naming file and line; with skip_bad_rows it is skipped and counted in stats['skipped'] (a dict you pass)."""
+    """GSM8K `split` ('train' | 'test'). data_dir '' downloads openai/gsm8k. A malformed row raises
+    one ValueError naming file and line; with skip_bad_rows it is skipped and counted in
+    stats['skipped'] (a dict you pass)."""
     rows = read_rows(data_dir, split) if data_dir else _hub_rows(split)
     return parse_rows(rows, parse_row, skip_bad_rows, 'GSM8K', stats)
 
 
 def messages(example, system_prompt=SYSTEM_PROMPT, instruction=INSTRUCTION, few_shot=()):
-    """Chat messages for one example. few_shot: examples shown as earlier user/assistant turns (for base models);
-    their answers take the format the instruction asks for, since a demonstration in another format teaches that."""
+    """Chat messages for one example. few_shot: examples shown as earlier user/assistant turns (for
+    base models); their answers take the format the instruction asks for, since a demonstration in
+    another format teaches that."""
     *msgs, last = question_messages(example['question'], system_prompt, instruction)
     for shot in few_shot:
         answer = boxed_solution(shot['solution']) if instruction and '\\boxed' in instruction else shot['solution']
@@ -67,5 +72,6 @@ def grade(completion, example):
 
 
 def solution(example):
-    """The warm start's target: the reference working, its '#### n' line as the \\boxed{} the prompt asks for."""
+    """The warm start's target: the reference working, its '#### n' line as the \\boxed{} the prompt
+    asks for."""
     return boxed_solution(example['solution'])

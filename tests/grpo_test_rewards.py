@@ -1,4 +1,5 @@
-"""Reward functions the training tests name as 'grpo_test_rewards:fn' (tests/ is put on PYTHONPATH)."""
+"""Reward functions the training tests name as 'grpo_test_rewards:fn' (tests/ is put on
+PYTHONPATH)."""
 
 
 def digit_fraction(completion, example, **kwargs):
@@ -15,5 +16,6 @@ def always_raise(completion, example):
 
 
 def first_char_even(completion, example):
-    """A coin flip per completion for a random model: about half of the groups of 2 get identical rewards."""
+    """A coin flip per completion for a random model: about half of the groups of 2 get identical
+    rewards."""
     return float(ord(completion[:1] or 'a') % 2 == 0)

@@ -1,6 +1,7 @@
-"""A task defined outside the project, as a user's would be (tests/ is put on PYTHONPATH): --task=grpo_test_task:parity
-plugs in the object `parity`, --task=tests/grpo_test_task.py the module itself. Its grade is deliberately one that the
-built-in numeric checker would never agree with, so a test can tell whose grade an evaluation used."""
+"""A task defined outside the project, as a user's would be (tests/ is put on PYTHONPATH):
+--task=grpo_test_task:parity plugs in the object `parity`, --task=tests/grpo_test_task.py the module
+itself. Its grade is deliberately one that the built-in numeric checker would never agree with, so a
+test can tell whose grade an evaluation used."""
 import types
 
 from data import question_messages
@@ -18,7 +19,8 @@ def messages(example, system_prompt='', instruction=''):
 
 
 def grade(completion, example):
-    """Right when the parity of the completion's byte sum is the example's answer: about half of any model's."""
+    """Right when the parity of the completion's byte sum is the example's answer: about half of any
+    model's."""
     return sum(completion.encode()) % 2 == int(example['answer'])
 
 

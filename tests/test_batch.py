@@ -1,4 +1,5 @@
-"""batch.py: which completions become training rows, with dynamic sampling's kept groups; the packed-or-rows cost rule."""
+"""batch.py: which completions become training rows, with dynamic sampling's kept groups; the
+packed-or-rows cost rule."""
 import torch
 
 from batch import choose_share_prompt, keep_groups, layout_flops, pack_groups, train_rows
@@ -32,10 +33,11 @@ def layout(P, C, G, group=0, seed=0):
 
 
 def test_share_prompt_auto_packs_short_completions_and_not_long_ones_under_sdpa():
-    """The cost rule at Qwen2.5-0.5B's shape: GSM8K-like prompts with short completions pack (the prompt's tokens are
-    most of the work); with the dense SDPA mask, G=16 x 512-token completions after a 100-token prompt go one row per
-    completion (the packed row's 8k x 8k scores cost more than the 15 prompt copies), as the block-sparse FlexAttention
-    layout does not (it computes only the kept blocks, so packing is never more work)."""
+    """The cost rule at Qwen2.5-0.5B's shape: GSM8K-like prompts with short completions pack (the
+    prompt's tokens are most of the work); with the dense SDPA mask, G=16 x 512-token completions
+    after a 100-token prompt go one row per completion (the packed row's 8k x 8k scores cost more
+    than the 15 prompt copies), as the block-sparse FlexAttention layout does not (it computes only
+    the kept blocks, so packing is never more work)."""
     cfg = qwen25_05b_config()
     short = layout(380, 64, 8) + layout(350, 40, 8, group=1)
     long = layout(100, 512, 16)
@@ -44,13 +46,15 @@ def test_share_prompt_auto_packs_short_completions_and_not_long_ones_under_sdpa(
     assert choose_share_prompt(long, cfg, 'flex')
     packed, rows = layout_flops(long, cfg, 'sdpa')
     assert 1.3 < packed / rows < 2.0, f'packed / rows = {packed / rows:.2f}: the issue\'s estimate is about 1.6'
-    # where the rule flips under sdpa, for 100-token prompts and G=16: between 128 and 512-token completions
+    # where the rule flips under sdpa, for 100-token prompts and G=16: between 128 and 512-token
+    # completions
     assert choose_share_prompt(layout(100, 128, 16), cfg, 'sdpa')
     assert not choose_share_prompt([{k: v for k, v in r.items() if k != 'group'} for r in short], cfg, 'sdpa')
 
 
 def test_flex_cost_counts_the_blocks_the_block_mask_keeps():
-    """layout_flops' FlexAttention pairs are the BlockMask's own block count (model.packed_mask on pack_groups' ids)."""
+    """layout_flops' FlexAttention pairs are the BlockMask's own block count (model.packed_mask on
+    pack_groups' ids)."""
     cfg = ModelConfig(n_layer=1, n_head=1, n_kv_head=1, n_embd=8, intermediate_size=8)
     per_pair, per_token = 4 * 8, 2 * (8 * 3 * 8 + 8 * 8 + 3 * 8 * 8)
     for P, C in [(100, [300, 7, 129, 1, 60]), (300, [5] * 40), (1, [200, 200])]:

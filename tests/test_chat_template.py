@@ -1,7 +1,8 @@
-"""Prompts through a snapshot's own chat template (tokenizer.py): ids equal transformers' apply_chat_template for a
-Qwen2.5-style template (default system turn) and a Qwen3-style one (<think> handling), written here into a tiny BPE
-trained with `tokenizers`; special-token text in a message stays text; a hostile template cannot run code; the byte
-tokenizer (no template) keeps its hand-written ChatML."""
+"""Prompts through a snapshot's own chat template (tokenizer.py): ids equal transformers'
+apply_chat_template for a Qwen2.5-style template (default system turn) and a Qwen3-style one
+(<think> handling), written here into a tiny BPE trained with `tokenizers`; special-token text in a
+message stays text; a hostile template cannot run code; the byte tokenizer (no template) keeps its
+hand-written ChatML."""
 import json
 from pathlib import Path
 
@@ -20,8 +21,9 @@ QWEN25 = (
     "<|im_end|>\\n' }}{%- endif %}\n{%- for message in messages %}{%- if not (message.role == 'system' and loop.first)"
     " %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}"
     "{%- endfor %}\n{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
-# Qwen3's template, less its tool branches: reasoning kept only after the last user turn, enable_thinking=False
-# closes an empty <think> block in the generation prompt (its plain {% %} lines need trim_blocks/lstrip_blocks)
+# Qwen3's template, less its tool branches: reasoning kept only after the last user turn,
+# enable_thinking=False closes an empty <think> block in the generation prompt (its plain {% %}
+# lines need trim_blocks/lstrip_blocks)
 QWEN3 = """{%- if messages[0].role == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
@@ -94,7 +96,8 @@ def trained(tmp_path_factory):
 
 
 def snapshot(tok, path, template, as_file):
-    """A tokenizer-only HF snapshot: the template in tokenizer_config.json, or in chat_template.jinja."""
+    """A tokenizer-only HF snapshot: the template in tokenizer_config.json, or in
+    chat_template.jinja."""
     path.mkdir()
     tok.save(str(path / 'tokenizer.json'))
     conf = {'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '<|im_end|>', 'pad_token': '<|endoftext|>'}

@@ -1,6 +1,7 @@
-"""tasks/chess.py: its labels are python-chess's, its prompts tokenize as prefixes of RookWorld's training lines, its
-rewards judge crafted completions as worked out by hand and never raise; a RookWorld-shaped GPT-2 snapshot (the old
-vocab.json + merges.txt layout) stops at <|endoftext|>; GRPO on it starts at KL 0 and ratio 1."""
+"""tasks/chess.py: its labels are python-chess's, its prompts tokenize as prefixes of RookWorld's
+training lines, its rewards judge crafted completions as worked out by hand and never raise; a
+RookWorld-shaped GPT-2 snapshot (the old vocab.json + merges.txt layout) stops at <|endoftext|>;
+GRPO on it starts at KL 0 and ratio 1."""
 import json
 import math
 import os
@@ -58,7 +59,8 @@ def test_generator_is_deterministic_and_splits_apart():
 
 @pytest.mark.parametrize('subtask', ['policy', 'mate', 'environment', 'move'])
 def test_labels_agree_with_python_chess(subtask):
-    """Every label recomputed independently: all legal moves pushed one by one (no gives_check shortcut)."""
+    """Every label recomputed independently: all legal moves pushed one by one (no gives_check
+    shortcut)."""
     train, test = examples(subtask, n_train=20, n_test=5, chess_illegal_frac=0.3)
     assert len(train) == 20 and len(test) == 5
     for ex in train + test:
@@ -187,8 +189,8 @@ def test_move_rewards_on_crafted_completions():
 
 
 def test_move_examples_are_deterministic_and_their_targets_legal():
-    """The move sub-task's warm-start moves are drawn from their own stream: the same seed gives the same moves,
-    and every one is legal."""
+    """The move sub-task's warm-start moves are drawn from their own stream: the same seed gives the
+    same moves, and every one is legal."""
     C._splits.cache_clear()
     train, test = examples('move', n_train=200, n_test=20, chess_max_plies=10)
     C._splits.cache_clear()
@@ -234,8 +236,8 @@ def chess_corpus():
 
 @pytest.fixture(scope='module')
 def rookworld_snapshot(tmp_path_factory):
-    """A tiny random GPT-2 in RookWorld-LM's layout: vocab.json + merges.txt + tokenizer_config.json naming
-    <|endoftext|> only as bos/eos/unk (no tokenizer.json, no added_tokens_decoder)."""
+    """A tiny random GPT-2 in RookWorld-LM's layout: vocab.json + merges.txt + tokenizer_config.json
+    naming <|endoftext|> only as bos/eos/unk (no tokenizer.json, no added_tokens_decoder)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel
     path = tmp_path_factory.mktemp('rookworld')
@@ -271,8 +273,9 @@ def test_old_gpt2_layout_stops_at_endoftext(rookworld_snapshot):
 
 
 def test_prompts_are_token_prefixes_of_the_training_line(rookworld_snapshot):
-    """RookWorld-LM saw whole lines; a prompt whose tokens are not a prefix of the line's asks for a token the model
-    never saw at that point (a padded 'P: <fen>    ' would end in a space token the line spells ' M')."""
+    """RookWorld-LM saw whole lines; a prompt whose tokens are not a prefix of the line's asks for a
+    token the model never saw at that point (a padded 'P: <fen> ' would end in a space token the
+    line spells ' M')."""
     _, tok = load_model(str(rookworld_snapshot))
     env = examples('environment', n_train=0, n_test=20, chess_illegal_frac=0.2)[1]
     pol = examples('policy', n_train=0, n_test=20)[1]
@@ -289,9 +292,9 @@ def test_prompts_are_token_prefixes_of_the_training_line(rookworld_snapshot):
 
 
 def test_grpo_on_gpt2_starts_at_kl_zero_and_ratio_one(rookworld_snapshot, tmp_path):
-    """beta > 0: the policy and the reference score the same ids with the same weights and no dropout, so at the
-    first step KL is exactly 0; with lr 0 the second iteration's ratio is exactly 1. The warm start's rows end in
-    the snapshot's <|endoftext|> (not None)."""
+    """beta > 0: the policy and the reference score the same ids with the same weights and no
+    dropout, so at the first step KL is exactly 0; with lr 0 the second iteration's ratio is exactly
+    1. The warm start's rows end in the snapshot's <|endoftext|> (not None)."""
     env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
     p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), f'--init_from={rookworld_snapshot}',
                         '--task=chess', '--chess_n_train=16', '--chess_n_test=4', '--chess_max_plies=6',

@@ -1,4 +1,5 @@
-"""The configurator: config files, --key=value overrides, type checks, clear errors with exit code 2."""
+"""The configurator: config files, --key=value overrides, type checks, clear errors with exit code
+2."""
 import json
 
 import pytest
@@ -35,8 +36,9 @@ def test_none_default_accepts_anything():
 
 
 def test_auto_default_also_takes_true_or_false(tmp_path):
-    """share_prompt = 'auto' also takes True/False, on the command line and in a config file (a choice, not a change
-    of type); other words stay strings, for safety.bad_knob to refuse with the allowed values."""
+    """share_prompt = 'auto' also takes True/False, on the command line and in a config file (a
+    choice, not a change of type); other words stay strings, for safety.bad_knob to refuse with the
+    allowed values."""
     g = lambda: {**defaults(), 'share_prompt': 'auto'}  # noqa: E731
     assert run(['--share_prompt=False'], g())[0]['share_prompt'] is False
     assert run(['--share_prompt=True'], g())[0]['share_prompt'] is True

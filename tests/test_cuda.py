@@ -1,14 +1,16 @@
-"""The CPU suites' specifications on a CUDA device: the Triton kernels compiled for real (not the interpreter) against
-the fp64 oracles of test_kernels.py / test_lmhead.py, the model and sampler on CUDA in bf16 and fp32, the compiled
-decode. Skipped without CUDA; bench/gpu_check.py runs them (with TRITON_INTERPRET=0). Data are built on the CPU by the
-CPU suites' own helpers (same seeds) and moved over, so both suites check the same cases.
+"""The CPU suites' specifications on a CUDA device: the Triton kernels compiled for real (not the
+interpreter) against the fp64 oracles of test_kernels.py / test_lmhead.py, the model and sampler on
+CUDA in bf16 and fp32, the compiled decode. Skipped without CUDA; bench/gpu_check.py runs them (with
+TRITON_INTERPRET=0). Data are built on the CPU by the CPU suites' own helpers (same seeds) and moved
+over, so both suites check the same cases.
 """
 import os
 
 import pytest
 import torch
 
-# GRPO_CUDA_TESTS_DEVICE=cpu: a dry run of these tests' own code on the CPU (kernels then take their torch paths)
+# GRPO_CUDA_TESTS_DEVICE=cpu: a dry run of these tests' own code on the CPU (kernels then take their
+# torch paths)
 DEV = os.environ.get('GRPO_CUDA_TESTS_DEVICE', 'cuda')
 pytestmark = [pytest.mark.skipif(DEV == 'cuda' and not torch.cuda.is_available(), reason='no CUDA device'),
               pytest.mark.filterwarnings('ignore::RuntimeWarning')]
@@ -77,8 +79,8 @@ def test_lm_head_kernel_matches_fp64(dtype):
 
 
 def test_lm_head_default_tiles_at_qwen_shape():
-    """The CUDA default tiles (4,096 tokens x 16,384 vocabulary) at Qwen2.5-0.5B's head, bf16 under autocast, fp32 head:
-    against log_softmax of the full fp32 logits."""
+    """The CUDA default tiles (4,096 tokens x 16,384 vocabulary) at Qwen2.5-0.5B's head, bf16 under
+    autocast, fp32 head: against log_softmax of the full fp32 logits."""
     from kernels import lm_head_logprobs
     g = torch.Generator(device=DEV).manual_seed(0)
     h = torch.randn(5000, 896, device=DEV, generator=g).bfloat16()

@@ -1,5 +1,5 @@
-"""Specification of data loading and ordering (data.py), and of the two built-in tasks' data and prompts
-(tasks/gsm8k.py, tasks/arith.py)."""
+"""Specification of data loading and ordering (data.py), and of the two built-in tasks' data and
+prompts (tasks/gsm8k.py, tasks/arith.py)."""
 import json
 import re
 from pathlib import Path
@@ -15,7 +15,8 @@ build_messages = gsm8k.messages
 
 
 def load_gsm8k(split, data_dir=None, skip_bad_rows=False, stats=None):
-    """The task's load with its skip_bad_rows knob set for this call (as --skip_bad_rows=True sets it)."""
+    """The task's load with its skip_bad_rows knob set for this call (as --skip_bad_rows=True sets
+    it)."""
     gsm8k.skip_bad_rows = skip_bad_rows
     try:
         return gsm8k.load(split, data_dir=data_dir or '', stats=stats)
@@ -256,7 +257,8 @@ def test_count_on_frac_rewrites_that_share_of_training_solutions_only():
 
 
 def test_slip_drops_the_carry_and_is_right_exactly_without_one():
-    """The offline demo's hurried teacher: tens kept, ones digit wrapped, the #### answer following the line."""
+    """The offline demo's hurried teacher: tens kept, ones digit wrapped, the #### answer following
+    the line."""
     assert slip('46+7=53\n#### 53') == '46+7=43\n#### 43'
     assert slip('80-7=73\n#### 73') == '80-7=83\n#### 83'
     assert slip('95+7=102\n#### 102') == '95+7=92\n#### 92'

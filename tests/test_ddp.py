@@ -1,5 +1,6 @@
-"""torchrun on CPU (gloo): 2 ranks, each sampling and training on half the step's prompts, end up with the weights
-one process gets from the same global batch; DDP and FSDP2 alike; only rank 0 writes; a killed run resumes."""
+"""torchrun on CPU (gloo): 2 ranks, each sampling and training on half the step's prompts, end up
+with the weights one process gets from the same global batch; DDP and FSDP2 alike; only rank 0
+writes; a killed run resumes."""
 import json
 import math
 import os
@@ -13,8 +14,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# tiny model, 4 prompts x 4 samples per step; micro-batches of 4 rows so each rank accumulates over several
-# (and, when filter_zero_std drops a group on one rank only, the ranks have different numbers of them)
+# tiny model, 4 prompts x 4 samples per step; micro-batches of 4 rows so each rank accumulates over
+# several (and, when filter_zero_std drops a group on one rank only, the ranks have different
+# numbers of them)
 TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
         '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4', '--batch_prompts=4',
         '--micro_batch_size=4', '--max_new_tokens=8', '--arith_n_train=200', '--arith_n_test=8', '--eval_examples=4',
@@ -96,16 +98,18 @@ def one_process_lora(tmp_path_factory):
 
 @pytest.mark.parametrize('fsdp', [False, True])
 def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp):
-    """LoRA (frozen base, adapters trained, KL reference = adapters off): DDP reduces the adapters' gradients only;
-    FSDP2 shards base and adapters alike, and its sampler (always a copy) gets the merged weights gathered."""
+    """LoRA (frozen base, adapters trained, KL reference = adapters off): DDP reduces the adapters'
+    gradients only; FSDP2 shards base and adapters alike, and its sampler (always a copy) gets the
+    merged weights gathered."""
     run(tmp_path, 2, *LORA, f'--fsdp={fsdp}')
     assert_same_run(one_process_lora, tmp_path, f"{'FSDP2' if fsdp else 'DDP'} with LoRA, 2 ranks")
     assert all('.lora_' in k for k in weights(tmp_path, 3)), "a LoRA checkpoint holds adapters only"
 
 
 def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):
-    """Refill rounds split each round's prompts between the ranks, and a kept group trains on the rank that sampled
-    it (it holds the sampler's log-probs): the same prompts, completions and weights as one process."""
+    """Refill rounds split each round's prompts between the ranks, and a kept group trains on the
+    rank that sampled it (it holds the sampler's log-probs): the same prompts, completions and
+    weights as one process."""
     args = ['--group_size=2', '--dynamic_sampling=4', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
     run(tmp_path / 'one', 0, *args)
     run(tmp_path / 'two', 2, *args)
@@ -114,7 +118,8 @@ def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):
 
 
 def worker_pids(pid):
-    """torchrun's workers: its children (each in a session of its own, so not in torchrun's process group)."""
+    """torchrun's workers: its children (each in a session of its own, so not in torchrun's process
+    group)."""
     kids = []
     for stat in Path('/proc').glob('[0-9]*/stat'):
         try:
@@ -133,8 +138,9 @@ def alive(pid):
 
 
 def test_sigkill_of_all_ranks_then_resume(one_process, tmp_path):
-    """Every process of a 2-rank run SIGKILLed after its step-2 checkpoint (stalled in step 3, so the kill cannot
-    come too late); the same command, minus the stall, resumes and ends where one uninterrupted process does."""
+    """Every process of a 2-rank run SIGKILLed after its step-2 checkpoint (stalled in step 3, so
+    the kill cannot come too late); the same command, minus the stall, resumes and ends where one
+    uninterrupted process does."""
     proc = subprocess.Popen(cmd(tmp_path, 2, '--fault_stall_step=3', '--fault_stall_s=120'), cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
@@ -156,8 +162,9 @@ def test_sigkill_of_all_ranks_then_resume(one_process, tmp_path):
 
 
 def test_sigterm_to_torchrun_saves_on_every_rank_then_resumes(one_process, tmp_path):
-    """SIGTERM to torchrun reaches both ranks; they finish the step, save it, exit with 128+15 and no abort at
-    teardown (gloo); the same command, minus the stall, resumes and ends where one uninterrupted process does."""
+    """SIGTERM to torchrun reaches both ranks; they finish the step, save it, exit with 128+15 and
+    no abort at teardown (gloo); the same command, minus the stall, resumes and ends where one
+    uninterrupted process does."""
     proc = subprocess.Popen(cmd(tmp_path, 2, '--fault_stall_step=2', '--fault_stall_s=3'), cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 120

@@ -1,10 +1,11 @@
-"""Packed groups' attention: the mask built on the device from segment ids, through FlexAttention (a block mask) and
-through SDPA (a dense mask), give the same log-probs and gradients (model.packed_mask, model.flex, batch.pack_groups).
+"""Packed groups' attention: the mask built on the device from segment ids, through FlexAttention (a
+block mask) and through SDPA (a dense mask), give the same log-probs and gradients
+(model.packed_mask, model.flex, batch.pack_groups).
 
-On the CPU torch has FlexAttention's compiled forward but no backward: the forward is compared through the compiled
-kernel (block-sparse, the real thing), the gradients through flex_attention's eager reference path (every score, the
-same mask_mod), its CPU refusal bypassed here only. GRPO_TEST_DEVICE=cuda (bench/gpu_check.py) runs both through the
-compiled CUDA kernels.
+On the CPU torch has FlexAttention's compiled forward but no backward: the forward is compared
+through the compiled kernel (block-sparse, the real thing), the gradients through flex_attention's
+eager reference path (every score, the same mask_mod), its CPU refusal bypassed here only.
+GRPO_TEST_DEVICE=cuda (bench/gpu_check.py) runs both through the compiled CUDA kernels.
 """
 import os
 
@@ -30,8 +31,9 @@ def tiny(arch='qwen2', seed=0):
 
 
 def group_rows(plens=(60, 9, 1), G=(8, 5, 3), seed=1):
-    """Groups with different prompt lengths and numbers of completions (1 to 60 tokens): the first packs to more than
-    two 128-token blocks, so the block mask has full, partial and empty blocks; the shorter ones are padded."""
+    """Groups with different prompt lengths and numbers of completions (1 to 60 tokens): the first
+    packs to more than two 128-token blocks, so the block mask has full, partial and empty blocks;
+    the shorter ones are padded."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for group, (plen, n) in enumerate(zip(plens, G)):
@@ -43,7 +45,8 @@ def group_rows(plens=(60, 9, 1), G=(8, 5, 3), seed=1):
 
 
 def oracle_mask(rows, T):
-    """Who sees whom, from the rows alone: per group the prompt, then each completion less its last token."""
+    """Who sees whom, from the rows alone: per group the prompt, then each completion less its last
+    token."""
     groups = {}
     for r in rows:
         groups.setdefault(r['group'], []).append(r)
@@ -103,8 +106,9 @@ def logprobs(net, rows, backend, grad):
 
 @pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
 def test_flex_logprobs_and_gradients_equal_sdpa(arch, monkeypatch):
-    """fp32, GQA (qwen2: 4 query heads on 2 kv heads) and plain heads (gpt2), three groups of different prompt lengths
-    and sizes, completions of 1-60 tokens, padding: log-probs, entropies and every parameter's gradient <= 1e-5."""
+    """fp32, GQA (qwen2: 4 query heads on 2 kv heads) and plain heads (gpt2), three groups of
+    different prompt lengths and sizes, completions of 1-60 tokens, padding: log-probs, entropies
+    and every parameter's gradient <= 1e-5."""
     net, rows = tiny(arch), group_rows()
     ref_lp, ref_ent = logprobs(net, rows, 'sdpa', grad=False)
     lp, ent = logprobs(net, rows, 'flex', grad=False)  # the compiled kernel (CPU: static shapes, one compile)

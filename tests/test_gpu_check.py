@@ -1,7 +1,8 @@
-"""bench/gpu_check.py --cpu-smoke: the GPU session's whole pipeline (every part a subprocess, one JSON per part with a
-`device` field, a summary) runs end to end on the CPU at toy sizes, so GPU time goes to measuring, not debugging.
-Here without its one slow piece (the CPU FlexAttention compile, --smoke_no_flex; tests/test_flex.py covers that) and
-without TRL's side (--trl=0; bench_step's TRL path is what `python bench/bench_step.py` measures)."""
+"""bench/gpu_check.py --cpu-smoke: the GPU session's whole pipeline (every part a subprocess, one
+JSON per part with a `device` field, a summary) runs end to end on the CPU at toy sizes, so GPU time
+goes to measuring, not debugging. Here without its one slow piece (the CPU FlexAttention compile,
+--smoke_no_flex; tests/test_flex.py covers that) and without TRL's side (--trl=0; bench_step's TRL
+path is what `python bench/bench_step.py` measures)."""
 import json
 import os
 import subprocess

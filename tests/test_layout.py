@@ -1,5 +1,6 @@
-"""The project's shape: no file imports another in a circle (imports inside functions count too: a lazy import is
-still a dependency), so any file can be read, reused or lifted out with what it imports and nothing else."""
+"""The project's shape: no file imports another in a circle (imports inside functions count too: a
+lazy import is still a dependency), so any file can be read, reused or lifted out with what it
+imports and nothing else."""
 import ast
 from pathlib import Path
 

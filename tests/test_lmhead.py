@@ -1,9 +1,10 @@
-"""Specification of the tiled LM head, kernels.lm_head_logprobs: log p(target) and entropy of softmax(hidden @ weight.T
-/ T) and their gradients, without ever holding [tokens x vocabulary].
+"""Specification of the tiled LM head, kernels.lm_head_logprobs: log p(target) and entropy of
+softmax(hidden @ weight.T / T) and their gradients, without ever holding [tokens x vocabulary].
 
-Every numeric test runs twice: the torch tile fold (the CPU training path) and the Triton fold (forced, under
-TRITON_INTERPRET=1). The oracle is fp64 log_softmax of the whole logits, written here, independent of kernels.py.
-Sizes are small and ragged: 27 tokens in tiles of 8, vocabulary 133 in tiles of 48.
+Every numeric test runs twice: the torch tile fold (the CPU training path) and the Triton fold
+(forced, under TRITON_INTERPRET=1). The oracle is fp64 log_softmax of the whole logits, written
+here, independent of kernels.py. Sizes are small and ragged: 27 tokens in tiles of 8, vocabulary 133
+in tiles of 48.
 """
 import pytest
 import torch
@@ -68,7 +69,8 @@ def test_outputs_and_gradients_match_fp64(use_triton, temperature):
 
 @pytest.mark.parametrize('use_triton', IMPLS)
 def test_one_output_alone(use_triton):
-    """Only log-probs, or only the entropy, in the loss: the other output's missing gradient counts as zero."""
+    """Only log-probs, or only the entropy, in the loss: the other output's missing gradient counts
+    as zero."""
     hidden, weight, targets, mask, a, b = data(masked=False)
     for wa, wb, what in ((a, 0 * b, 'log p alone'), (0 * a, b, 'entropy alone')):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
@@ -81,8 +83,9 @@ def test_one_output_alone(use_triton):
 
 @pytest.mark.parametrize('use_triton', IMPLS)
 def test_bf16_projection(use_triton):
-    """bf16 hidden and weight, head_fp32=False: the projection runs in bf16, so the oracle is fp64 softmax of the
-    logits rounded to bf16; the softmax math itself is fp32. Gradients come back in bf16."""
+    """bf16 hidden and weight, head_fp32=False: the projection runs in bf16, so the oracle is fp64
+    softmax of the logits rounded to bf16; the softmax math itself is fp32. Gradients come back in
+    bf16."""
     hidden, weight, targets, mask, a, b = data(torch.bfloat16)
     got = run(lm_head_logprobs, hidden, weight, targets, 0.8, mask, a, b, tiles=TILES, use_triton=use_triton)
     logits = (hidden.float() @ weight.float().t()).bfloat16().double().requires_grad_()
@@ -99,8 +102,8 @@ def test_bf16_projection(use_triton):
 
 @pytest.mark.parametrize('use_triton', IMPLS)
 def test_bf16_inputs_with_fp32_head(use_triton):
-    """head_fp32: bf16 inputs, projection and softmax in fp32, so the outputs are as exact as for fp32 inputs
-    (against the fp64 oracle of the bf16 values), under bf16 autocast too."""
+    """head_fp32: bf16 inputs, projection and softmax in fp32, so the outputs are as exact as for
+    fp32 inputs (against the fp64 oracle of the bf16 values), under bf16 autocast too."""
     hidden, weight, targets, mask, a, b = data(torch.bfloat16)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         got = run(lm_head_logprobs, hidden, weight, targets, 1.3, mask, a, b, tiles=TILES, use_triton=use_triton,
@@ -113,7 +116,8 @@ def test_bf16_inputs_with_fp32_head(use_triton):
 
 
 class MaxNumel(TorchDispatchMode):
-    """Records the largest tensor any op creates (forward and, on CPU, backward run in this thread)."""
+    """Records the largest tensor any op creates (forward and, on CPU, backward run in this
+    thread)."""
     def __init__(self):
         super().__init__()
         self.max = 0
@@ -127,8 +131,8 @@ class MaxNumel(TorchDispatchMode):
 
 
 def test_never_holds_tokens_by_vocabulary():
-    """No tensor as large as the logits: only tiles, the weight and its gradient (vocabulary 400 x hidden 8 here,
-    smaller than 27 tokens x 400)."""
+    """No tensor as large as the logits: only tiles, the weight and its gradient (vocabulary 400 x
+    hidden 8 here, smaller than 27 tokens x 400)."""
     hidden, weight, targets, mask, a, b = data(masked=False, V=400, D=8)
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     with MaxNumel() as mode:
@@ -139,8 +143,8 @@ def test_never_holds_tokens_by_vocabulary():
 
 
 class BigTensors(TorchDispatchMode):
-    """The distinct storages of at least `nbytes` bytes that ops create (views and detach() share one; the Triton
-    interpreter's byte copies of the tile count by their bytes too)."""
+    """The distinct storages of at least `nbytes` bytes that ops create (views and detach() share
+    one; the Triton interpreter's byte copies of the tile count by their bytes too)."""
     def __init__(self, nbytes):
         super().__init__()
         self.nbytes, self.storages = nbytes, set()
@@ -155,9 +159,9 @@ class BigTensors(TorchDispatchMode):
 
 @pytest.mark.parametrize('use_triton', IMPLS)
 def test_accumulates_into_existing_grad(use_triton):
-    """A later micro-batch adds its weight gradient straight into weight.grad: backward creates no second tensor of
-    the weight's size; the first creates exactly one, which becomes .grad. With a tied embedding adding its own share,
-    two micro-batches sum to the fp64 gradient."""
+    """A later micro-batch adds its weight gradient straight into weight.grad: backward creates no
+    second tensor of the weight's size; the first creates exactly one, which becomes .grad. With a
+    tied embedding adding its own share, two micro-batches sum to the fp64 gradient."""
     hidden, weight, targets, mask, a, b = data(V=400, D=8)
     w = weight.clone().requires_grad_()
     for i in range(2):
@@ -179,8 +183,8 @@ def test_accumulates_into_existing_grad(use_triton):
 
 
 def test_leaves_grad_alone_under_autograd_grad_and_hooks():
-    """torch.autograd.grad must not touch .grad, and a tensor hook on the weight must see the whole gradient: both
-    rule out adding into .grad directly."""
+    """torch.autograd.grad must not touch .grad, and a tensor hook on the weight must see the whole
+    gradient: both rule out adding into .grad directly."""
     hidden, weight, targets, mask, a, b = data()
     ref = run(oracle, hidden, weight, targets, 1.0, mask, a, b)[3]
     w = weight.clone().requires_grad_()
@@ -196,9 +200,10 @@ def test_leaves_grad_alone_under_autograd_grad_and_hooks():
 
 
 def test_grpo_step_gradient_equals_full_logits_path(monkeypatch):
-    """Through batch.completion_logprobs, in two micro-batches of packed groups (tied embedding, temperature 0.7):
-    the policy gradient of a GRPO-like loss (advantage-weighted log-probs plus an entropy bonus) equals the old path's
-    (whole logits, then token_logprobs) to 1e-6 relative, and so do the no-grad log-probs."""
+    """Through batch.completion_logprobs, in two micro-batches of packed groups (tied embedding,
+    temperature 0.7): the policy gradient of a GRPO-like loss (advantage-weighted log-probs plus an
+    entropy bonus) equals the old path's (whole logits, then token_logprobs) to 1e-6 relative, and
+    so do the no-grad log-probs."""
     import batch
     from model import GPT, ModelConfig
     cfg = ModelConfig(vocab_size=300, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,

@@ -1,6 +1,7 @@
-"""LoRA (lora.py, issue 19) on tiny random Qwen2 / Qwen3 / Llama 3 / GPT-2 snapshots written here by transformers:
-identity at init, adapters off = the base exactly, merged export = the adapter forward, peft loads out_dir/lora on the
-base snapshot, and GRPO runs with LoRA that learn, touch only the adapters and resume exactly."""
+"""LoRA (lora.py, issue 19) on tiny random Qwen2 / Qwen3 / Llama 3 / GPT-2 snapshots written here by
+transformers: identity at init, adapters off = the base exactly, merged export = the adapter
+forward, peft loads out_dir/lora on the base snapshot, and GRPO runs with LoRA that learn, touch
+only the adapters and resume exactly."""
 import json
 import math
 
@@ -36,7 +37,8 @@ def ids(seed=1, shape=(2, 24)):
 
 
 def with_lora(path, targets='all-linear', perturb=True):
-    """Our model from the snapshot with adapters; perturb: B (and A) moved off their init, so the adapters matter."""
+    """Our model from the snapshot with adapters; perturb: B (and A) moved off their init, so the
+    adapters matter."""
     model, _ = H.from_pretrained(path)
     L.apply(model.eval(), RANK, ALPHA, 0.0, targets, seed=0)
     if perturb:
@@ -95,7 +97,8 @@ def test_merged_export_equals_the_adapter_forward(snapshot, tmp_path):
 
 @torch.no_grad()
 def test_peft_loads_the_adapter_directory(snapshot, tmp_path):
-    """peft.PeftModel.from_pretrained(the base snapshot in transformers, out/lora) computes our merged model's logits."""
+    """peft.PeftModel.from_pretrained(the base snapshot in transformers, out/lora) computes our
+    merged model's logits."""
     path, _ = snapshot
     model, x = with_lora(path), ids()
     sd = model.state_dict()
@@ -117,7 +120,8 @@ def test_peft_loads_the_adapter_directory(snapshot, tmp_path):
 
 @torch.no_grad()
 def test_some_targets_only(tmp_path):
-    """q_proj and v_proj only: k's rows of the fused c_attn get no adapter, and export and peft stay exact."""
+    """q_proj and v_proj only: k's rows of the fused c_attn get no adapter, and export and peft stay
+    exact."""
     path = tmp_path / 'snap'
     perturbed_hf(*CONFIGS['qwen3']).save_pretrained(path)
     model, x = with_lora(path, 'q_proj,v_proj'), ids()
@@ -131,8 +135,8 @@ def test_some_targets_only(tmp_path):
 
 
 def test_only_adapters_train_and_the_sampler_copy_is_merged(tmp_path):
-    """Backward reaches the adapters only; AdamW holds them alone; an update leaves every base weight bit-identical;
-    the low-precision sampler copy then holds the merged weights."""
+    """Backward reaches the adapters only; AdamW holds them alone; an update leaves every base
+    weight bit-identical; the low-precision sampler copy then holds the merged weights."""
     path = tmp_path / 'snap'
     perturbed_hf(*CONFIGS['llama3']).save_pretrained(path)
     model = with_lora(path, perturb=False).train()
@@ -163,9 +167,10 @@ TINY_QWEN2 = ('Qwen2Config', dict(vocab_size=260, hidden_size=32, intermediate_s
 
 
 def write_base(path, seed=0):
-    """A tiny Qwen2 snapshot with the byte tokenizer for test_train's runs. Its embeddings are scaled up 4x: the
-    frozen tied head of a random model with N(0, 0.05) embeddings spans logits of about +-0.6, so no adapter on the
-    blocks could make digits likely; 4x gives the adapters room (20x: a peaked model that never samples a digit)."""
+    """A tiny Qwen2 snapshot with the byte tokenizer for test_train's runs. Its embeddings are
+    scaled up 4x: the frozen tied head of a random model with N(0, 0.05) embeddings spans logits of
+    about +-0.6, so no adapter on the blocks could make digits likely; 4x gives the adapters room
+    (20x: a peaked model that never samples a digit)."""
     from tokenizer import byte_tokenizer
     hf = perturbed_hf(*TINY_QWEN2, seed)
     with torch.no_grad():
@@ -192,7 +197,8 @@ def test_grpo_learns_with_lora_and_touches_only_the_adapters(base, tmp_path):
     model = L.apply(H.from_pretrained(base[0])[0], 4, 8.0, 0.0, 'all-linear', 1337)  # the run's model at its start
     assert set(ckpt['model']) == set(L.adapter_state(model, model.state_dict())), "a checkpoint holds adapters only"
     assert len(ckpt['optimizer']['state']) == len(ckpt['model']), "AdamW state for the adapters only"
-    # out/hf == the snapshot's weights + the checkpoint's adapters, bit for bit: the base never moved
+    # out/hf == the snapshot's weights + the checkpoint's adapters, bit for bit: the base never
+    # moved
     model.load_state_dict(ckpt['model'], strict=False)
     merged = L.merged_state(model, model.state_dict())
     exported = H.from_pretrained(tmp_path / 'hf')[0].state_dict()
@@ -208,9 +214,10 @@ def test_grpo_learns_with_lora_and_touches_only_the_adapters(base, tmp_path):
 
 
 def test_exact_resume_with_lora(base, tmp_path):
-    """2 steps, then a third from the step-2 checkpoint (base reloaded from init_from, adapters and AdamW state from
-    the checkpoint, KL reference = adapters off) == 3 steps straight, bit for bit. No dropout here: it would make
-    the KL to the reference positive even if the reference were the policy itself."""
+    """2 steps, then a third from the step-2 checkpoint (base reloaded from init_from, adapters and
+    AdamW state from the checkpoint, KL reference = adapters off) == 3 steps straight, bit for bit.
+    No dropout here: it would make the KL to the reference positive even if the reference were the
+    policy itself."""
     args = [base[1], *LORA, '--save_every=1', '--keep_last=10', '--beta=0.05', '--lr=5e-2']
     run_together([tmp_path / 'a', *args, '--max_steps=3'], [tmp_path / 'b', *args, '--max_steps=2'])
     p = run(tmp_path / 'b', *args, '--max_steps=3', '--resume_changed=True')  # the same LR at every step here
@@ -227,8 +234,8 @@ def test_exact_resume_with_lora(base, tmp_path):
 
 
 def test_resume_refuses_another_base(base, tmp_path):
-    """The base is not in the checkpoint: resuming on other base weights (another snapshot) is refused, and so is a
-    LoRA checkpoint resumed as a full fine-tune."""
+    """The base is not in the checkpoint: resuming on other base weights (another snapshot) is
+    refused, and so is a LoRA checkpoint resumed as a full fine-tune."""
     run(tmp_path, base[1], *LORA, '--max_steps=1')
     other = write_base(tmp_path / 'other', seed=1)
     p = run(tmp_path, other, *LORA, '--max_steps=2', '--resume_changed=True', check=False)
@@ -238,7 +245,8 @@ def test_resume_refuses_another_base(base, tmp_path):
 
 
 def test_bad_lora_knobs():
-    """(train_grpo.py prints these as one line and exits 2; an unknown target: test_some_targets_only)"""
+    """(train_grpo.py prints these as one line and exits 2; an unknown target:
+    test_some_targets_only)"""
     ok = dict(lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, sft_steps=0, beta=0.1)
     assert L.bad_knob(ok) is None and L.bad_knob({**ok, 'lora_rank': 0, 'lora_alpha': -1}) is None
     assert '--lora_rank=-1' in L.bad_knob({**ok, 'lora_rank': -1})

@@ -83,7 +83,8 @@ def test_kl_and_entropy_terms_enter_the_loss():
         with_kl, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, ref_logp=ref, beta=0.1,
                                   kl_estimator=est)
         assert abs(with_kl.item() - (base.item() + 0.1 * kl)) < 1e-6 and abs(st['kl'].item() - kl) < 1e-6
-    # k1 is a detached penalty in the advantage: A' = 0 - 0.1 * 0.5, so the loss is -A' * ratio = +0.05
+    # k1 is a detached penalty in the advantage: A' = 0 - 0.1 * 0.5, so the loss is -A' * ratio =
+    # +0.05
     with_k1, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, ref_logp=ref, beta=0.1,
                               kl_estimator='k1')
     assert abs(with_k1.item() - 0.05) < 1e-6 and abs(st['kl'].item() - 0.5) < 1e-6
@@ -93,7 +94,8 @@ def test_kl_and_entropy_terms_enter_the_loss():
 
 @pytest.mark.parametrize('loss_agg', ['token_mean', 'seq_mean_token_mean', 'seq_sum_const'])
 def test_gradient_does_not_depend_on_micro_batching(loss_agg):
-    """Summing micro-batch losses with step-level denominators gives the same gradient for micro-batch 1 and all."""
+    """Summing micro-batch losses with step-level denominators gives the same gradient for
+    micro-batch 1 and all."""
     torch.manual_seed(0)
     lens = torch.tensor([3, 1, 5, 2, 4])
     theta = torch.randn(int(lens.sum()), requires_grad=True)  # stands in for the parameters behind logp
@@ -118,10 +120,10 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
 
 @pytest.mark.parametrize('estimator, direction', [('k1', 'forward'), ('k2', 'forward'), ('k3', 'reverse')])
 def test_kl_estimators_expected_gradient_is_the_kl_gradient(estimator, direction):
-    """On a categorical policy softmax(theta) over 6 tokens, each token a one-token completion: the exact expected
-    gradient of the penalty (sum over tokens of pi(a) * grad loss(a), pi(a) a fixed sampling weight) equals the
-    gradient of KL(pi || ref) (k1 through the advantage, k2) or of KL(ref || pi) (k3). The old k1 in the loss has
-    expected gradient 0 and fails here."""
+    """On a categorical policy softmax(theta) over 6 tokens, each token a one-token completion: the
+    exact expected gradient of the penalty (sum over tokens of pi(a) * grad loss(a), pi(a) a fixed
+    sampling weight) equals the gradient of KL(pi || ref) (k1 through the advantage, k2) or of
+    KL(ref || pi) (k3). The old k1 in the loss has expected gradient 0 and fails here."""
     torch.manual_seed(1)
     theta = torch.randn(6, dtype=torch.float64, requires_grad=True)
     ref = torch.log_softmax(torch.randn(6, dtype=torch.float64), 0)
@@ -139,7 +141,8 @@ def test_kl_estimators_expected_gradient_is_the_kl_gradient(estimator, direction
 
 
 def test_k1_penalty_is_the_kl_still_to_come_in_its_sequence():
-    """Two sequences of lengths 2 and 1: token t's advantage loses beta * (k1 of tokens t..end of its sequence)."""
+    """Two sequences of lengths 2 and 1: token t's advantage loses beta * (k1 of tokens t..end of
+    its sequence)."""
     logp = torch.tensor([-1.0, -2.0, -0.5])
     ref = torch.tensor([-1.5, -1.0, -0.5])  # k1 = logp - ref = 0.5, -1.0, 0.0
     assert torch.allclose(reverse_cumsum(torch.tensor([0.5, -1.0, 0.0]), torch.tensor([2, 1])),
@@ -151,8 +154,9 @@ def test_k1_penalty_is_the_kl_still_to_come_in_its_sequence():
 
 
 def test_gspo_ratio_is_the_sequences_geometric_mean_clipped_per_sequence():
-    """Sequence 1: token ratios 2 and 0.5 -> geometric mean 1, nothing clips although both tokens are far from 1.
-    Sequence 2: ratios 1.5 and 1.5 -> 1.5, clipped at 1.28 for A > 0: the whole sequence passes no gradient."""
+    """Sequence 1: token ratios 2 and 0.5 -> geometric mean 1, nothing clips although both tokens
+    are far from 1. Sequence 2: ratios 1.5 and 1.5 -> 1.5, clipped at 1.28 for A > 0: the whole
+    sequence passes no gradient."""
     old = torch.zeros(4)
     logp = torch.log(torch.tensor([2.0, 0.5, 1.5, 1.5])).requires_grad_(True)
     adv, lens = torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([2, 2])
@@ -160,15 +164,17 @@ def test_gspo_ratio_is_the_sequences_geometric_mean_clipped_per_sequence():
     assert torch.allclose(st['ratio'], torch.tensor([1.0, 1.0, 1.5, 1.5]))
     assert st['clip_high'].tolist() == [False, False, True, True]
     loss.backward()
-    # each of the sequence's 2 tokens (weight 1) carries -A s, and ds/dlogp_t = s / |y|: 2 * (-1 * 1/2) = -1
+    # each of the sequence's 2 tokens (weight 1) carries -A s, and ds/dlogp_t = s / |y|: 2 * (-1 *
+    # 1/2) = -1
     assert torch.allclose(logp.grad, torch.tensor([-1.0, -1.0, 0.0, 0.0])), logp.grad
     tok, _ = policy_loss(logp.detach(), old, adv, torch.ones(4), lens, 0.2, 0.28, loss_type='grpo')
     assert tok.item() != loss.item(), "token-level clipping treats these tokens differently"
 
 
 def test_cispo_clips_the_weight_not_the_gradient():
-    """CISPO: -min(r, 1 + eps_high) (detached) * A * log pi. A token with r = 1.5 > 1.28 keeps a gradient, scaled by
-    1.28, where the PPO clip would pass none; on-policy (r = 1) the gradient is -A, as GRPO's."""
+    """CISPO: -min(r, 1 + eps_high) (detached) * A * log pi. A token with r = 1.5 > 1.28 keeps a
+    gradient, scaled by 1.28, where the PPO clip would pass none; on-policy (r = 1) the gradient is
+    -A, as GRPO's."""
     old = torch.zeros(2)
     logp = torch.log(torch.tensor([1.5, 1.0])).requires_grad_(True)
     adv = torch.tensor([1.0, -2.0])
@@ -181,7 +187,8 @@ def test_cispo_clips_the_weight_not_the_gradient():
 
 
 def test_tis_weights_each_mode():
-    """rho = pi_train / pi_sampler: tokens 4, 0.5 (sequence 1: product 2) and 1 (sequence 2), cap 3."""
+    """rho = pi_train / pi_sampler: tokens 4, 0.5 (sequence 1: product 2) and 1 (sequence 2), cap
+    3."""
     train, gen, lens = torch.log(torch.tensor([4.0, 0.5, 1.0])), torch.zeros(3), torch.tensor([2, 1])
     cases = {'token_truncate': ([3.0, 0.5, 1.0], [True, False, False]), 'token_mask': ([0.0, 0.5, 1.0], [True, False, False]),
              'sequence_truncate': ([2.0, 2.0, 1.0], [False] * 3), 'sequence_mask': ([2.0, 2.0, 1.0], [False] * 3)}
@@ -231,8 +238,9 @@ def test_token_mean_weights_every_token_equally():
 
 @pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
 def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch):
-    """pack_groups() (each prompt once, its completions after it) must be exactly pack() (prompt + completion per
-    row) for the model: the same log-prob for every completion token, in the same order, and the same gradient."""
+    """pack_groups() (each prompt once, its completions after it) must be exactly pack() (prompt +
+    completion per row) for the model: the same log-prob for every completion token, in the same
+    order, and the same gradient."""
     from batch import pack, pack_groups
     from model import GPT, ModelConfig
     cfg = ModelConfig(arch=arch, vocab_size=50, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4,
@@ -264,5 +272,6 @@ def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch
     grad_ref = torch.autograd.grad((ref * w).sum(), list(model.parameters()))
     grad_got = torch.autograd.grad((got * w).sum(), list(model.parameters()))
     for (name, _), a, b in zip(model.named_parameters(), grad_ref, grad_got):
-        # the norms compute in fp32 even here, so summation order shows at ~1e-8; a mask or position error is ~1e-2
+        # the norms compute in fp32 even here, so summation order shows at ~1e-8; a mask or position
+        # error is ~1e-2
         assert torch.allclose(a, b, atol=1e-6, rtol=0), f"{name}: gradients differ by {(a - b).abs().max():.2e}"

@@ -1,5 +1,6 @@
-"""model.py against transformers on tiny random checkpoints built here (no download): logits, KV-cache decoding,
-padded batches, cache row ops, export round trip, sharded loading, bf16, and one-line errors for bad snapshots."""
+"""model.py against transformers on tiny random checkpoints built here (no download): logits,
+KV-cache decoding, padded batches, cache row ops, export round trip, sharded loading, bf16, and
+one-line errors for bad snapshots."""
 import json
 import os
 
@@ -28,13 +29,14 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
 
 
 def make_hf_model(name, seed=0):
-    """A transformers model of a tiny config with every parameter random (HF's init zeroes biases and sets
-    norms to one, which would hide a bias or norm weight loaded into the wrong place)."""
+    """A transformers model of a tiny config with every parameter random (HF's init zeroes biases
+    and sets norms to one, which would hide a bias or norm weight loaded into the wrong place)."""
     return perturbed_hf(*HF_CONFIGS[name], seed)
 
 
 def perturbed_hf(cls_name, kw, seed=0):
-    """transformers' causal LM of config class cls_name(**kw), every parameter moved by N(0, 0.05^2)."""
+    """transformers' causal LM of config class cls_name(**kw), every parameter moved by N(0,
+    0.05^2)."""
     torch.manual_seed(seed)
     hf = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls_name)(**kw)).eval()
     with torch.no_grad():
@@ -45,7 +47,8 @@ def perturbed_hf(cls_name, kw, seed=0):
 
 @pytest.fixture(scope='module', params=list(HF_CONFIGS))
 def snapshot(request, tmp_path_factory):
-    """(snapshot dir written by transformers, the transformers model, our model loaded from the dir)"""
+    """(snapshot dir written by transformers, the transformers model, our model loaded from the
+    dir)"""
     hf = make_hf_model(request.param)
     path = str(tmp_path_factory.mktemp(request.param))
     hf.save_pretrained(path)
@@ -209,8 +212,8 @@ def test_export_loads_in_transformers_and_back(name, tmp_path):
 
 
 def check_export_round_trip(ours, snap, T, seed):
-    """ours, saved at snap: transformers loads it with ours's logits (<= 1e-5) and from_pretrained gives back the same
-    config and bit-identical weights. Returns transformers' model."""
+    """ours, saved at snap: transformers loads it with ours's logits (<= 1e-5) and from_pretrained
+    gives back the same config and bit-identical weights. Returns transformers' model."""
     hf = transformers.AutoModelForCausalLM.from_pretrained(snap).eval()
     idx = torch.randint(0, ours.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(seed))
     d = maxdiff(hf(idx).logits, ours(idx))
@@ -274,7 +277,8 @@ def test_sharded_checkpoint_loads(tmp_path):
 
 @torch.no_grad()
 def test_gpt2_checkpoint_in_the_original_layout_loads(tmp_path):
-    """openai-community/gpt2's file has no 'transformer.' prefix and carries the causal-mask buffers."""
+    """openai-community/gpt2's file has no 'transformer.' prefix and carries the causal-mask
+    buffers."""
     hf = make_hf_model('gpt2')
     hf.save_pretrained(tmp_path)
     tensors = {k.removeprefix('transformer.'): v for k, v in load_file(tmp_path / 'model.safetensors').items()}
@@ -414,8 +418,9 @@ def test_grad_checkpoint_gives_the_same_gradients():
 
 
 def test_atomic_dir_keeps_the_old_directory_when_writing_fails(tmp_path):
-    """save_pretrained and the LoRA adapter export write through hf.atomic_dir: a crash mid-write leaves the old
-    snapshot as it was and no half-written folder; a finished write replaces it whole."""
+    """save_pretrained and the LoRA adapter export write through hf.atomic_dir: a crash mid-write
+    leaves the old snapshot as it was and no half-written folder; a finished write replaces it
+    whole."""
     out = tmp_path / 'hf'
     out.mkdir()
     (out / 'model.safetensors').write_text('old')

@@ -1,5 +1,6 @@
-"""Qwen3 and Llama 3.x (issue 19) against transformers on tiny random checkpoints built here: logits of a full
-forward and of prefill + cached decode, export round trip, and one-line errors for the variants we refuse."""
+"""Qwen3 and Llama 3.x (issue 19) against transformers on tiny random checkpoints built here: logits
+of a full forward and of prefill + cached decode, export round trip, and one-line errors for the
+variants we refuse."""
 import json
 
 import pytest
@@ -24,7 +25,8 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
     'qwen3_tied': ('Qwen3Config', dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                        num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                                        tie_word_embeddings=True, max_position_embeddings=256)),
-    # head_dim from hidden / heads = 16: RoPE wavelengths 6.3 (kept), 20 and 63 (smoothed), 200+ (scaled)
+    # head_dim from hidden / heads = 16: RoPE wavelengths 6.3 (kept), 20 and 63 (smoothed), 200+
+    # (scaled)
     'llama3': ('LlamaConfig', dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
                                    max_position_embeddings=512, rope_scaling=LLAMA3)),
@@ -35,8 +37,8 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
 
 
 def make_hf_model(name, seed=0):
-    """Every parameter perturbed (HF's init sets norms, the q/k norms included, to one, which would hide a norm
-    weight loaded into the wrong place or not applied)."""
+    """Every parameter perturbed (HF's init sets norms, the q/k norms included, to one, which would
+    hide a norm weight loaded into the wrong place or not applied)."""
     return perturbed_hf(*HF_CONFIGS[name], seed)
 
 
@@ -96,7 +98,8 @@ def test_export_loads_in_transformers_and_back(snapshot, tmp_path):
 
 @torch.no_grad()
 def test_llama3_scaling_changes_the_logits():
-    """The scaled frequencies matter at the tested positions: the same weights with plain RoPE differ clearly."""
+    """The scaled frequencies matter at the tested positions: the same weights with plain RoPE
+    differ clearly."""
     hf = make_hf_model('llama3')
     plain = transformers.LlamaConfig(**{**HF_CONFIGS['llama3'][1], 'rope_scaling': None})
     hf_plain = transformers.AutoModelForCausalLM.from_config(plain).eval()

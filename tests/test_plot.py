@@ -36,7 +36,8 @@ def fake_row(step):
 
 
 def write_run(run_dir, n_steps=40):
-    """40 steps, eval every 10, a NaN loss, step 25 written twice (a resume), a last line cut mid-write."""
+    """40 steps, eval every 10, a NaN loss, step 25 written twice (a resume), a last line cut
+    mid-write."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, 'metrics.jsonl')
     with open(path, 'w') as f:
@@ -109,7 +110,8 @@ def test_cli_redraws_curves_in_run_dir(tmp_path):
 
 
 def test_importing_plot_leaves_matplotlib_unloaded():
-    """Every train_grpo.py start imports plot.py; matplotlib (0.5 s) loads only when a curve is drawn."""
+    """Every train_grpo.py start imports plot.py; matplotlib (0.5 s) loads only when a curve is
+    drawn."""
     p = subprocess.run([sys.executable, '-c', "import sys, plot; print('matplotlib' in sys.modules)"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == 'False', p.stdout + p.stderr

@@ -69,7 +69,8 @@ MARKED = ('\\boxed', '\\fbox', '####', 'The answer', 'the answer', 'So the', 'Fi
 
 @pytest.mark.parametrize('text, expected', [(t, e) for t, e in FORMATS if t.startswith(MARKED)])
 def test_marked_answers_survive_numbers_after_them(text, expected):
-    # The trusted formats win over numbers that follow, e.g. a model checking its work after answering.
+    # The trusted formats win over numbers that follow, e.g. a model checking its work after
+    # answering.
     noisy = PREFIX + text + '\nCheck: 1 + 2 = 3, and 99 is not it.'
     assert extract_answer(noisy) == expected, f'{noisy!r} should extract as {expected!r}'
 
@@ -165,8 +166,9 @@ strings = st.one_of(st.text(max_size=200), pieces, pieces, big, st.sampled_from(
 
 @contextmanager
 def _time_limit(seconds):
-    # hypothesis' deadline only judges an example after it returns; a catastrophically backtracking regex
-    # never returns, so interrupt it (the re engine checks signals) and fail with a message instead of hanging.
+    # hypothesis' deadline only judges an example after it returns; a catastrophically backtracking
+    # regex never returns, so interrupt it (the re engine checks signals) and fail with a message
+    # instead of hanging.
     if not hasattr(signal, 'setitimer') or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -198,8 +200,8 @@ def _examples(cases):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(strings)
 def test_fuzz_extraction_never_raises_and_stays_fast(text):
-    # deadline=1000 ms per example: linear-time extraction of 100 kB takes ~tens of ms, a backtracking
-    # regex would take minutes.
+    # deadline=1000 ms per example: linear-time extraction of 100 kB takes ~tens of ms, a
+    # backtracking regex would take minutes.
     with _time_limit(5.0):
         ans = extract_answer(text)
         correct = is_correct(text, '5')

@@ -1,6 +1,7 @@
-"""Rewards from models (reward_model.py, model.py's sequence classifier, reward.py's batched contract): parity with
-transformers on tiny random snapshots built here, the chat template rendered as transformers renders it, a judge whose
-P(yes) is known by construction, GRPO raising a reward model's score, and one-line start-up errors for bad input."""
+"""Rewards from models (reward_model.py, model.py's sequence classifier, reward.py's batched
+contract): parity with transformers on tiny random snapshots built here, the chat template rendered
+as transformers renders it, a judge whose P(yes) is known by construction, GRPO raising a reward
+model's score, and one-line start-up errors for bad input."""
 import json
 import math
 import os
@@ -43,7 +44,8 @@ COMPLETIONS = ['12+7=19\n#### 19', 'I think it is 8.', '3+4=7 so \\boxed{7}', ''
 
 
 def perturbed(hf, seed=0):
-    """Every parameter random (HF zeroes biases and sets norms to one, which would hide a misplaced tensor)."""
+    """Every parameter random (HF zeroes biases and sets norms to one, which would hide a misplaced
+    tensor)."""
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in hf.parameters():
@@ -52,7 +54,8 @@ def perturbed(hf, seed=0):
 
 
 def write_snapshot(hf, path, template=None):
-    """hf saved by transformers, with the byte tokenizer's files (and optionally another chat template)."""
+    """hf saved by transformers, with the byte tokenizer's files (and optionally another chat
+    template)."""
     hf.save_pretrained(path)
     byte_tokenizer().save(path)
     if template is not None:
@@ -123,8 +126,9 @@ def task_messages(ex):  # what train_grpo passes: the task's prompt messages for
 
 
 def test_reward_model_scores_as_transformers_with_scale_shift_and_clip(classifier):
-    """The whole path: task messages + completion through the RM's template, batches sorted and padded, the
-    label's logit (one label) or probability (two), then scale/shift/clip; against transformers row by row."""
+    """The whole path: task messages + completion through the RM's template, batches sorted and
+    padded, the label's logit (one label) or probability (two), then scale/shift/clip; against
+    transformers row by row."""
     path, hf, _ = classifier
     hf_tok = transformers.AutoTokenizer.from_pretrained(path)
     exs = [EX[i % 2] for i in range(len(COMPLETIONS))]
@@ -187,10 +191,10 @@ def test_run_facts_reach_the_model_rewards_and_user_kwargs_win(classifier):
 # the judge
 
 def constant_judge(path, p_yes):
-    """A causal model whose next-token distribution is the same after any input, with
-    P('Y') / (P('Y') + P('N')) = p_yes: every token embeds to e_0, attention and MLP add nothing, the final norm
-    maps e_0 to e_0, and the head's column 0 holds log-odds log(p / (1 - p)) on 'Y' and 0 on 'N' (and 5 on 'x': the
-    verdict is renormalised over the two words, whatever else is likely)."""
+    """A causal model whose next-token distribution is the same after any input, with P('Y') /
+    (P('Y') + P('N')) = p_yes: every token embeds to e_0, attention and MLP add nothing, the final
+    norm maps e_0 to e_0, and the head's column 0 holds log-odds log(p / (1 - p)) on 'Y' and 0 on
+    'N' (and 5 on 'x': the verdict is renormalised over the two words, whatever else is likely)."""
     tok = byte_tokenizer()
     cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=8,
                         intermediate_size=8, tie_word_embeddings=False)
@@ -212,8 +216,8 @@ def test_judge_pays_p_yes_over_p_yes_plus_p_no(tmp_path):
 
 
 def test_judge_matches_transformers_on_a_random_model(tmp_path):
-    """The question filled in, rendered by the judge's template, next-token logits at its last token: against
-    transformers' apply_chat_template and forward, one prompt at a time."""
+    """The question filled in, rendered by the judge's template, next-token logits at its last
+    token: against transformers' apply_chat_template and forward, one prompt at a time."""
     cfg = transformers.Qwen2Config(**{k: v for k, v in CLASSIFIERS['qwen2_1label'][1].items() if k != 'num_labels'})
     hf = perturbed(transformers.AutoModelForCausalLM.from_config(cfg), seed=3)
     path = write_snapshot(hf, tmp_path / 'judge', QWEN25_TEMPLATE)
@@ -236,9 +240,10 @@ def test_judge_matches_transformers_on_a_random_model(tmp_path):
 # GRPO on a reward model's score
 
 def digit_counter(path):
-    """A Qwen2 reward model (one label) whose score rises with the share of digits among the tokens it reads:
-    embeddings e_1 for every token plus e_0 for digits; q = k = 0, so attention averages the values, which copy the
-    digit indicator into e_2; MLP off; the head reads e_2 after the final norm (increasing in the average)."""
+    """A Qwen2 reward model (one label) whose score rises with the share of digits among the tokens
+    it reads: embeddings e_1 for every token plus e_0 for digits; q = k = 0, so attention averages
+    the values, which copy the digit indicator into e_2; MLP off; the head reads e_2 after the final
+    norm (increasing in the average)."""
     tok = byte_tokenizer()
     cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=1, n_kv_head=1, n_embd=8,
                         intermediate_size=8, tie_word_embeddings=False, num_labels=1, pad_token_id=tok.pad_id)
@@ -375,8 +380,8 @@ def test_zero_spread_warning_names_the_model_reward_and_what_to_check(capsys):
 
 
 def test_train_grpo_warns_when_a_judge_ties_every_group(tmp_path):
-    """A judge that answers the same whatever it reads (P(yes) = 0.8 by construction): train_grpo logs its per-function
-    spread and warns, naming the judge and what to check."""
+    """A judge that answers the same whatever it reads (P(yes) = 0.8 by construction): train_grpo
+    logs its per-function spread and warns, naming the judge and what to check."""
     judge = constant_judge(tmp_path / 'judge', 0.8)
     from test_train import TINY, env
     args = [a for a in TINY if not a.startswith('--rewards=')] + [

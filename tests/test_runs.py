@@ -1,5 +1,6 @@
-"""The everyday tools around a run: evaluating any checkpoint, exports, resume hygiene (knob changes, samples.jsonl,
-a reference that was never kept, a second Ctrl-C), loading that runs no code, wandb, and memory over a long run."""
+"""The everyday tools around a run: evaluating any checkpoint, exports, resume hygiene (knob
+changes, samples.jsonl, a reference that was never kept, a second Ctrl-C), loading that runs no
+code, wandb, and memory over a long run."""
 import glob
 import json
 import math
@@ -22,7 +23,8 @@ def sample_py(*args):
 
 
 class Planted:
-    """A pickle that runs a command when loaded: what a file planted in a shared out_dir could hold."""
+    """A pickle that runs a command when loaded: what a file planted in a shared out_dir could
+    hold."""
     def __init__(self, marker):
         self.marker = marker
 
@@ -66,7 +68,8 @@ def test_a_checkpoint_that_would_run_code_is_refused(trained, tmp_path):
     p, _ = sample_py(f'--init_from={evil}', f'--out_dir={tmp_path / "e"}')
     assert p.returncode != 0 and not marker.exists(), p.stdout + p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and 'refused to load' in p.stderr and 'GLOBAL posix.system' in p.stderr, p.stderr
-    # planted as the newest checkpoint of a run: resume skips it (saying why) and takes the newest good one
+    # planted as the newest checkpoint of a run: resume skips it (saying why) and takes the newest
+    # good one
     import shutil
     out = tmp_path / 'run'
     shutil.copytree(trained, out)
@@ -132,8 +135,9 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
 
 
 def wandb_history(out_dir):
-    """History rows of the offline wandb runs under out_dir, read from their .wandb files (a leveldb-style log of
-    protobuf records: 7-byte file header, then records of crc(4) length(2, little-endian) type(1) in 32 KiB blocks)."""
+    """History rows of the offline wandb runs under out_dir, read from their .wandb files (a
+    leveldb-style log of protobuf records: 7-byte file header, then records of crc(4) length(2,
+    little-endian) type(1) in 32 KiB blocks)."""
     from wandb.proto import wandb_internal_pb2
     rows = []
     for path in sorted(glob.glob(str(out_dir / 'wandb' / 'offline-run-*' / 'run-*.wandb'))):
@@ -179,8 +183,9 @@ def test_memory_does_not_grow_over_a_long_run(tmp_path):
 
 
 def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch, capsys):
-    """Several torch threads on cores other jobs already keep busy wait on each other at every op (a demo step 3x
-    slower with 2 threads than with 1 at load 4-8 on 2 cores): said once at start, with the fix."""
+    """Several torch threads on cores other jobs already keep busy wait on each other at every op (a
+    demo step 3x slower with 2 threads than with 1 at load 4-8 on 2 cores): said once at start, with
+    the fix."""
     from safety import cpu_contention, startup_warnings
     assert cpu_contention(load=0.3, cores=2, threads=2) is None  # idle machine: use every core
     assert cpu_contention(load=3.9, cores=2, threads=1) is None  # already one thread

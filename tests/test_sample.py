@@ -1,4 +1,5 @@
-"""generate(): cached = uncached, per-row randomness, stops, limits, batching and compaction change nothing."""
+"""generate(): cached = uncached, per-row randomness, stops, limits, batching and compaction change
+nothing."""
 import pytest
 import torch
 
@@ -88,13 +89,15 @@ def test_compaction_changes_nothing():
 
 
 def test_compiled_decode_generates_as_eager():
-    """compile=True (torch.compile of the prefill and decode steps, dynamic shapes): the same tokens as eager, through
-    rows finishing at different times and compaction shrinking the batch; and no recompile per batch size or prompt
-    length: calls with other batches and prompt lengths, compacted or not, reuse the two compiled graphs."""
+    """compile=True (torch.compile of the prefill and decode steps, dynamic shapes): the same tokens
+    as eager, through rows finishing at different times and compaction shrinking the batch; and no
+    recompile per batch size or prompt length: calls with other batches and prompt lengths,
+    compacted or not, reuse the two compiled graphs."""
     from torch._dynamo.utils import counters
     counters.clear()
     model = tiny()
-    # first, a call without compaction: its cache is the prefill's, shared with the samples; then calls that compact
+    # first, a call without compaction: its cache is the prefill's, shared with the samples; then
+    # calls that compact
     greedy = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[], compile=True)
     assert [x['ids'] for x in greedy] == [naive_greedy(model, p, 20)[0] for p in PROMPTS]
     stops = [ord(c) for c in 'aeiou ']

@@ -13,7 +13,8 @@ from test_train import ROOT, TINY, env, metrics, run
 
 
 def run_task(out_dir, *args, **kw):
-    """test_train's tiny run, its arith knobs left out: they are unknown keys under any other task."""
+    """test_train's tiny run, its arith knobs left out: they are unknown keys under any other
+    task."""
     tiny = [a for a in TINY if not a.startswith(('--task=', '--arith_'))]
     saved, test_train.TINY = test_train.TINY, tiny
     try:
@@ -40,7 +41,8 @@ def test_builtin_tasks_expose_the_interface(name):
 
 
 def test_task_defaults_own_the_prompt():
-    """gsm8k asks for steps and a box under a system turn; arith (byte models) has neither, every byte being a token."""
+    """gsm8k asks for steps and a box under a system turn; arith (byte models) has neither, every
+    byte being a token."""
     ex = {'question': 'q?', 'answer': '1', 'solution': '#### 1'}
     g = tasks.resolve('gsm8k').messages(ex)
     assert [m['role'] for m in g] == ['system', 'user'] and '\\boxed{}' in g[1]['content']
@@ -117,8 +119,8 @@ def test_task_from_a_path_trains_and_takes_its_knobs(tmp_path):
 
 
 def test_sample_py_reproduces_the_runs_eval_on_arith(tmp_path):
-    """The built-in task, its knobs (a 12-problem test split) and the run's prompts ('' system prompt and instruction),
-    eval size and budget all come from the export's grpo_run.json."""
+    """The built-in task, its knobs (a 12-problem test split) and the run's prompts ('' system
+    prompt and instruction), eval size and budget all come from the export's grpo_run.json."""
     out = tmp_path / 'run'
     run(out, '--max_steps=2', '--eval_every=1', '--eval_examples=10', '--arith_n_test=12', '--export_hf=True',
         '--eval_max_new_tokens=12', '--arith_difficulty=starter')
@@ -131,7 +133,8 @@ def test_sample_py_reproduces_the_runs_eval_on_arith(tmp_path):
 
 
 def test_readme_add_a_task_example_trains_and_evaluates(tmp_path):
-    """The README's example task, as printed there, plugs in by its path: a step, an eval, its own reward names."""
+    """The README's example task, as printed there, plugs in by its path: a step, an eval, its own
+    reward names."""
     readme = (ROOT / 'README.md').read_text()
     section = readme[readme.index('## Add a task'):]
     code = section[section.index('```python\n') + 10:section.index('```\n', section.index('```python\n') + 10)]
@@ -144,8 +147,9 @@ def test_readme_add_a_task_example_trains_and_evaluates(tmp_path):
 
 
 def test_a_task_file_runs_once_however_often_it_is_resolved(tmp_path):
-    """configure() resolves --task to find its knobs, train_grpo.py resolves it again: a task file with side
-    effects (a download, a cache) must run once, and both must see the same module (its knobs set once)."""
+    """configure() resolves --task to find its knobs, train_grpo.py resolves it again: a task file
+    with side effects (a download, a cache) must run once, and both must see the same module (its
+    knobs set once)."""
     log = tmp_path / 'ran.txt'
     src = (ROOT / 'tests' / 'grpo_test_task.py').read_text()
     (tmp_path / 'once.py').write_text(f"open({str(log)!r}, 'a').write('ran\\n')\n" + src)

@@ -1,4 +1,5 @@
-"""Our tiktoken-based loader must tokenize exactly like the HF `tokenizers` library on the same files."""
+"""Our tiktoken-based loader must tokenize exactly like the HF `tokenizers` library on the same
+files."""
 import json
 import random
 from pathlib import Path
@@ -22,7 +23,8 @@ def corpus():
 
 
 def sample_strings():
-    """>= 1,000 strings: GSM8K text, unicode, emoji, digits, runs of spaces/newlines, special tokens."""
+    """>= 1,000 strings: GSM8K text, unicode, emoji, digits, runs of spaces/newlines, special
+    tokens."""
     rng = random.Random(0)
     qs = corpus()
     out = qs[:700]

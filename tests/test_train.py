@@ -1,4 +1,5 @@
-"""train_grpo.py end to end on CPU: it learns, it resumes exactly, and every guard fires within a step of its cause."""
+"""train_grpo.py end to end on CPU: it learns, it resumes exactly, and every guard fires within a
+step of its cause."""
 import concurrent.futures
 import json
 import math
@@ -40,9 +41,9 @@ def run(out_dir, *args, timeout=120, check=True):
 
 
 def run_together(*jobs, timeout=120):
-    """Independent runs side by side, [out_dir, *args] each, checked like run(): the second core does one while the
-    first does another (a run alone is mostly one busy thread: start-up, tiny ops). Same results as one after the
-    other: no run reads another's out_dir."""
+    """Independent runs side by side, [out_dir, *args] each, checked like run(): the second core
+    does one while the first does another (a run alone is mostly one busy thread: start-up, tiny
+    ops). Same results as one after the other: no run reads another's out_dir."""
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         futures = [pool.submit(run, *job, timeout=timeout) for job in jobs]
         return [f.result() for f in futures]
@@ -72,7 +73,8 @@ def all_finite_on_disk(out_dir):
 
 
 def test_grpo_raises_mean_reward(tmp_path):
-    """Regression test that the loop learns at all: reward = fraction of digits in the completion."""
+    """Regression test that the loop learns at all: reward = fraction of digits in the
+    completion."""
     run(tmp_path, '--max_steps=20', '--lr=2e-2', '--group_size=8', '--batch_prompts=8', '--micro_batch_size=64',
         '--max_new_tokens=12', '--save_every=100')
     r = [m['reward/mean'] for m in metrics(tmp_path) if 'reward/mean' in m]
@@ -104,9 +106,9 @@ def test_metrics_keys_and_files(tmp_path):
 
 
 def test_update_metrics_come_from_the_last_iteration(tmp_path):
-    """num_iterations = 1: the ratio is 1, so no clip/ratio metrics are logged (a constant 0 would look like a
-    measurement). num_iterations = 3: the last iteration's clip fractions, ratio range and KL(old || new) show the
-    updates moved the policy."""
+    """num_iterations = 1: the ratio is 1, so no clip/ratio metrics are logged (a constant 0 would
+    look like a measurement). num_iterations = 3: the last iteration's clip fractions, ratio range
+    and KL(old || new) show the updates moved the policy."""
     run(tmp_path / 'mu1', '--max_steps=1')
     assert not any(k.startswith(('clip/', 'ratio/', 'kl_old_new')) for k in metrics(tmp_path / 'mu1')[1])
     run(tmp_path / 'mu3', '--max_steps=2', '--num_iterations=3', '--lr=3e-2')
@@ -117,8 +119,9 @@ def test_update_metrics_come_from_the_last_iteration(tmp_path):
 
 
 def test_zero_std_filter_saves_compute_without_changing_the_gradient(tmp_path):
-    """filter_zero_std leaves zero-spread groups out of the forward/backward but not out of the loss normalisers:
-    the same loss and gradient norm with the filter on or off (before, the gradient grew by 1 / (1 - frac_zero_std))."""
+    """filter_zero_std leaves zero-spread groups out of the forward/backward but not out of the loss
+    normalisers: the same loss and gradient norm with the filter on or off (before, the gradient
+    grew by 1 / (1 - frac_zero_std))."""
     args = ['--max_steps=1', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]", '--group_size=2',
             '--batch_prompts=8', '--loss_agg=seq_mean_token_mean']
     run_together([tmp_path / 'on', *args], [tmp_path / 'off', *args, '--filter_zero_std=False'])
@@ -130,9 +133,10 @@ def test_zero_std_filter_saves_compute_without_changing_the_gradient(tmp_path):
 
 
 def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_path):
-    """dynamic_sampling (DAPO): a coin-flip reward leaves about half of the groups of 2 with equal rewards; the step
-    draws more prompts until 8 groups have a spread and trains on exactly those. The data cursor moves past every
-    prompt drawn, so a resumed run continues with the same prompts as one that did not stop."""
+    """dynamic_sampling (DAPO): a coin-flip reward leaves about half of the groups of 2 with equal
+    rewards; the step draws more prompts until 8 groups have a spread and trains on exactly those.
+    The data cursor moves past every prompt drawn, so a resumed run continues with the same prompts
+    as one that did not stop."""
     args = ['--group_size=2', '--batch_prompts=8', '--dynamic_sampling=6', '--save_every=1',
             "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
     run_together([tmp_path / 'a', '--max_steps=3', *args], [tmp_path / 'b', '--max_steps=2', *args])
@@ -151,8 +155,9 @@ def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_pa
 
 
 def test_no_checkpoint_inside_a_nan_streak(tmp_path):
-    """NaN at steps 2 and 3, save_every=2: step 2 is not saved (it is inside the streak), so the rollback at step 3
-    (nan_patience=2) goes to step 0's weights, not to the step the streak started from."""
+    """NaN at steps 2 and 3, save_every=2: step 2 is not saved (it is inside the streak), so the
+    rollback at step 3 (nan_patience=2) goes to step 0's weights, not to the step the streak started
+    from."""
     p = run(tmp_path, '--max_steps=5', '--save_every=2', '--keep_last=10', '--fault_nan_steps=[2, 3]', '--nan_patience=2',
             '--max_rollbacks=2')
     assert not (tmp_path / 'ckpt_0000002.pt').exists(), "a checkpoint was written inside a non-finite streak"
@@ -160,16 +165,17 @@ def test_no_checkpoint_inside_a_nan_streak(tmp_path):
 
 
 def test_length_penalty_follows_max_new_tokens(tmp_path):
-    """The 'length' reward with no kwargs penalises the last quarter of the run's own max_new_tokens (8 here): before,
-    its fixed 1024-token default gave 0 to every completion of any run with max_new_tokens <= 768."""
+    """The 'length' reward with no kwargs penalises the last quarter of the run's own max_new_tokens
+    (8 here): before, its fixed 1024-token default gave 0 to every completion of any run with
+    max_new_tokens <= 768."""
     run(tmp_path, '--max_steps=1', "--rewards=[{'name': 'length'}]")
     row = metrics(tmp_path)[1]
     assert row['response_len/clip_frac'] > 0 and row['reward/length/mean'] < 0, row
 
 
 def test_bf16_with_truncated_importance_sampling(tmp_path):
-    """bf16 on the CPU: sampler and trainer compute the policy in different numerics; tis reweights by their ratio
-    and logs the weights."""
+    """bf16 on the CPU: sampler and trainer compute the policy in different numerics; tis reweights
+    by their ratio and logs the weights."""
     run(tmp_path, '--max_steps=2', '--dtype=bfloat16', '--tis=token_truncate', '--tis_cap=1.01')
     row = metrics(tmp_path)[2]
     assert row['logprob_gen_vs_train'] > 0 and 0 < row['tis/weight_mean'] <= 1.01 and 0 <= row['tis/capped_frac'] <= 1, row
@@ -188,10 +194,11 @@ def test_all_zero_std_warning_names_cause_and_fix(tmp_path):
 
 
 def test_exact_resume_after_sigkill(tmp_path):
-    """6 steps straight vs. killed after step 3 and restarted with the same command: same metrics, same weights."""
+    """6 steps straight vs. killed after step 3 and restarted with the same command: same metrics,
+    same weights."""
     a, b = tmp_path / 'straight', tmp_path / 'killed'
-    # step 4 sleeps 2 s before its update (in every run: the same command), so the kill lands mid-run however fast
-    # the steps are; the sleep touches no state
+    # step 4 sleeps 2 s before its update (in every run: the same command), so the kill lands
+    # mid-run however fast the steps are; the sleep touches no state
     args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3', '--fault_stall_step=4',
             '--fault_stall_s=2']
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -216,23 +223,26 @@ def test_exact_resume_after_sigkill(tmp_path):
 
 
 def newest_ckpt(out_dir, pid=None):
-    """Step of the newest complete checkpoint in out_dir (-1: none), and whether process pid is writing one now (its
-    temporary file exists: a checkpoint is written under a temporary name and renamed when whole)."""
+    """Step of the newest complete checkpoint in out_dir (-1: none), and whether process pid is
+    writing one now (its temporary file exists: a checkpoint is written under a temporary name and
+    renamed when whole)."""
     names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
     done = [int(n[5:12]) for n in names if n.startswith('ckpt_') and n.endswith('.pt')]
     return max(done, default=-1), any(n.startswith('ckpt_') and n.endswith(f'.tmp.{pid}') for n in names)
 
 
 def test_kill_at_random_instants(tmp_path):
-    """20 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that on a fast machine
-    or a slow one they spread over start-up, generation and the update, and checkpoint writing: every checkpoint on
-    disk loads, no restart resumes from an older checkpoint than the last, and the finished run has every step once.
+    """20 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that
+    on a fast machine or a slow one they spread over start-up, generation and the update, and
+    checkpoint writing: every checkpoint on disk loads, no restart resumes from an older checkpoint
+    than the last, and the finished run has every step once.
 
-    A kill lands in one of three places, drawn at random: in start-up (a random fraction of the shortest start-up
-    seen, timed from launch to the run's first new checkpoint); in a step (after 1-3 new checkpoints, save_every=1
-    writes one per step, plus a random fraction of the median step); or in a checkpoint write (once the temporary file
-    of the 1st-3rd new checkpoint appears, or the checkpoint itself if its temporary file came and went between two
-    looks, plus a random fraction of the median write)."""
+    A kill lands in one of three places, drawn at random: in start-up (a random fraction of the
+    shortest start-up seen, timed from launch to the run's first new checkpoint); in a step (after
+    1-3 new checkpoints, save_every=1 writes one per step, plus a random fraction of the median
+    step); or in a checkpoint write (once the temporary file of the 1st-3rd new checkpoint appears,
+    or the checkpoint itself if its temporary file came and went between two looks, plus a random
+    fraction of the median write)."""
     rng = random.Random(0)
     args = ['--max_steps=100000', '--save_every=1', '--keep_last=2']  # long enough that no kill comes after the end
     startup_s, step_s, write_s = [], [], []
@@ -351,9 +361,9 @@ def test_kl_above_max(tmp_path, mode):
             '--max_rollbacks=1', '--lr=1e-2', check=False)
     assert p.returncode == 3 and 'kl_max' in p.stderr, p.stderr[-2000:]
     rows = metrics(tmp_path)
-    # KL to the reference is 0 at step 1 (policy == reference) and > 0 at step 2. 'stop' ends there. 'rollback' goes
-    # back to the step-0 weights (== reference), so step 3 has KL 0 again and step 4 breaches once more: over
-    # max_rollbacks=1, it stops
+    # KL to the reference is 0 at step 1 (policy == reference) and > 0 at step 2. 'stop' ends there.
+    # 'rollback' goes back to the step-0 weights (== reference), so step 3 has KL 0 again and step 4
+    # breaches once more: over max_rollbacks=1, it stops
     assert rows[-1]['step'] == (2 if mode == 'stop' else 4), [r['step'] for r in rows]
     assert rows[2]['kl'] > 1e-9 and rows[1]['kl'] == 0.0
     if mode == 'rollback':
@@ -363,8 +373,8 @@ def test_kl_above_max(tmp_path, mode):
 
 
 def test_watchdog_dumps_the_stalled_stack(tmp_path):
-    # watchdog_s well above any real step's quiet stretch (a first update on a slow, loaded machine takes seconds), far
-    # below the stall: only the stall can trip it
+    # watchdog_s well above any real step's quiet stretch (a first update on a slow, loaded machine
+    # takes seconds), far below the stall: only the stall can trip it
     p = run(tmp_path, '--max_steps=3', '--watchdog_s=8.0', '--fault_stall_step=1', '--fault_stall_s=120',
             '--watchdog_exit=True', check=False, timeout=200)
     assert p.returncode == 4, p.stderr[-2000:]
@@ -402,7 +412,8 @@ def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
 
 
 def test_arith_probe_reads_an_arith_export(tmp_path):
-    """tools/arith_probe.py (the README's forced-count figures) on a tiny arith run's export; any other is refused."""
+    """tools/arith_probe.py (the README's forced-count figures) on a tiny arith run's export; any
+    other is refused."""
     run(tmp_path / 'a', '--export_hf=True', '--max_steps=0', '--sft_steps=2', '--arith_difficulty=starter',
         '--arith_count_on=0.5', '--arith_slips=1.0')
     probe = [sys.executable, str(ROOT / 'tools' / 'arith_probe.py')]

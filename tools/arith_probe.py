@@ -1,8 +1,9 @@
 """
-What an arithmetic-demo model (config/arith.py) has learned, style by style: greedy pass@1 as evaluated; greedy
-pass@1 with the prompt followed by the first line's "80-7:", which forces the counting style; and, over 8 samples a
-problem at temperature 1, how many count on and how many of those are right. GRPO on this task mostly chooses the
-counting style; it ends near the forced figure, so that is how well the warm start taught counting.
+What an arithmetic-demo model (config/arith.py) has learned, style by style: greedy pass@1 as
+evaluated; greedy pass@1 with the prompt followed by the first line's "80-7:", which forces the
+counting style; and, over 8 samples a problem at temperature 1, how many count on and how many of
+those are right. GRPO on this task mostly chooses the counting style; it ends near the forced
+figure, so that is how well the warm start taught counting.
 
     python tools/arith_probe.py out/arith/hf      # an HF export of an arith run (its grpo_run.json gives the knobs)
 """

@@ -1,13 +1,15 @@
 """
-Stockfish labels for tasks/chess.py's policy and mate sub-tasks: each position's top candidate moves (multipv), their
-evaluations in pawns from the side to move (a mate = +-1000, RookWorld's convention) and the engine's best move,
-written as the rows `--data_dir` reads. Optional: nothing else in the project needs an engine (apt install stockfish).
+Stockfish labels for tasks/chess.py's policy and mate sub-tasks: each position's top candidate moves
+(multipv), their evaluations in pawns from the side to move (a mate = +-1000, RookWorld's
+convention) and the engine's best move, written as the rows `--data_dir` reads. Optional: nothing
+else in the project needs an engine (apt install stockfish).
 
     python tools/chess_labels.py --out_dir=data/chess                  # random-play positions, as the task makes them
     python tools/chess_labels.py --out_dir=data/chess --input_file=my.jsonl # your positions: rows {"fen": ...}
     python train_grpo.py config/chess.py --data_dir=data/chess --chess_subtask=policy
 
-Unlike RookWorld's published data, B: is always the engine's best move (there, Black's B: is the fifth-ranked).
+Unlike RookWorld's published data, B: is always the engine's best move (there, Black's B: is the
+fifth-ranked).
 """
 import json
 import os
