@@ -12,14 +12,20 @@ def micro_batches(rows, size, whole_groups):
     """Cut a step's rows into micro-batches of at most `size` rows, similar lengths together (less
     padding). whole_groups (for pack_groups): a group's rows stay together and in order, at least
     one group per micro-batch."""
+    def row_len(r):
+        return len(r['prompt']) + len(r['ids'])
+
+    def group_len(g):
+        return len(g[0]['prompt']) + sum(len(r['ids']) for r in g)
+
     if not whole_groups:
-        rows = sorted(rows, key=lambda r: len(r['prompt']) + len(r['ids']))
+        rows = sorted(rows, key=row_len)
         return [rows[i:i + size] for i in range(0, len(rows), size)]
     groups = {}
     for r in rows:
         groups.setdefault(r['group'], []).append(r)
     micro = []
-    for g in sorted(groups.values(), key=lambda g: len(g[0]['prompt']) + sum(len(r['ids']) for r in g)):
+    for g in sorted(groups.values(), key=group_len):
         if not micro or len(micro[-1]) + len(g) > size:
             micro.append([])
         micro[-1] += g
@@ -59,7 +65,7 @@ def pack_groups(rows, pad_id, device='cpu'):
     T = max(len(g[0]['prompt']) + sum(len(r['ids']) - 1 for r in g) for g in groups)
     x = torch.full((len(groups), T), pad_id, dtype=torch.int64)
     pos = torch.zeros((len(groups), T), dtype=torch.int64)
-    seg = torch.full((len(groups), T), -1, dtype=torch.int64)  # 0 prompt, s the s-th completion, -1 padding
+    seg = torch.full((len(groups), T), -1, dtype=torch.int64)  # 0 prompt, s the s-th completion, -1 pad
     pred, targets = [], []
     for b, g in enumerate(groups):
         n = len(g[0]['prompt'])
@@ -79,14 +85,18 @@ def pack_groups(rows, pad_id, device='cpu'):
 
 
 def layout_flops(rows, cfg, backend, block=128):
-    """Forward FLOPs of the update's trunk for a step's rows in each layout: (packed, one row per completion). The LM
-    head (completion tokens only) is the same in both and left out; backward is about twice forward in both.
+    """Forward FLOPs of the update's trunk for a step's rows in each layout: (packed, one row per
+    completion). The LM head (completion tokens only) is the same in both and left out; backward is
+    about twice forward in both.
       per token  2 x the block weights (q/k/v/o and MLP matmuls, all layers);
-      per pair   4 x n_layer x n_head x head_dim (q.k and the weighted sum of v) for each query-key pair computed:
-        rows (pack: prompt + completion less its last token, causal SDPA): the causal blocks of each row;
-        packed (pack_groups: the prompt once, then each completion less its last token), 'sdpa': every pair of the
-          packed row (a dense mask computes all T x T scores); 'flex': the blocks the block mask keeps (the prompt's
-          causal blocks, and for each query block the prompt's blocks and those from its first completion's start).
+      per pair   4 x n_layer x n_head x head_dim (q.k and the weighted sum of v) for each query-key
+                 pair computed:
+        rows (pack: prompt + completion less its last token, causal SDPA): the causal blocks of
+          each row;
+        packed (pack_groups: the prompt once, then each completion less its last token), 'sdpa':
+          every pair of the packed row (a dense mask computes all T x T scores); 'flex': the blocks
+          the block mask keeps (the prompt's causal blocks, and for each query block the prompt's
+          blocks and those from its first completion's start).
     Blocks of `block` x `block` pairs (FlexAttention's and flash attention's tiles)."""
     hd, nh, nkv, d = cfg.head_dim, cfg.n_head, cfg.n_kv_head, cfg.n_embd
     mlp = (3 if cfg.arch != 'gpt2' else 2) * d * cfg.intermediate_size
@@ -122,10 +132,14 @@ def layout_flops(rows, cfg, backend, block=128):
             if a < P:  # holds prompt queries: causal from key 0
                 n += qb + 1
                 continue
-            first = max((s for s in starts if s <= a), default=P)  # the completion holding query a starts here
-            n += pb + (qb - max(first // nb, pb) + 1)  # the prompt's blocks, then first's block up to this one
+            # the completion holding query a starts at `first`: the prompt's blocks, then first's
+            # block up to this one
+            first = max((s for s in starts if s <= a), default=P)
+            n += pb + (qb - max(first // nb, pb) + 1)
         pairs_packed += n * nb * nb
-    return tok_packed * per_token + pairs_packed * per_pair, tok_rows * per_token + pairs_rows * per_pair
+    packed = tok_packed * per_token + pairs_packed * per_pair
+    separate = tok_rows * per_token + pairs_rows * per_pair
+    return packed, separate
 
 
 def choose_share_prompt(rows, cfg, backend):
@@ -141,8 +155,8 @@ def choose_share_prompt(rows, cfg, backend):
     return packed <= separate
 
 
-def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype=torch.float32, compiled=False,
-                        head_fp32=True, tiles=(0, 0)):
+def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dtype=torch.float32,
+                        compiled=False, head_fp32=True, tiles=(0, 0)):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at
     `temperature`, through the fused LM head (kernels.lm_head_logprobs: never more logits than one
     tile of `tiles` = (tokens, vocabulary), 0 = its default). rows: {'prompt', 'ids'[, 'group']}
@@ -159,7 +173,8 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype
         x, select = pack(rows, pad_id, device)
         targets, x, kw = x[:, 1:][select], x[:, :-1], dict(select=select)
 
-    def head(h, weight):  # runs inside net's forward: a DDP/FSDP wrapper sees (FSDP has gathered) the LM head weight
+    # head runs inside net's forward: a DDP/FSDP wrapper sees (FSDP has gathered) the LM head weight
+    def head(h, weight):
         return lm_head_logprobs(h, weight, targets, temperature, head_fp32=head_fp32, tiles=tiles)
 
     if compiled:  # torch.compile the trunk only; the kernels run as they are
@@ -168,7 +183,7 @@ def completion_logprobs(net, rows, pad_id, temperature, share_prompt=True, dtype
         return net(x, head=head, **kw)
 
 
-def train_rows(comps, adv, zero_std, prompts, mine, groups, filter_zero_std=True, mask_truncated=False):
+def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=True, mask_truncated=False):
     """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp',
     'group'}: those of the kept `groups` (the step's prompt indices; row k of adv and zero_std is
     groups[k]'s, so dynamic sampling can drop groups) that this rank generated (`mine`: it holds
@@ -185,13 +200,16 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, filter_zero_std=True
         k = at.get(c['prompt_idx'])
         if k is None or (mask_truncated and c['truncated']) or not c['ids']:
             continue
-        n_tok, n_seq = n_tok + len(c['ids']), n_seq + 1
+        n_tok += len(c['ids'])
+        n_seq += 1
         if filter_zero_std and zero_std[k]:
             continue
-        n_trained, t_trained = n_trained + 1, t_trained + len(c['ids'])
+        n_trained += 1
+        t_trained += len(c['ids'])
         if c['prompt_idx'] in mine:
-            rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'], 'adv': float(adv[k, c['sample_idx']]),
-                         'gen_logp': c['logprobs'], 'group': c['prompt_idx']})
+            rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'],
+                         'adv': float(adv[k, c['sample_idx']]), 'gen_logp': c['logprobs'],
+                         'group': c['prompt_idx']})
     return rows, n_tok, n_seq, (n_trained, t_trained)
 
 
@@ -207,4 +225,5 @@ def pad_micro_batches(micro, pad_id, device):
     in one process."""
     from parallel import all_reduce
     pad = {'prompt': [pad_id], 'ids': [pad_id], 'adv': 0.0, 'gen_logp': [0.0], 'group': -1}
-    return micro + [[pad]] * int(all_reduce([len(micro)], device, 'max')[0] - len(micro))
+    most = int(all_reduce([len(micro)], device, 'max')[0])
+    return micro + [[pad]] * (most - len(micro))

@@ -7,6 +7,7 @@ renamed over: a reader sees the old file or the new one, never half of one. The 
 after the rename so the rename itself survives a power cut.
 """
 import copy
+import functools
 import glob
 import json
 import math
@@ -135,7 +136,7 @@ def trim_metrics(path, last_step):
 
 # ----------------------------------------------------------------------------- a run's checkpoints
 
-def reference_model(policy, dtype, path, resumed, master, device, initial=None):
+def reference_model(policy, dtype, path, *, resumed, master, device, initial=None):
     """The frozen KL reference: a copy of the policy GRPO starts from (after the warm start, if any)
     in the compute dtype, written to path at the start and read back on resume (init_from alone
     cannot rebuild it after SFT). A resumed run whose start had no reference (beta was 0) gets
@@ -147,10 +148,12 @@ def reference_model(policy, dtype, path, resumed, master, device, initial=None):
         ref.load_state_dict(load_checkpoint(path, device))
         return ref
     if resumed and initial is None:
-        die(f"beta > 0, but this run started with beta = 0 and kept no KL reference ({path}); its warm start "
-            "(sft_steps) cannot be rebuilt from init_from. Resume with --beta=0, or start a new --out_dir", 2)
+        die(f"beta > 0, but this run started with beta = 0 and kept no KL reference ({path}); its warm "
+            "start (sft_steps) cannot be rebuilt from init_from. Resume with --beta=0, or start a new "
+            "--out_dir", 2)
     if resumed:
-        print(f"resume: no KL reference at {path} (the run started with beta = 0): using init_from's weights")
+        print(f"resume: no KL reference at {path} (the run started with beta = 0): "
+              "using init_from's weights")
         ref.load_state_dict(initial().state_dict())
     if master:
         atomic_write(path, lambda f: torch.save(ref.state_dict(), f))
@@ -159,10 +162,10 @@ def reference_model(policy, dtype, path, resumed, master, device, initial=None):
 
 # knobs a resumed run may change without changing what it computes (what it logs, saves, prints or
 # waits for)
-RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples', 'eval_batch_size', 'verbose',
-               'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every', 'export_dtype', 'plot',
-               'plot_every', 'watchdog_s', 'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name',
-               'fault_stall_step', 'fault_stall_s')
+RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples', 'eval_batch_size',
+               'verbose', 'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every',
+               'export_dtype', 'plot', 'plot_every', 'watchdog_s', 'watchdog_exit', 'wandb_log',
+               'wandb_project', 'wandb_run_name', 'fault_stall_step', 'fault_stall_s')
 
 
 def config_changes(saved, config):
@@ -170,15 +173,24 @@ def config_changes(saved, config):
     changes what the run computes (anything outside RESUME_SAFE: its trajectory is then not the one
     a run without the stop had). A knob the checkpoint's code did not have (or this code no longer
     has) is named but does not count: its default is meant to keep the old behaviour."""
-    keys = sorted(k for k in set(saved) | set(config) if saved.get(k, '(unset)') != config.get(k, '(unset)'))
+    unset = '(unset)'
+    keys = sorted(k for k in set(saved) | set(config) if saved.get(k, unset) != config.get(k, unset))
     known = [k for k in keys if k in saved and k in config]
-    lines = [f"  {k}: {saved.get(k, '(unset)')!r} -> {config.get(k, '(unset)')!r}" + (
-        '   (changes the run)' if k in known and k not in RESUME_SAFE else '' if k in known else
-        '   (a knob new since that checkpoint)' if k in config else '   (a knob this code no longer has)') for k in keys]
+    lines = []
+    for k in keys:
+        if k in known and k not in RESUME_SAFE:
+            note = '   (changes the run)'
+        elif k in known:
+            note = ''
+        elif k in config:
+            note = '   (a knob new since that checkpoint)'
+        else:
+            note = '   (a knob this code no longer has)'
+        lines.append(f"  {k}: {saved.get(k, unset)!r} -> {config.get(k, unset)!r}" + note)
     return lines, any(k not in RESUME_SAFE for k in known)
 
 
-def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, resume_changed=False):
+def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None, resume_changed=False):
     """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer,
     restore the RNG state, trim metrics.jsonl and samples.jsonl back to its step, and return its
     state dict; None to start fresh (then a metrics.jsonl already there is renamed aside, never
@@ -186,23 +198,30 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, res
     the checkpoint's run are printed; one that changes what the run computes (config_changes) needs
     resume_changed=True, else the run stops before touching anything."""
     from parallel import barrier, die
-    path, state = load_newest_everywhere(out_dir, master) if resume == 'auto' else (None, None)
+    path, state = None, None
+    if resume == 'auto':
+        path, state = load_newest_everywhere(out_dir, master)
     if resume == 'never' and list_checkpoints(out_dir):
-        die(f"resume='never' but {out_dir} holds checkpoints; pick a new --out_dir (nothing is overwritten)", 2)
+        die(f"resume='never' but {out_dir} holds checkpoints; pick a new --out_dir (nothing is "
+            "overwritten)", 2)
     if state is not None and config is not None and state.get('config') is not None:
         lines, changes_run = config_changes(state['config'], config)
         if lines and master:
             print(f"resume: {path} was written with other knob values:\n" + '\n'.join(lines), flush=True)
         if changes_run and not resume_changed:
-            die(f"resume: knobs marked '(changes the run)' differ from {path}'s run, so it would not continue as it "
-                "would have; pass --resume_changed=True to resume anyway, or use a new --out_dir", 2)
+            die(f"resume: knobs marked '(changes the run)' differ from {path}'s run, so it would not "
+                "continue as it would have; pass --resume_changed=True to resume anyway, or use a new "
+                "--out_dir", 2)
     barrier()  # every rank has chosen before rank 0 writes anything
     metrics = os.path.join(out_dir, 'metrics.jsonl')
     if state is not None:
-        base, was = getattr(model, 'lora', {}).get('base'), state.get('lora', {}).get('base')
-        if base is not None and was is not None and not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(base, was)):
-            die(f"resume: the base weights loaded from init_from differ from those {path}'s adapters were trained on "
-                f"(fingerprint {base} vs {state['lora']['base']}); point --init_from at that snapshot", 2)
+        base = getattr(model, 'lora', {}).get('base')  # LoRA: the base weights' fingerprint
+        was = state.get('lora', {}).get('base')
+        same = base is None or was is None or all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(base, was))
+        if not same:
+            die(f"resume: the base weights loaded from init_from differ from those {path}'s adapters were "
+                f"trained on (fingerprint {base} vs {state['lora']['base']}); point --init_from at that "
+                "snapshot", 2)
         try:
             load_state(model, optimizer, state['model'], state['optimizer'], fsdp)
         except ValueError as e:
@@ -211,13 +230,14 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, config=None, res
         if master:
             for log in (metrics, os.path.join(out_dir, 'samples.jsonl')):
                 trim_metrics(log, state['step'])
-        print(f"resume: {path} (step {state['step']}, data cursor {state['cursor']}, lr scale {state['lr_scale']})")
+        print(f"resume: {path} (step {state['step']}, data cursor {state['cursor']}, "
+              f"lr scale {state['lr_scale']})")
     elif master and os.path.exists(metrics):
         os.replace(metrics, metrics + f'.old.{int(time.time())}')
     return state
 
 
-def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state, tok=None, config=None,
+def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_state, tok=None, config=None,
              export_dtype=None, keep_export=False):
     """Checkpoint step (with run_state: cursor, lr_scale, guards, ...) and, given tok, the HF export
     out_dir/hf (in export_dtype, default the weights' fp32; keep_export: also out_dir/hf_{step:07d},
@@ -232,23 +252,36 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, keep_last, run_state
     from hf import save_pretrained
     import lora
     msd, osd = full_state(model, optimizer, fsdp)
-    adapters = lora.adapter_state(model, msd) if master else None
-    ok = all(torch.isfinite(t).all() for t in (msd if adapters is None else adapters).values())
+    adapters = lora.adapter_state(model, msd) if master else None  # None: not LoRA (or not rank 0)
+    weights = msd if adapters is None else adapters
+    ok = all(torch.isfinite(t).all() for t in weights.values())
     if master and not ok:
-        print(f"guard: weights are not finite at step {step}; NOT saving (the last good checkpoint stays)", flush=True)
+        print(f"guard: weights are not finite at step {step}; NOT saving (the last good checkpoint "
+              "stays)", flush=True)
     elif master:
-        extra = {'lora': model.lora} if adapters is not None else {}
-        save_checkpoint(out_dir, step, {'model': msd if adapters is None else adapters, 'optimizer': osd, 'step': step,
-                                        'rng': rng_state(), 'config': config, **extra, **run_state}, keep_last)
-        merged = lora.merged_state(model, msd) if tok is not None and adapters is not None else msd
-        for name in (['hf'] + [f'hf_{step:07d}'] * keep_export) if tok is not None else []:
+        state = {'model': weights, 'optimizer': osd, 'step': step, 'rng': rng_state(), 'config': config}
+        if adapters is not None:
+            state['lora'] = model.lora
+        save_checkpoint(out_dir, step, {**state, **run_state}, keep_last)
+        exports = []
+        if tok is not None:
+            exports = ['hf'] + [f'hf_{step:07d}'] * keep_export
+        merged = msd
+        if exports and adapters is not None:
+            merged = lora.merged_state(model, msd)
+        for name in exports:
             save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged, dtype=export_dtype)
-            run = json.dumps({**config, 'step': step}, indent=2, sort_keys=True, default=str)
-            atomic_write(os.path.join(out_dir, name, 'grpo_run.json'), lambda f: f.write(run.encode()))
+            run = json.dumps({**config, 'step': step}, indent=2, sort_keys=True, default=str).encode()
+            atomic_write(os.path.join(out_dir, name, 'grpo_run.json'), functools.partial(write_bytes, run))
             if adapters is not None:  # hf -> lora, hf_NNNNNNN -> lora_NNNNNNN
-                lora.save_peft(model, adapters, os.path.join(out_dir, 'lora' + name[2:]), (config or {}).get('init_from'))
+                peft_dir = os.path.join(out_dir, 'lora' + name[2:])
+                lora.save_peft(model, adapters, peft_dir, (config or {}).get('init_from'))
     barrier()
     return ok
+
+
+def write_bytes(data, f):
+    f.write(data)
 
 
 # ----------------------------------------------------------------------------- whole state under FSDP

@@ -256,8 +256,8 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
     return model, tok
 
 
-def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
-               max_seq_len=1024):
+def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, *, n_layer=4, n_head=4, n_kv_head=2,
+               n_embd=128, max_seq_len=1024):
     """(model, tokenizer) from an HF snapshot directory or hub id, or for init_from='scratch' a
     random Qwen2-shaped model of the given shape (MLP 4 x n_embd, tied head) with the byte
     tokenizer: the offline demo, smoke tests. A snapshot without tokenizer files is a
@@ -265,8 +265,9 @@ def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, n_layer=4, 
     if init_from == 'scratch':
         from tokenizer import byte_tokenizer
         tok = byte_tokenizer()
-        cfg = ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
-                          n_embd=n_embd, intermediate_size=4 * n_embd, max_seq_len=max_seq_len, tie_word_embeddings=True)
+        cfg = ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=n_layer, n_head=n_head,
+                          n_kv_head=n_kv_head, n_embd=n_embd, intermediate_size=4 * n_embd,
+                          max_seq_len=max_seq_len, tie_word_embeddings=True)
         return from_scratch(cfg, dtype=dtype, device=device, seed=seed), tok
     model, tok = from_pretrained(init_from, dtype=dtype, device=device)
     if tok is None:

@@ -10,8 +10,8 @@ rows of the fused output: the pairs are exactly peft's, and export needs no appr
 HF's (hf.hf_layout says which HF tensors and rows each of our weights fuses).
 
 What the rest of the run uses: apply (at load), param_groups (the optimizer: adapters only),
-disabled (the KL reference is the model with its adapters off, no second copy), sampler (the
-sampler: merged weights), adapter_state / merged_state / save_peft (checkpoints hold adapters only;
+disabled (the KL reference is the model with its adapters off, no second copy), merged_copy
+(the sampler: merged weights), adapter_state / merged_state / save_peft (checkpoints hold adapters only;
 exports: merged HF snapshot and a peft adapter directory). Every function is the identity or a no-op
 on a model without adapters.
 """
@@ -194,28 +194,21 @@ def adapter_state(model, sd):
     return {k: v for k, v in sd.items() if '.lora_A.' in k or '.lora_B.' in k} if adapters(model) else None
 
 
-def sampler(model, dtype, fsdp):
-    """(the sampler, what refreshes it after an update). In fp32 on one process the sampler is the
-    model itself (with LoRA its adapters apply unmerged: the very numbers the update computes, no
-    second copy) and needs no refresh; otherwise a copy in dtype, its weights cast once per update
-    rather than once per decode step (with FSDP always a copy: the trained model holds only this
-    rank's shard); with LoRA a plain model of the merged weights."""
-    from model import copy_weights
-    if dtype == torch.float32 and not fsdp:
-        return model, lambda: None
+def merged_copy(model, dtype):
+    """A plain model (no adapters) in dtype holding model's merged weights: the sampler of a LoRA run
+    (sample.sampler_model), so decoding runs no adapter matmuls; copy_merged refreshes it."""
     with disabled(model):
         gen = copy.deepcopy(model)
-    for name, layer in adapters(gen):  # back to plain linear layers: no adapter matmuls per decode step
+    for name, layer in adapters(gen):  # back to plain linear layers
         owner, _, leaf = name.rpartition('.')
-        plain = nn.Linear(layer.weight.shape[1], layer.weight.shape[0], bias=layer.bias is not None, device='meta')
+        out_features, in_features = layer.weight.shape
+        plain = nn.Linear(in_features, out_features, bias=layer.bias is not None, device='meta')
         plain.weight, plain.bias = layer.weight, layer.bias
         setattr(gen.get_submodule(owner), leaf, plain)
     gen.__dict__.pop('lora', None)
     gen = gen.to(dtype).eval()
-    if not adapters(model):
-        return gen, lambda: copy_weights(gen, model)
     copy_merged(gen, model)
-    return gen, lambda: copy_merged(gen, model)
+    return gen
 
 
 @torch.no_grad()

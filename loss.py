@@ -25,7 +25,8 @@ def group_advantages(rewards, scale='group', eps=1e-4):
         adv = adv / (rewards.std() + eps)
     elif scale != 'none':
         raise ValueError(f"scale_rewards={scale!r}: expected 'group', 'batch' or 'none'")
-    return torch.where(zero, 0.0, adv), zero.squeeze(1)  # all-equal groups: exactly 0, even with eps = 0
+    # all-equal groups: exactly 0, even with eps = 0
+    return torch.where(zero, 0.0, adv), zero.squeeze(1)
 
 
 def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens):
@@ -40,7 +41,8 @@ def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens):
         return torch.repeat_interleave(1.0 / (lens.float() * n_seq), lens)
     if loss_agg == 'seq_sum_const':
         return torch.full((int(lens.sum()),), 1.0 / (n_seq * max_new_tokens), device=lens.device)
-    raise ValueError(f"loss_agg={loss_agg!r}: expected token_mean, seq_mean_token_mean or seq_sum_const")
+    raise ValueError(f"loss_agg={loss_agg!r}: expected token_mean, seq_mean_token_mean or "
+                     "seq_sum_const")
 
 
 def segment_sum(x, lens):
@@ -52,20 +54,21 @@ def segment_sum(x, lens):
 def reverse_cumsum(x, lens):
     """Within each sequence, x[t] + x[t+1] + ... to its end (the return-to-go of per-token
     rewards)."""
-    ends = torch.repeat_interleave(torch.cumsum(lens, 0), lens)  # each token's sequence end, exclusive
+    ends = torch.repeat_interleave(torch.cumsum(lens, 0), lens)  # each token's sequence end (exclusive)
     c = torch.cumsum(x, 0)
     return c[ends - 1] - c + x
 
 
 def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0):
-    """Per-token estimates of KL(policy || reference) from tokens sampled from the policy, log r = log ref - log pi
-    (Schulman, "Approximating KL divergence"). Their values all estimate KL(pi || ref); their gradients in a loss do
-    not all follow it:
-    k1 = -log r: unbiased value; as a loss its expected gradient is E[grad log pi] = 0 (no pull to the reference), so
-         policy_loss uses it only as a detached per-token penalty folded into the advantage (OpenRLHF's KL-in-reward);
+    """Per-token estimates of KL(policy || reference) from tokens sampled from the policy,
+    log r = log ref - log pi (Schulman, "Approximating KL divergence"). Their values all estimate
+    KL(pi || ref); their gradients in a loss do not all follow it:
+    k1 = -log r: unbiased value; as a loss its expected gradient is E[grad log pi] = 0 (no pull to
+         the reference), so policy_loss uses it only as a detached per-token penalty folded into
+         the advantage (OpenRLHF's KL-in-reward);
     k2 = (log r)^2 / 2: biased value (>= 0); its expected gradient is exactly grad KL(pi || ref);
-    k3 = r - log r - 1: unbiased value (>= 0); its expected gradient is grad KL(ref || pi), the reverse direction
-         (what GRPO's paper and TRL use)."""
+    k3 = r - log r - 1: unbiased value (>= 0); its expected gradient is grad KL(ref || pi), the
+         reverse direction (what GRPO's paper and TRL use)."""
     log_r = (ref_logp - logp).clamp(-clamp, clamp)
     if estimator == 'k1':
         return -log_r
@@ -98,21 +101,26 @@ def tis_weights(train_logp, gen_logp, lens, mode, cap):
     raise ValueError(f"tis={mode!r}: expected one of {TIS_MODES}")
 
 
-def policy_loss(logp, old_logp, adv, w, lens, eps_low, eps_high, loss_type='grpo', ref_logp=None, beta=0.0,
+def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None, beta=0.0,
                 kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0, is_weight=None):
-    """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w. Inputs are flat
-    per-token tensors of sequences with lengths lens; adv is each sequence's advantage repeated over its tokens.
-    loss_type, with ratio = pi / pi_old:
-      'grpo':  per-token ratio, PPO clip with clip-higher: max(-A ratio, -A clip(ratio, 1 - eps_low, 1 + eps_high));
-      'gspo':  one ratio per sequence, the geometric mean of its token ratios (length-normalised), clipped as above
-               per sequence (GSPO, arXiv 2507.18071; its eps are ~1e-4, not 0.2);
-      'cispo': -min(ratio, 1 + eps_high) (detached) * A * log pi: the importance weight is clipped, not the gradient,
-               so every token keeps its gradient (CISPO, MiniMax-M1).
-    On-policy (ratio 1) all three give the same gradient, -A grad log pi. kl_estimator 'k1' enters as a detached
-    penalty in the advantage, A - beta * (k1 summed from this token to the sequence's end); 'k2'/'k3' as loss terms.
-    is_weight (tis_weights): multiplies the policy-gradient term per token, as TRL does, not the KL/entropy terms.
+    """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
+    Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
+    advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:
+      'grpo':  per-token ratio, PPO clip with clip-higher:
+               max(-A ratio, -A clip(ratio, 1 - eps_low, 1 + eps_high));
+      'gspo':  one ratio per sequence, the geometric mean of its token ratios (length-normalised),
+               clipped as above per sequence (GSPO, arXiv 2507.18071; its eps are ~1e-4, not 0.2);
+      'cispo': -min(ratio, 1 + eps_high) (detached) * A * log pi: the importance weight is clipped,
+               not the gradient, so every token keeps its gradient (CISPO, MiniMax-M1).
+    On-policy (ratio 1) all three give the same gradient, -A grad log pi. kl_estimator 'k1' enters
+    as a detached penalty in the advantage, A - beta * (k1 summed from this token to the sequence's
+    end); 'k2'/'k3' as loss terms. is_weight (tis_weights): multiplies the policy-gradient term per
+    token, as TRL does, not the KL/entropy terms.
     Returns (loss, stats): per-token tensors for metrics (pg, kl, ratio, clip_low, clip_high)."""
-    kl = torch.zeros_like(logp) if ref_logp is None else kl_estimate(logp, ref_logp, kl_estimator, kl_clamp)
+    if ref_logp is None:
+        kl = torch.zeros_like(logp)
+    else:
+        kl = kl_estimate(logp, ref_logp, kl_estimator, kl_clamp)
     if ref_logp is not None and kl_estimator == 'k1':
         adv = adv - beta * reverse_cumsum(kl.detach(), lens)
     log_ratio = logp - old_logp
@@ -121,10 +129,12 @@ def policy_loss(logp, old_logp, adv, w, lens, eps_low, eps_high, loss_type='grpo
     ratio = torch.exp(log_ratio)
     if loss_type in ('grpo', 'gspo'):
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
-        clip_low, clip_high = (ratio < 1 - eps_low) & (adv < 0), (ratio > 1 + eps_high) & (adv > 0)
+        clip_low = (ratio < 1 - eps_low) & (adv < 0)
+        clip_high = (ratio > 1 + eps_high) & (adv > 0)
     elif loss_type == 'cispo':
         pg = -ratio.clamp(max=1 + eps_high).detach() * adv * logp
-        clip_low, clip_high = torch.zeros_like(ratio, dtype=torch.bool), ratio > 1 + eps_high
+        clip_low = torch.zeros_like(ratio, dtype=torch.bool)
+        clip_high = ratio > 1 + eps_high
     else:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {LOSS_TYPES}")
     tok_loss = pg if is_weight is None else pg * is_weight
@@ -132,5 +142,6 @@ def policy_loss(logp, old_logp, adv, w, lens, eps_low, eps_high, loss_type='grpo
         tok_loss = tok_loss + beta * kl
     if entropy is not None and entropy_coef != 0.0:
         tok_loss = tok_loss - entropy_coef * entropy
-    return (tok_loss * w).sum(), {'pg': pg.detach(), 'kl': kl.detach(), 'ratio': ratio.detach(), 'clip_low': clip_low,
-                                  'clip_high': clip_high}
+    stats = {'pg': pg.detach(), 'kl': kl.detach(), 'ratio': ratio.detach(), 'clip_low': clip_low,
+             'clip_high': clip_high}
+    return (tok_loss * w).sum(), stats

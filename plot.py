@@ -8,37 +8,10 @@ metrics rows go out through metrics_log (metrics.jsonl, and Weights & Biases whe
 import json
 import math
 import os
-import secrets
 import sys
 import tempfile
 
 PHASES = ['gen', 'reward', 'ref', 'old_logprob', 'update']  # timing_s/<phase>, stacked bottom to top
-
-
-def metrics_log(path, master, out_dir, wandb_log=False, project='grpo', run_name='', config=None):
-    """The function that records a step's metrics row: appended to metrics.jsonl (rank 0 only) and,
-    with wandb_log, sent to Weights & Biases with the same keys at step=row['step']. wandb is
-    imported only then. Its run id is kept in out_dir/wandb_id, so a resumed run continues the same
-    wandb run; rows of steps that run already has (redone after a resume, equal to the first ones by
-    exact resume) are not sent again."""
-    if not master:
-        return lambda row: None
-    run = None
-    if wandb_log:
-        import wandb
-        id_path = os.path.join(out_dir, 'wandb_id')
-        run_id = open(id_path).read().strip() if os.path.exists(id_path) else secrets.token_hex(4)  # not random: RNG state
-        with open(id_path, 'w') as f:
-            f.write(run_id)
-        run = wandb.init(project=project, name=run_name or None, id=run_id, resume='allow', config=config, dir=out_dir)
-        print(f"wandb: run {run_id} in project {project} (out_dir/wandb_id)")
-
-    def log(row):
-        with open(path, 'a') as f:
-            f.write(json.dumps(row) + '\n')
-        if run is not None and row['step'] >= run.step:
-            run.log(row, step=row['step'])
-    return log
 
 
 def read_metrics(path):

@@ -9,6 +9,8 @@ from the decode batch (compaction), and draws every token from a seed that depen
 prompt index, sample index, step): a completion is the same whichever prompts share its batch, so 1
 GPU and N GPUs sample alike.
 """
+import copy
+import functools
 import json
 import os
 import sys
@@ -44,10 +46,31 @@ def decode_forward(model, compile):
     return _compiled[model]
 
 
+def no_refresh():  # the sampler is the trained model itself
+    pass
+
+
+def sampler_model(model, dtype, fsdp):
+    """(the sampler, what refreshes it after an update). In fp32 on one process the sampler is the
+    model itself (with LoRA its adapters apply unmerged: the very numbers the update computes, no
+    second copy) and needs no refresh; otherwise a copy in dtype, its weights cast once per update
+    rather than once per decode step (with FSDP always a copy: the trained model holds only this
+    rank's shard); with LoRA a plain model of the merged weights (lora.merged_copy)."""
+    import lora
+    from model import copy_weights
+    if dtype == torch.float32 and not fsdp:
+        return model, no_refresh
+    if lora.adapters(model):
+        gen = lora.merged_copy(model, dtype)
+        return gen, functools.partial(lora.copy_merged, gen, model)
+    gen = copy.deepcopy(model).to(dtype).eval()
+    return gen, functools.partial(copy_weights, gen, model)
+
+
 @torch.no_grad()
-def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-             seed=0, stop_ids=None, stop_strings=(), prompt_index=None, compact=True, compile=False, progress=False,
-             on_step=None):
+def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperature=1.0, top_k=0, top_p=1.0,
+             min_p=0.0, seed=0, stop_ids=None, stop_strings=(), prompt_index=None, compact=True, compile=False,
+             progress=False, on_step=None):
     """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each
     with ids (completion ids, stop token included), text, logprobs (of each sampled id under the
     full softmax at this temperature), finished (hit a stop) and truncated (hit max_new_tokens).
@@ -56,14 +79,18 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     loop's watchdog heartbeat)."""
     from model import KVCache
     device = next(model.parameters()).device
-    stop_ids = torch.tensor(tok.stop_ids if stop_ids is None else stop_ids, dtype=torch.int64, device=device)
-    prompt_index = list(range(len(prompts))) if prompt_index is None else list(prompt_index)
+    if stop_ids is None:
+        stop_ids = tok.stop_ids
+    stop_ids = torch.tensor(stop_ids, dtype=torch.int64, device=device)
+    if prompt_index is None:
+        prompt_index = range(len(prompts))
+    prompt_index = list(prompt_index)
     P, G = len(prompts), group_size
     lens = torch.tensor([len(p) for p in prompts], device=device)
     max_len = int(lens.max()) + max_new_tokens
     if max_len > model.config.max_seq_len:
-        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                         f"max_seq_len {model.config.max_seq_len}")
+        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                         f"the model's max_seq_len {model.config.max_seq_len}")
     if int(lens.min()) == 0:
         raise ValueError("empty prompt: every prompt needs at least one token")
     # prefill every prompt once (right-padded, per-row lengths), then copy its cache for its G
@@ -74,7 +101,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     cache = KVCache(model.config, P, max_len, next(model.parameters()).dtype, device)
     forward = decode_forward(model, compile)
     logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
-    cache, logits = cache.repeat_interleave(G), logits.repeat_interleave(G, dim=0)
+    cache = cache.repeat_interleave(G)
+    logits = logits.repeat_interleave(G, dim=0)
     N = P * G
     seeds = row_seeds(seed, prompt_index, G).to(device)
     # every completion's tokens and log-probs, by step. Rows that stopped but are still in the
@@ -88,7 +116,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
     # any compaction); live: still generating; ends: its n_gen so far. Written back to
     # n_gen/finished when rows are dropped and at the end
     rows, row_seed = None, seeds
-    live, ends = torch.ones(N, dtype=torch.bool, device=device), n_gen.clone()
+    live = torch.ones(N, dtype=torch.bool, device=device)
+    ends = n_gen.clone()
     check_stops = len(stop_ids) > 0 or bool(stop_strings)
     n_live, n_tokens, t0, last_print = N, 0, time.time(), time.time()
 
@@ -97,7 +126,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
         n_gen[at], finished[at] = ends, ~live
 
     for t in range(max_new_tokens):
-        ids, lp = sample_tokens(logits, row_seed, t, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        ids, lp = sample_tokens(logits, row_seed, t, temperature=temperature, top_k=top_k, top_p=top_p,
+                                min_p=min_p)
         if rows is None:
             out_ids[:, t], out_lp[:, t] = ids, lp
         else:
@@ -115,11 +145,13 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
             n_live = int(live.sum())
         if n_live == 0 or t == max_new_tokens - 1:
             break
-        if compact and n_live <= 0.75 * len(live):  # copying the cache costs; do it when a quarter has finished
+        # compaction: copying the cache costs, so it is done when a quarter of the rows have finished
+        if compact and n_live <= 0.75 * len(live):
             write_back()
             keep = live.nonzero().flatten()
             rows = keep if rows is None else rows[keep]
-            cache, ids, live, ends, row_seed = cache.select(keep), ids[keep], live[keep], ends[keep], seeds[rows]
+            cache, ids, live, ends = cache.select(keep), ids[keep], live[keep], ends[keep]
+            row_seed = seeds[rows]
         logits = forward(ids[:, None], kv_cache=cache)[:, -1]
         if on_step is not None:
             on_step()
@@ -129,15 +161,16 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, temperature=
                   f"{n_tokens / (last_print - t0):.0f} tok/s", file=sys.stderr, flush=True)
     write_back()
     results, stop_set = [], set(stop_ids.tolist())
-    for r, (ids, lps, n, fin) in enumerate(zip(out_ids.tolist(), out_lp.tolist(), n_gen.tolist(), finished.tolist())):
+    columns = zip(out_ids.tolist(), out_lp.tolist(), n_gen.tolist(), finished.tolist())
+    for r, (ids, lps, n, fin) in enumerate(columns):
         ids = ids[:n]
         text_ids = ids[:-1] if fin and ids and ids[-1] in stop_set else ids
         text = tok.decode(text_ids)
         for s in stop_strings:  # a stop string ends the text; the ids keep the token that completed it
             if s in text:
                 text = text[:text.index(s)]
-        results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids, text=text, logprobs=lps[:n],
-                            finished=fin, truncated=not fin))
+        results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids, text=text,
+                            logprobs=lps[:n], finished=fin, truncated=not fin))
     return results
 
 
@@ -154,8 +187,9 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 
 
 @torch.no_grad()
-def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, n_samples=1, temperature=1.0, top_k=0,
-             top_p=1.0, max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True, compile=False):
+def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1, temperature=1.0,
+             top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True,
+             compile=False):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the
@@ -168,17 +202,21 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, n
     rows, t0 = [], time.time()
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
-        greedy = generate(model, tok, [prompts[i] for i in chunk], 1, max_new_tokens, temperature=0.0,
-                          prompt_index=chunk, compile=compile)
-        sampled = generate(model, tok, [prompts[i] for i in chunk], n_samples, max_new_tokens, temperature, top_k,
-                           top_p, seed=seed, prompt_index=chunk, compile=compile) if n_samples > 1 else []
+        chunk_prompts = [prompts[i] for i in chunk]
+        greedy = generate(model, tok, chunk_prompts, 1, max_new_tokens, temperature=0.0, prompt_index=chunk,
+                          compile=compile)
+        sampled = []
+        if n_samples > 1:
+            sampled = generate(model, tok, chunk_prompts, n_samples, max_new_tokens, temperature=temperature,
+                               top_k=top_k, top_p=top_p, seed=seed, prompt_index=chunk, compile=compile)
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]
             answers = [answer(c['text']) for c in comps]
             correct = [bool(task.grade(c['text'], ex)) for c in comps]
-            rows.append(dict(question=ex.get('question'), reference=ex.get('answer'), completions=[c['text'] for c in comps],
-                             answers=answers, correct=correct, truncated=[c['truncated'] for c in comps]))
+            rows.append(dict(question=ex.get('question'), reference=ex.get('answer'),
+                             completions=[c['text'] for c in comps], answers=answers, correct=correct,
+                             truncated=[c['truncated'] for c in comps]))
         done = len(rows)
         if progress:
             eta = (time.time() - t0) / done * (len(examples) - done)
@@ -187,8 +225,9 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, n
                   file=sys.stderr, flush=True)
     n = max(len(rows), 1)
     summary = {'n': len(rows), 'pass@1': sum(r['correct'][0] for r in rows) / n,
-               'truncated': sum(r['truncated'][0] for r in rows) / n, 'seconds': round(time.time() - t0, 2),
-               **tasks.eval_metrics(task, [r['completions'][0] for r in rows], examples)}  # the task's, on greedy
+               'truncated': sum(r['truncated'][0] for r in rows) / n, 'seconds': round(time.time() - t0, 2)}
+    # the task's own metrics, on the greedy completions
+    summary.update(tasks.eval_metrics(task, [r['completions'][0] for r in rows], examples))
     if n_samples > 1:
         summary[f'pass@{n_samples}'] = sum(any(r['correct'][1:]) for r in rows) / n
         summary[f'mean@{n_samples}'] = sum(sum(r['correct'][1:]) / n_samples for r in rows) / n
@@ -224,10 +263,14 @@ def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
         raise ValueError(f"{path}: not a train_grpo.py checkpoint (no 'model' or no config.init_from)")
     shape = {k: run[k] for k in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'max_seq_len') if k in run}
     model, tok = load_model(run['init_from'], dtype, device, run.get('seed', 0), **shape)
-    if 'lora' in state:  # a LoRA run's checkpoint holds its adapters only: they go on the base from init_from
-        import lora
-        lora.apply(model, state['lora']['rank'], state['lora']['alpha'], 0.0, ','.join(state['lora']['targets']), 0)
-    model.load_state_dict({**model.state_dict(), **state['model']} if 'lora' in state else state['model'])
+    if 'lora' not in state:
+        model.load_state_dict(state['model'])
+        return model, tok
+    # a LoRA run's checkpoint holds its adapters only: they go on the base from init_from
+    import lora
+    spec = state['lora']
+    lora.apply(model, rank=spec['rank'], alpha=spec['alpha'], dropout=0.0, targets=','.join(spec['targets']), seed=0)
+    model.load_state_dict({**model.state_dict(), **state['model']})
     return model, tok
 
 
@@ -250,9 +293,11 @@ def run_config(init_from):
 
 if __name__ == '__main__':
     # -----------------------------------------------------------------------------
-    # None: the training run's value when init_from is a train_grpo.py export (OUT_DIR/hf holds the run's config,
-    # grpo_run.json), so `python sample.py --init_from=OUT_DIR/hf` evaluates exactly as the run did; else the fallback
-    init_from = 'scratch'  # HF snapshot dir, hub id, or a checkpoint OUT_DIR/ckpt_*.pt; 'scratch' = tiny random model
+    # None: the training run's value when init_from is a train_grpo.py export (OUT_DIR/hf holds the
+    # run's config, grpo_run.json), so `python sample.py --init_from=OUT_DIR/hf` evaluates exactly as
+    # the run did; else the fallback
+    # HF snapshot dir, hub id, or a checkpoint OUT_DIR/ckpt_*.pt; 'scratch' = tiny random model
+    init_from = 'scratch'
     prompt = ''  # if set: print completions for this prompt (chat-formatted) and exit
     task = None  # None: the run's, else 'gsm8k'; 'arith', 'module:attr' or 'path/to/task.py' (tasks/)
     data_dir = None  # None: the run's, else '' (the task's default source, e.g. the hub for gsm8k)
@@ -260,12 +305,13 @@ if __name__ == '__main__':
     num_examples = None  # the first N problems; None: the run's eval_examples, else 0 = all
     n_samples = 1  # 1 = greedy pass@1 only; k > 1 adds sampled pass@k, maj@k, mean@k
     num_completions = 1  # completions printed for --prompt
-    max_new_tokens = None  # per completion; None: the run's eval budget (eval_max_new_tokens or max_new_tokens), else 512
+    # per completion; None: the run's eval budget (eval_max_new_tokens or max_new_tokens), else 512
+    max_new_tokens = None
     temperature = 1.0  # for sampled completions (greedy pass@1 always uses 0)
     top_k = 0  # 0 = off
     top_p = 1.0  # 1.0 = off
     batch_size = None  # problems per generate() call; None: the run's eval_batch_size, else 64
-    compile = False  # torch.compile the prefill and decode steps (the first call compiles: seconds to a minute)
+    compile = False  # torch.compile the prefill and decode steps (the first call compiles: seconds)
     seed = None  # sampling seed (and the arith task's split); None: the run's, else 1337
     system_prompt = None  # system turn; None: the run's, else the task's default; '' = none
     instruction = None  # appended to each question; None: the run's, else the task's default; '' = none
@@ -280,15 +326,18 @@ if __name__ == '__main__':
 
     def task_knobs(s):  # the task's knobs, their defaults the run's values
         run = run_config(s['init_from'])
-        return {k: run.get(k, v) for k, v in tasks.knobs(tasks.resolve(s['task'] or run.get('task') or 'gsm8k')).items()}
+        task_mod = tasks.resolve(s['task'] or run.get('task') or 'gsm8k')
+        return {k: run.get(k, v) for k, v in tasks.knobs(task_mod).items()}
 
     config = configure(globals(), more_knobs=task_knobs)
     run = run_config(init_from)
-    from_run = {'task': run.get('task'), 'data_dir': run.get('data_dir'), 'num_examples': run.get('eval_examples'),
+    from_run = {'task': run.get('task'), 'data_dir': run.get('data_dir'),
+                'num_examples': run.get('eval_examples'),
                 'max_new_tokens': run.get('eval_max_new_tokens') or run.get('max_new_tokens'),
                 'batch_size': run.get('eval_batch_size'), 'seed': run.get('seed'),
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction')}
-    fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512, 'batch_size': 64, 'seed': 1337}
+    fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512, 'batch_size': 64,
+                'seed': 1337}
     for k, v in from_run.items():
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)
@@ -306,9 +355,11 @@ if __name__ == '__main__':
     model.eval()
     if prompt:
         ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''))]
-        for c in generate(model, tok, ids, num_completions, max_new_tokens, temperature, top_k, top_p, seed=seed,
-                          compile=compile):
-            print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {'finished' if c['finished'] else 'truncated'})")
+        completions = generate(model, tok, ids, num_completions, max_new_tokens, temperature=temperature,
+                               top_k=top_k, top_p=top_p, seed=seed, compile=compile)
+        for c in completions:
+            ending = 'finished' if c['finished'] else 'truncated'
+            print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {ending})")
             print(c['text'])
         sys.exit(0)
     save_config(config, out_dir)
@@ -317,6 +368,8 @@ if __name__ == '__main__':
               f"{split} problems, max_new_tokens {max_new_tokens}")
     examples = task_mod.load(split, data_dir=data_dir, seed=seed)
     examples = examples[:num_examples] if num_examples > 0 else examples
-    summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction, n_samples, temperature, top_k, top_p,
-                       max_new_tokens, batch_size, seed, out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile)
+    summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction, n_samples=n_samples,
+                       temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+                       batch_size=batch_size, seed=seed, out_path=os.path.join(out_dir, 'eval.jsonl'),
+                       compile=compile)
     print(json.dumps(summary))

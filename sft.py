@@ -11,7 +11,7 @@ import torch
 from data import batch_at
 
 
-def warm_start(model, logprobs, optimizer, examples, to_rows, steps, batch_size, seed, lr_at):
+def warm_start(model, logprobs, optimizer, examples, to_rows, *, steps, batch_size, seed, lr_at):
     """steps of AdamW on -mean log p(solution tokens | prompt) at learning rate lr_at(step), grad
     clip 1. logprobs(rows) -> (per-token log-probs, entropies) at temperature 1; to_rows(examples)
     -> rows {'prompt', 'ids'} with the solution's ids; examples are drawn in their own deterministic

@@ -3,7 +3,7 @@ Training-state memory of full fine-tuning vs LoRA, as train_grpo.py holds it on 
 weights (parameters), fp32 gradients of what trains, AdamW's two fp32 moments per trained parameter,
 and the sampler's bf16 copy (dtype=bfloat16: with LoRA a plain copy of the merged weights). Models
 are built on the meta device (no memory, no download) from the real config shapes written below,
-LoRA applied by lora.apply exactly as a run does, and the sampler made by lora.sampler; only the
+LoRA applied by lora.apply exactly as a run does, and the sampler made by sample.sampler_model; only the
 AdamW line is arithmetic (2 x 4 bytes per trained parameter). Not counted: activations, the LM
 head's tiles, the KV cache (they depend on the batch, not on the method).
 
@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lora  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
+from sample import sampler_model  # noqa: E402
 
 # config.json shapes of the published checkpoints (copied here: no download)
 MODELS = {
@@ -47,7 +48,7 @@ def measure(cfg, rank, alpha, targets):
         with contextlib.redirect_stdout(io.StringIO()):  # lora.apply's one-line summary
             lora.apply(model, rank, alpha, 0.0, targets, seed=0)
     trained = [p for p in model.parameters() if p.requires_grad]
-    gen, _ = lora.sampler(model, torch.bfloat16, fsdp=False)
+    gen, _ = sampler_model(model, torch.bfloat16, fsdp=False)
     r = dict(params=nbytes(model.parameters()), grads=nbytes(trained), adamw=2 * 4 * sum(p.numel() for p in trained),
              sampler=nbytes(gen.parameters()), n_params=sum(p.numel() for p in model.parameters()),
              n_trained=sum(p.numel() for p in trained))

@@ -10,6 +10,7 @@ import torch
 
 import hf as H
 import lora as L
+from sample import sampler_model
 from test_model import HF_CONFIGS as MODEL_CONFIGS, perturbed_hf
 from test_model_families import HF_CONFIGS as FAMILY_CONFIGS
 from test_train import metrics, run, run_together, stable, weights
@@ -144,7 +145,7 @@ def test_only_adapters_train_and_the_sampler_copy_is_merged(tmp_path):
     opt = torch.optim.AdamW(L.param_groups(model, 0.1), lr=1e-2)
     assert {id(p) for g in opt.param_groups for p in g['params']} == \
         {id(p) for n, p in model.named_parameters() if '.lora_' in n}
-    gen, sync = L.sampler(model, torch.bfloat16, fsdp=False)
+    gen, sync = sampler_model(model, torch.bfloat16, fsdp=False)
     assert not L.adapters(gen) and gen is not model
     for _ in range(2):
         model(ids()).logsumexp(-1).mean().backward()

@@ -7,6 +7,9 @@ import torch
 from batch import micro_batches
 from loss import group_advantages, kl_estimate, policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights
 
+CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
+SYMMETRIC = dict(eps_low=0.2, eps_high=0.2)
+
 
 def test_advantages_grpo_and_dr_grpo():
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
@@ -39,7 +42,7 @@ def test_clipping_both_sides():
     logp = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5]))  # ratios 1.5, 1.5, 0.5, 0.5
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     w = torch.ones(4)
-    loss, st = policy_loss(logp, old, adv, w, torch.ones(4, dtype=torch.long), eps_low=0.2, eps_high=0.28)
+    loss, st = policy_loss(logp, old, adv, w, torch.ones(4, dtype=torch.long), **CLIP)
     # per token: max(-A r, -A clip(r, 0.8, 1.28))
     # A=+1, r=1.5: max(-1.5, -1.28) = -1.28 (clipped: no incentive to raise r further)
     # A=-1, r=1.5: max(1.5, 1.28)   = 1.5   (not clipped: the pessimistic bound keeps the gradient)
@@ -50,7 +53,7 @@ def test_clipping_both_sides():
     assert abs(loss.item() - (-1.28 + 1.5 - 0.5 + 0.8)) < 1e-6
     # a clipped token passes no gradient; an unclipped one passes -A * r
     logp = logp.clone().requires_grad_(True)
-    policy_loss(logp, old, adv, w, torch.ones(4, dtype=torch.long), 0.2, 0.28)[0].backward()
+    policy_loss(logp, old, adv, w, torch.ones(4, dtype=torch.long), **CLIP)[0].backward()
     assert torch.allclose(logp.grad, torch.tensor([0.0, 1.5, -0.5, 0.0])), logp.grad
 
 
@@ -59,7 +62,7 @@ def test_on_policy_gradient_is_minus_advantage():
     logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
     adv = torch.tensor([2.0, -1.0, 0.5])
     w = torch.tensor([0.25, 0.25, 0.5])
-    loss, _ = policy_loss(logp, logp.detach(), adv, w, torch.ones(3, dtype=torch.long), 0.2, 0.28)
+    loss, _ = policy_loss(logp, logp.detach(), adv, w, torch.ones(3, dtype=torch.long), **CLIP)
     loss.backward()
     assert abs(loss.item() - (-(2 * 0.25) + 0.25 - 0.25)) < 1e-6
     assert torch.allclose(logp.grad, -adv * w)
@@ -78,17 +81,17 @@ def test_kl_estimators():
 
 def test_kl_and_entropy_terms_enter_the_loss():
     logp, ref, ent, one = torch.tensor([-1.0]), torch.tensor([-1.5]), torch.tensor([2.0]), torch.ones(1, dtype=torch.long)
-    base, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2)
+    base, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC)
     for est, kl in (('k2', 0.5 * 0.5 ** 2), ('k3', math.exp(-0.5) + 0.5 - 1)):
-        with_kl, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, ref_logp=ref, beta=0.1,
+        with_kl, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC, ref_logp=ref, beta=0.1,
                                   kl_estimator=est)
         assert abs(with_kl.item() - (base.item() + 0.1 * kl)) < 1e-6 and abs(st['kl'].item() - kl) < 1e-6
     # k1 is a detached penalty in the advantage: A' = 0 - 0.1 * 0.5, so the loss is -A' * ratio =
     # +0.05
-    with_k1, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, ref_logp=ref, beta=0.1,
+    with_k1, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC, ref_logp=ref, beta=0.1,
                               kl_estimator='k1')
     assert abs(with_k1.item() - 0.05) < 1e-6 and abs(st['kl'].item() - 0.5) < 1e-6
-    with_ent, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, 0.2, 0.2, entropy=ent, entropy_coef=0.01)
+    with_ent, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC, entropy=ent, entropy_coef=0.01)
     assert abs(with_ent.item() - (base.item() - 0.02)) < 1e-6
 
 
@@ -111,7 +114,7 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
             logp = torch.log_softmax(theta, 0)[idx]
             A = torch.repeat_interleave(adv_seq[mb], lens[mb])
             w = token_weights(lens[mb], loss_agg, n_tok, n_seq, 8)
-            policy_loss(logp, logp.detach(), A, w, lens[mb], 0.2, 0.28)[0].backward()
+            policy_loss(logp, logp.detach(), A, w, lens[mb], **CLIP)[0].backward()
         return theta.grad.clone()
 
     g1, gall = grad_with(1), grad_with(n_seq)
@@ -130,7 +133,7 @@ def test_kl_estimators_expected_gradient_is_the_kl_gradient(estimator, direction
     logp = torch.log_softmax(theta, 0)
     pi = logp.exp().detach()
     ones = torch.ones(6, dtype=torch.long)
-    loss, _ = policy_loss(logp, logp.detach(), torch.zeros(6, dtype=torch.float64), pi, ones, 0.2, 0.28,
+    loss, _ = policy_loss(logp, logp.detach(), torch.zeros(6, dtype=torch.float64), pi, ones, **CLIP,
                           ref_logp=ref, beta=1.0, kl_estimator=estimator, kl_clamp=100.0)
     got, = torch.autograd.grad(loss, theta)
     p = torch.softmax(theta, 0)
@@ -147,7 +150,7 @@ def test_k1_penalty_is_the_kl_still_to_come_in_its_sequence():
     ref = torch.tensor([-1.5, -1.0, -0.5])  # k1 = logp - ref = 0.5, -1.0, 0.0
     assert torch.allclose(reverse_cumsum(torch.tensor([0.5, -1.0, 0.0]), torch.tensor([2, 1])),
                           torch.tensor([-0.5, -1.0, 0.0]))
-    _, st = policy_loss(logp, logp, torch.zeros(3), torch.ones(3), torch.tensor([2, 1]), 0.2, 0.28, ref_logp=ref,
+    _, st = policy_loss(logp, logp, torch.zeros(3), torch.ones(3), torch.tensor([2, 1]), **CLIP, ref_logp=ref,
                         beta=0.1, kl_estimator='k1')
     assert torch.allclose(st['pg'], torch.tensor([-0.05, -0.1, 0.0])), st['pg']  # -A' with A' = -0.1 * to-come
     assert torch.allclose(segment_sum(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([2, 1])), torch.tensor([3.0, 4.0]))
@@ -160,14 +163,14 @@ def test_gspo_ratio_is_the_sequences_geometric_mean_clipped_per_sequence():
     old = torch.zeros(4)
     logp = torch.log(torch.tensor([2.0, 0.5, 1.5, 1.5])).requires_grad_(True)
     adv, lens = torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([2, 2])
-    loss, st = policy_loss(logp, old, adv, torch.ones(4), lens, 0.2, 0.28, loss_type='gspo')
+    loss, st = policy_loss(logp, old, adv, torch.ones(4), lens, **CLIP, loss_type='gspo')
     assert torch.allclose(st['ratio'], torch.tensor([1.0, 1.0, 1.5, 1.5]))
     assert st['clip_high'].tolist() == [False, False, True, True]
     loss.backward()
     # each of the sequence's 2 tokens (weight 1) carries -A s, and ds/dlogp_t = s / |y|: 2 * (-1 *
     # 1/2) = -1
     assert torch.allclose(logp.grad, torch.tensor([-1.0, -1.0, 0.0, 0.0])), logp.grad
-    tok, _ = policy_loss(logp.detach(), old, adv, torch.ones(4), lens, 0.2, 0.28, loss_type='grpo')
+    tok, _ = policy_loss(logp.detach(), old, adv, torch.ones(4), lens, **CLIP, loss_type='grpo')
     assert tok.item() != loss.item(), "token-level clipping treats these tokens differently"
 
 
@@ -178,12 +181,12 @@ def test_cispo_clips_the_weight_not_the_gradient():
     old = torch.zeros(2)
     logp = torch.log(torch.tensor([1.5, 1.0])).requires_grad_(True)
     adv = torch.tensor([1.0, -2.0])
-    loss, st = policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), 0.2, 0.28, loss_type='cispo')
+    loss, st = policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), **CLIP, loss_type='cispo')
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([-1.28, 2.0])), logp.grad
     assert st['clip_high'].tolist() == [True, False]
     with pytest.raises(ValueError, match='loss_type'):
-        policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), 0.2, 0.28, loss_type='ppo')
+        policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), **CLIP, loss_type='ppo')
 
 
 def test_tis_weights_each_mode():
@@ -205,7 +208,7 @@ def test_is_weight_scales_the_policy_gradient_only():
     logp, ref = torch.tensor([-1.0, -2.0], requires_grad=True), torch.tensor([-1.5, -1.0])
     adv, w, lens = torch.tensor([1.0, -1.0]), torch.ones(2), torch.ones(2, dtype=torch.long)
     isw = torch.tensor([0.5, 2.0])
-    loss, st = policy_loss(logp, logp.detach(), adv, w, lens, 0.2, 0.28, ref_logp=ref, beta=0.1, is_weight=isw)
+    loss, st = policy_loss(logp, logp.detach(), adv, w, lens, **CLIP, ref_logp=ref, beta=0.1, is_weight=isw)
     loss.backward()
     k3_grad = 1 - torch.exp(ref - logp.detach())  # d k3 / d logp
     assert torch.allclose(logp.grad, -adv * isw + 0.1 * k3_grad), logp.grad

@@ -352,13 +352,13 @@ def test_train_grpo_exits_2_naming_the_file(rm_dir):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# when a model reward gives no signal (safety.py)
+# when a model reward gives no signal (metrics.reward_spread, safety.warn)
 
 def test_reward_spread_per_function_by_hand():
-    import safety
+    import metrics
     sc = {'per_fn': {'judge': [0.8] * 4 + [0.3] * 4 + [0.1, 0.9, 0.5, 0.5],
                      'correct': [0.0, 1.0, 0.0, 0.0] + [1.0] * 4 + [0.0, 0.0, 1.0, 0.0]}}
-    got = safety.reward_spread(sc, G=4)
+    got = metrics.reward_spread(sc, G=4)
     assert math.isclose(got['reward/judge/frac_zero_std'], 2 / 3), got
     assert math.isclose(got['reward/correct/frac_zero_std'], 1 / 3), got
     assert math.isclose(got['reward/judge/std'], torch.tensor(sc['per_fn']['judge']).std().item(), rel_tol=1e-6)
@@ -366,16 +366,17 @@ def test_reward_spread_per_function_by_hand():
 
 def test_zero_spread_warning_names_the_model_reward_and_what_to_check(capsys):
     import safety
-    m = {'frac_zero_std': 0.9, 'logprob/mean': -2.0, 'loss': 0.1, 'response_len/clip_frac': 0.6, 'kl': 0.0,
-         'reward/judge/frac_zero_std': 0.9, 'reward/judge/mean': 1.0, 'reward/correct/frac_zero_std': 1.0}
-    counts = safety.warn(safety.new_guards(), m, 10, False, 1.0, 8)
+    m = {'frac_zero_std': 0.9, 'logprob/mean': -2.0, 'loss': 0.1, 'grad_norm': 1.0, 'tokens_trained': 10,
+         'response_len/clip_frac': 0.6, 'kl': 0.0, 'reward/judge/frac_zero_std': 0.9, 'reward/judge/mean': 1.0,
+         'reward/correct/frac_zero_std': 1.0}
+    counts = safety.warn(safety.new_guards(), m, skipped=False, max_new_tokens=8)
     out = capsys.readouterr().out
     line = next((x for x in out.splitlines() if 'judge_zero_spread' in x), '')
     assert counts.get('warn/judge_zero_spread') == 1 and 'warn/correct_zero_spread' not in counts, counts
     for needle in ('90% of groups', "'path'", 'template', '60% truncated', 'saturated'):
         assert needle in line, f'the warning should mention {needle!r}: {line}'
     m['reward/judge/frac_zero_std'] = 0.4
-    assert 'warn/judge_zero_spread' not in safety.warn(safety.new_guards(), m, 10, False, 1.0, 8), \
+    assert 'warn/judge_zero_spread' not in safety.warn(safety.new_guards(), m, skipped=False, max_new_tokens=8), \
         'a reward with a spread in most groups is not warned about'
 
 

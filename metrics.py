@@ -1,0 +1,215 @@
+"""
+What a step reports: the metrics row (rewards, lengths, timing, memory, the update's statistics),
+the one line it prints, samples.jsonl, and the metrics log (metrics.jsonl, and Weights & Biases
+when wandb_log is on). curves.png is drawn from metrics.jsonl by plot.py.
+"""
+import json
+import math
+import os
+import resource
+import secrets
+import time
+
+import torch
+
+import tasks
+
+
+def mem_stats(device):
+    """Memory in GiB: CUDA's allocator on a GPU; on a CPU the resident set and its peak."""
+    if device.startswith('cuda'):
+        return {'mem/allocated_gb': torch.cuda.memory_allocated() / 2**30,
+                'mem/reserved_gb': torch.cuda.memory_reserved() / 2**30,
+                'mem/peak_gb': torch.cuda.max_memory_allocated() / 2**30}
+    with open('/proc/self/statm') as f:
+        resident_pages = int(f.read().split()[1])
+    rss = os.sysconf('SC_PAGE_SIZE') * resident_pages / 2**30
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return {'mem/allocated_gb': rss, 'mem/reserved_gb': rss, 'mem/peak_gb': peak}
+
+
+def stage_marker(step, t_step, last_progress, verbose, device):
+    """mark(name) after each stage of a step: refreshes the watchdog's heartbeat; verbose: prints a
+    numbered stage line with the time since the step began and the memory in use."""
+    n = [0]
+
+    def mark(name):
+        last_progress[0] = time.time()
+        if verbose:
+            n[0] += 1
+            mg = mem_stats(device)
+            print(f"  [{step}.{n[0]}] {name}: {time.time() - t_step:.2f}s, "
+                  f"mem {mg['mem/allocated_gb']:.2f} GB (peak {mg['mem/peak_gb']:.2f})", flush=True)
+    return mark
+
+
+def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode):
+    """Printed before the first step, which may take long enough to look like a hang: what it is
+    about to do."""
+    compiling = ''
+    if compile_decode:
+        compiling = ' and compiles the sampler (compile_decode: seconds to minutes)'
+    return (f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens "
+            f"= <= {P * G * max_new_tokens:,} generated tokens, then {num_iterations} update(s) in "
+            f"micro-batches of {micro_batch_size} rows. The first step also warms up "
+            f"kernels/allocator{compiling}; a progress line shows during generation.")
+
+
+def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
+    """The step's rewards (r: (groups, G), every group drawn; per function: reward_spread),
+    completion lengths, timing and throughput."""
+    G = r.shape[1]
+    lens = [len(c['ids']) for c in comps]
+    m = {'reward/mean': r.mean().item(), 'reward/std': r.std().item()}
+    for k, v in sc['per_fn'].items():
+        m[f'reward/{k}/mean'] = sum(v) / len(v)
+    m.update(reward_spread(sc, G))
+    for k, v in sc['errors'].items():
+        m[f'reward/{k}/errors'] = v
+    m['frac_zero_std'] = zero_std.float().mean().item()
+    m['response_len/mean'] = sum(lens) / len(lens)
+    m['response_len/max'] = max(lens)
+    m['response_len/clip_frac'] = sum(c['truncated'] for c in comps) / len(comps)
+    for k, v in timing.items():
+        m[f'timing_s/{k}'] = v
+    m['perf/gen_tokens_per_s'] = sum(lens) / max(timing['gen'], 1e-9)
+    tokens = sum(len(p) for p in prompts) * G + sum(lens)
+    m['perf/tokens_per_s'] = tokens / max(timing['step'], 1e-9)
+    return m
+
+
+def reward_spread(sc, G):
+    """Per reward function: the std of its scores and the share of groups (G consecutive samples)
+    whose G scores are all equal, i.e. groups that function gives no signal to."""
+    out = {}
+    for k, v in sc['per_fn'].items():
+        mean = sum(v) / len(v)
+        groups = [v[i:i + G] for i in range(0, len(v), G)]
+        out[f'reward/{k}/std'] = math.sqrt(sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1))
+        out[f'reward/{k}/frac_zero_std'] = sum(max(g) == min(g) for g in groups) / max(len(groups), 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- the update's statistics
+# Two accumulators a step fills micro-batch by micro-batch: the rollout's (iteration 0, as the policy
+# first saw the batch) and, with num_iterations > 1, the last iteration's (how far the policy moved).
+# Every key is there from the start, so every rank all-reduces the same list (reduce_metrics).
+
+def rollout_sums(tis=False):
+    keys = ['loss', 'pg_loss', 'kl', 'entropy', 'logprob/mean', 'logprob_gen_vs_train']
+    if tis:
+        keys += ['tis/weight_mean', 'tis/capped_frac']
+    return {'sum': dict.fromkeys(keys, 0.0), 'max': {}}
+
+
+def moved_sums():
+    keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
+    return {'sum': dict.fromkeys(keys, 0.0), 'max': {'ratio/max': -math.inf, 'ratio/min': -math.inf}}
+
+
+def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_tokens):
+    """Add one micro-batch's share of iteration 0: the loss, its policy-gradient part, and means over
+    the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer| log-prob
+    and, with tis, the importance weight and the share of tokens whose ratio was above the cap
+    (is_weight: tis_weights' pair). Means divide by n_tokens, the step's trained tokens over every
+    rank."""
+    s = acc['sum']
+    s['loss'] += loss.item()
+    s['pg_loss'] += (st['pg'] * w).sum().item()
+    per_token = [('kl', st['kl']), ('entropy', entropy), ('logprob/mean', logp),
+                 ('logprob_gen_vs_train', (gen_logp - logp.detach()).abs())]
+    if is_weight is not None:
+        per_token += [('tis/weight_mean', is_weight[0]), ('tis/capped_frac', is_weight[1].float())]
+    for k, v in per_token:
+        s[k] += v.sum().item() * (1.0 / n_tokens)
+
+
+def add_moved(acc, st, logp, old_logp, n_tokens):
+    """Add one micro-batch's share of the last iteration (num_iterations > 1): the clipped fractions
+    on each side, the ratio's mean and range, and KL(old || new) by k3 on the tokens drawn from
+    old."""
+    s, mx = acc['sum'], acc['max']
+    r = st['ratio']
+    d = (logp.detach() - old_logp).exp()
+    per_token = [('clip/low_frac', st['clip_low'].float()), ('clip/high_frac', st['clip_high'].float()),
+                 ('ratio/mean', r), ('kl_old_new', d - 1 - d.log())]
+    for k, v in per_token:
+        s[k] += v.sum().item() / n_tokens
+    mx['ratio/max'] = max(mx['ratio/max'], r.max().item())
+    mx['ratio/min'] = max(mx['ratio/min'], -r.min().item())  # kept negated: every entry is a max
+
+
+def reduce_metrics(acc, all_reduce):
+    """torchrun: each rank's sums summed, maxima maxed. all_reduce(values, op) -> values."""
+    for part, op in (('sum', 'sum'), ('max', 'max')):
+        if acc[part]:
+            acc[part] = dict(zip(acc[part], all_reduce(list(acc[part].values()), op)))
+
+
+def metrics_of(acc):
+    out = dict(acc['sum'])
+    for k, v in acc['max'].items():
+        out[k] = -v if k == 'ratio/min' else v
+    return out
+
+
+def step_line(m):
+    """The one line each step prints: the numbers to watch and where the time went."""
+    clip = ''
+    if 'clip/low_frac' in m:
+        clip = f"clip {m['clip/low_frac']:.3f}/{m['clip/high_frac']:.3f} | "
+    timing = (f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} rew {m['timing_s/reward']:.1f} "
+              f"ref {m['timing_s/ref']:.1f} old {m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f})")
+    return (f"step {m['step']:5d} | reward {m['reward/mean']:.3f}±{m['reward/std']:.3f} | "
+            f"zero_std {m['frac_zero_std']:.2f} | loss {m['loss']:.4f} | kl {m['kl']:.4f} | {clip}"
+            f"ent {m['entropy']:.3f} | gnorm {m['grad_norm']:.3f} | len {m['response_len/mean']:.0f} | "
+            f"{timing} | mem {m['mem/peak_gb']:.2f}GB")
+
+
+def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
+    """Four of the step's completions, spread over its groups, with their prompt, the task's answer
+    and grade, the reference and the reward, appended to path (samples.jsonl): what the model
+    actually writes."""
+    answer = tasks.answer_fn(task)
+    with open(path, 'a') as f:
+        for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
+            c = comps[i]
+            ex, text = batch[c['prompt_idx']], c['text']
+            row = {'step': step, 'prompt': tok.decode(prompts[c['prompt_idx']]), 'completion': text,
+                   'answer': answer(text), 'reference': ex.get('answer'),
+                   'correct': bool(task.grade(text, ex)), 'reward': totals[i]}
+            f.write(json.dumps(row) + '\n')
+
+
+def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_name='', config=None):
+    """The function that records a step's metrics row: appended to metrics.jsonl (rank 0 only) and,
+    with wandb_log, sent to Weights & Biases with the same keys at step=row['step']. wandb is
+    imported only then. Its run id is kept in out_dir/wandb_id, so a resumed run continues the same
+    wandb run; rows of steps that run already has (redone after a resume, equal to the first ones by
+    exact resume) are not sent again."""
+    def no_log(row):  # ranks other than 0
+        pass
+
+    if not master:
+        return no_log
+    run = None
+    if wandb_log:
+        import wandb
+        id_path = os.path.join(out_dir, 'wandb_id')
+        if os.path.exists(id_path):
+            with open(id_path) as f:
+                run_id = f.read().strip()
+        else:
+            run_id = secrets.token_hex(4)  # not torch's or random's: they hold the run's RNG state
+        with open(id_path, 'w') as f:
+            f.write(run_id)
+        run = wandb.init(project=project, name=run_name or None, id=run_id, resume='allow', config=config,
+                         dir=out_dir)
+        print(f"wandb: run {run_id} in project {project} (out_dir/wandb_id)")
+
+    def log(row):
+        with open(path, 'a') as f:
+            f.write(json.dumps(row) + '\n')
+        if run is not None and row['step'] >= run.step:
+            run.log(row, step=row['step'])
+    return log
