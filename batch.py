@@ -65,7 +65,8 @@ def pack_groups(rows, pad_id, device='cpu'):
     T = max(len(g[0]['prompt']) + sum(len(r['ids']) - 1 for r in g) for g in groups)
     x = torch.full((len(groups), T), pad_id, dtype=torch.int64)
     pos = torch.zeros((len(groups), T), dtype=torch.int64)
-    seg = torch.full((len(groups), T), -1, dtype=torch.int64)  # 0 prompt, s the s-th completion, -1 pad
+    # 0 prompt, s the s-th completion, -1 pad
+    seg = torch.full((len(groups), T), -1, dtype=torch.int64)
     pred, targets = [], []
     for b, g in enumerate(groups):
         n = len(g[0]['prompt'])
@@ -183,7 +184,8 @@ def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dt
         return net(x, head=head, **kw)
 
 
-def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=True, mask_truncated=False):
+def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=True,
+               mask_truncated=False):
     """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp',
     'group'}: those of the kept `groups` (the step's prompt indices; row k of adv and zero_std is
     groups[k]'s, so dynamic sampling can drop groups) that this rank generated (`mine`: it holds

@@ -45,10 +45,12 @@ def atomic_write(path, write_fn):
 
 
 def rng_state():
-    state = {'python': random.getstate(), 'numpy': np.random.get_state(), 'torch': torch.get_rng_state()}
+    state = {'python': random.getstate(), 'numpy': np.random.get_state(),
+             'torch': torch.get_rng_state()}
     if torch.cuda.is_available():
-        state['cuda'] = torch.cuda.get_rng_state()  # this rank's device only: touching every GPU from every rank
-        # would create a CUDA context on each of them
+        # this rank's device only: touching every GPU from every rank would create a CUDA context
+        # on each of them
+        state['cuda'] = torch.cuda.get_rng_state()
     return state
 
 
@@ -93,17 +95,21 @@ def load_checkpoint(path, map_location='cpu'):
     global."""
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=map_location == 'cpu')
+            return torch.load(path, map_location=map_location, weights_only=True,
+                              mmap=map_location == 'cpu')
     except pickle.UnpicklingError as e:
-        what = next((ln.strip() for ln in str(e).splitlines() if 'GLOBAL' in ln), 'an object torch will not rebuild')
-        raise ValueError(f"{path}: refused to load: it would run code, not only rebuild tensors and plain values "
-                         f"({what.rstrip('.')}); load such a file only if you made it") from None
+        what = next((ln.strip() for ln in str(e).splitlines() if 'GLOBAL' in ln),
+                    'an object torch will not rebuild')
+        raise ValueError(f"{path}: refused to load: it would run code, not only rebuild tensors "
+                         f"and plain values ({what.rstrip('.')}); load such a file only if you "
+                         "made it") from None
 
 
 def load_newest(out_dir, map_location='cpu'):
     """(path, state) of the newest checkpoint that loads; a broken one is reported and the next
     older one tried."""
-    for tmp in glob.glob(os.path.join(out_dir, '*.tmp.*')):  # left by a write that was killed: never complete
+    # left by a write that was killed: never complete
+    for tmp in glob.glob(os.path.join(out_dir, '*.tmp.*')):
         os.remove(tmp)
     for path in list_checkpoints(out_dir):
         try:
@@ -148,9 +154,9 @@ def reference_model(policy, dtype, path, *, resumed, master, device, initial=Non
         ref.load_state_dict(load_checkpoint(path, device))
         return ref
     if resumed and initial is None:
-        die(f"beta > 0, but this run started with beta = 0 and kept no KL reference ({path}); its warm "
-            "start (sft_steps) cannot be rebuilt from init_from. Resume with --beta=0, or start a new "
-            "--out_dir", 2)
+        die(f"beta > 0, but this run started with beta = 0 and kept no KL reference ({path}); "
+            "its warm start (sft_steps) cannot be rebuilt from init_from. Resume with --beta=0, "
+            "or start a new --out_dir", 2)
     if resumed:
         print(f"resume: no KL reference at {path} (the run started with beta = 0): "
               "using init_from's weights")
@@ -162,10 +168,11 @@ def reference_model(policy, dtype, path, *, resumed, master, device, initial=Non
 
 # knobs a resumed run may change without changing what it computes (what it logs, saves, prints or
 # waits for)
-RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples', 'eval_batch_size',
-               'verbose', 'log_samples_every', 'save_every', 'keep_last', 'export_hf', 'export_every',
-               'export_dtype', 'plot', 'plot_every', 'watchdog_s', 'watchdog_exit', 'wandb_log',
-               'wandb_project', 'wandb_run_name', 'fault_stall_step', 'fault_stall_s')
+RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples',
+               'eval_batch_size', 'verbose', 'log_samples_every', 'save_every', 'keep_last',
+               'export_hf', 'export_every', 'export_dtype', 'plot', 'plot_every', 'watchdog_s',
+               'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name', 'fault_stall_step',
+               'fault_stall_s')
 
 
 def config_changes(saved, config):
@@ -174,7 +181,8 @@ def config_changes(saved, config):
     a run without the stop had). A knob the checkpoint's code did not have (or this code no longer
     has) is named but does not count: its default is meant to keep the old behaviour."""
     unset = '(unset)'
-    keys = sorted(k for k in set(saved) | set(config) if saved.get(k, unset) != config.get(k, unset))
+    keys = sorted(k for k in set(saved) | set(config)
+                  if saved.get(k, unset) != config.get(k, unset))
     known = [k for k in keys if k in saved and k in config]
     lines = []
     for k in keys:
@@ -190,7 +198,8 @@ def config_changes(saved, config):
     return lines, any(k not in RESUME_SAFE for k in known)
 
 
-def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None, resume_changed=False):
+def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None,
+               resume_changed=False):
     """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer,
     restore the RNG state, trim metrics.jsonl and samples.jsonl back to its step, and return its
     state dict; None to start fresh (then a metrics.jsonl already there is renamed aside, never
@@ -207,21 +216,23 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None, 
     if state is not None and config is not None and state.get('config') is not None:
         lines, changes_run = config_changes(state['config'], config)
         if lines and master:
-            print(f"resume: {path} was written with other knob values:\n" + '\n'.join(lines), flush=True)
+            print(f"resume: {path} was written with other knob values:\n" + '\n'.join(lines),
+                  flush=True)
         if changes_run and not resume_changed:
-            die(f"resume: knobs marked '(changes the run)' differ from {path}'s run, so it would not "
-                "continue as it would have; pass --resume_changed=True to resume anyway, or use a new "
-                "--out_dir", 2)
+            die(f"resume: knobs marked '(changes the run)' differ from {path}'s run, so it would "
+                "not continue as it would have; pass --resume_changed=True to resume anyway, or "
+                "use a new --out_dir", 2)
     barrier()  # every rank has chosen before rank 0 writes anything
     metrics = os.path.join(out_dir, 'metrics.jsonl')
     if state is not None:
         base = getattr(model, 'lora', {}).get('base')  # LoRA: the base weights' fingerprint
         was = state.get('lora', {}).get('base')
-        same = base is None or was is None or all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(base, was))
+        same = (base is None or was is None
+                or all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(base, was)))
         if not same:
-            die(f"resume: the base weights loaded from init_from differ from those {path}'s adapters were "
-                f"trained on (fingerprint {base} vs {state['lora']['base']}); point --init_from at that "
-                "snapshot", 2)
+            die(f"resume: the base weights loaded from init_from differ from those {path}'s "
+                f"adapters were trained on (fingerprint {base} vs {state['lora']['base']}); "
+                "point --init_from at that snapshot", 2)
         try:
             load_state(model, optimizer, state['model'], state['optimizer'], fsdp)
         except ValueError as e:
@@ -237,8 +248,8 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None, 
     return state
 
 
-def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_state, tok=None, config=None,
-             export_dtype=None, keep_export=False):
+def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_state, tok=None,
+             config=None, export_dtype=None, keep_export=False):
     """Checkpoint step (with run_state: cursor, lr_scale, guards, ...) and, given tok, the HF export
     out_dir/hf (in export_dtype, default the weights' fp32; keep_export: also out_dir/hf_{step:07d},
     kept) with the run's config beside it (grpo_run.json, which sample.py reads), only from finite
@@ -259,7 +270,8 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_st
         print(f"guard: weights are not finite at step {step}; NOT saving (the last good checkpoint "
               "stays)", flush=True)
     elif master:
-        state = {'model': weights, 'optimizer': osd, 'step': step, 'rng': rng_state(), 'config': config}
+        state = {'model': weights, 'optimizer': osd, 'step': step, 'rng': rng_state(),
+                 'config': config}
         if adapters is not None:
             state['lora'] = model.lora
         save_checkpoint(out_dir, step, {**state, **run_state}, keep_last)
@@ -270,9 +282,12 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_st
         if exports and adapters is not None:
             merged = lora.merged_state(model, msd)
         for name in exports:
-            save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged, dtype=export_dtype)
-            run = json.dumps({**config, 'step': step}, indent=2, sort_keys=True, default=str).encode()
-            atomic_write(os.path.join(out_dir, name, 'grpo_run.json'), functools.partial(write_bytes, run))
+            save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged,
+                            dtype=export_dtype)
+            saved = {**config, 'step': step}
+            run = json.dumps(saved, indent=2, sort_keys=True, default=str).encode()
+            atomic_write(os.path.join(out_dir, name, 'grpo_run.json'),
+                         functools.partial(write_bytes, run))
             if adapters is not None:  # hf -> lora, hf_NNNNNNN -> lora_NNNNNNN
                 peft_dir = os.path.join(out_dir, 'lora' + name[2:])
                 lora.save_peft(model, adapters, peft_dir, (config or {}).get('init_from'))
@@ -284,9 +299,10 @@ def write_bytes(data, f):
     f.write(data)
 
 
-# ----------------------------------------------------------------------------- whole state under FSDP
-# Checkpoints always hold whole tensors in the one-process format, so any checkpoint resumes on any number of ranks,
-# FSDP or not. Under FSDP the weights and Adam moments live as shards and are gathered (DCP's state_dict helpers).
+# --------------------------------------------------------------------------- whole state under FSDP
+# Checkpoints always hold whole tensors in the one-process format, so any checkpoint resumes on any
+# number of ranks, FSDP or not. Under FSDP the weights and Adam moments live as shards and are
+# gathered (DCP's state_dict functions).
 
 def full_state(model, optimizer, fsdp):
     """(model, optimizer) state dicts of whole tensors. FSDP gathers them onto rank 0, in CPU
@@ -294,13 +310,16 @@ def full_state(model, optimizer, fsdp):
     osd = optimizer.state_dict()
     if not fsdp:
         return model.state_dict(), osd
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    if osd['state']:  # (an empty state is already whole; the DCP call would fill it with a dummy AdamW step)
+    # (an empty state is already whole; the DCP call would fill it with a dummy AdamW step)
+    if osd['state']:
         pos = {n: i for i, n in enumerate(param_names(model, optimizer))}
         osd = get_optimizer_state_dict(model, optimizer, options=opts)
         osd = osd and {'state': {pos[n]: s for n, s in osd['state'].items()},
-                       'param_groups': [{**g, 'params': [pos[n] for n in g['params']]} for g in osd['param_groups']]}
+                       'param_groups': [{**g, 'params': [pos[n] for n in g['params']]}
+                                        for g in osd['param_groups']]}
     return get_model_state_dict(model, options=opts), osd
 
 
@@ -308,24 +327,32 @@ def load_state(model, optimizer, msd, osd, fsdp):
     """Every rank loads the same whole state dicts (FSDP keeps its shard of each). With LoRA msd
     holds the adapters only; a checkpoint of the other kind is a ValueError."""
     import lora
-    want = {k for k in model.state_dict() if '.lora_A.' in k or '.lora_B.' in k} or set(model.state_dict())
-    if set(msd) != want:  # LoRA: adapters only (the base stays as loaded from init_from); else every tensor
+    # LoRA: adapters only (the base stays as loaded from init_from); else every tensor
+    want = {k for k in model.state_dict() if '.lora_A.' in k or '.lora_B.' in k}
+    if not want:
+        want = set(model.state_dict())
+    if set(msd) != want:
         what = 'adapters' if lora.adapters(model) else 'whole-model weights'
-        raise ValueError(f"the checkpoint's weights are not this model's {what} (a LoRA checkpoint and a full one, or "
-                         f"other lora_targets): e.g. {sorted(want ^ set(msd))[:2]}")
+        raise ValueError(f"the checkpoint's weights are not this model's {what} (a LoRA checkpoint "
+                         f"and a full one, or other lora_targets): "
+                         f"e.g. {sorted(want ^ set(msd))[:2]}")
     if not fsdp:
         model.load_state_dict(msd, strict=not lora.adapters(model))
         optimizer.load_state_dict(osd)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True, strict=not lora.adapters(model)))
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    model_opts = StateDictOptions(full_state_dict=True, strict=not lora.adapters(model))
+    set_model_state_dict(model, msd, options=model_opts)
     if not osd['state']:
         optimizer.load_state_dict(osd)
         return
     names = param_names(model, optimizer)
-    set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True), optim_state_dict={
-        'state': {names[i]: s for i, s in osd['state'].items()},
-        'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in osd['param_groups']]})
+    optim_opts = StateDictOptions(full_state_dict=True)
+    by_name = {'state': {names[i]: s for i, s in osd['state'].items()},
+               'param_groups': [{**g, 'params': [names[i] for i in g['params']]}
+                                for g in osd['param_groups']]}
+    set_optimizer_state_dict(model, optimizer, options=optim_opts, optim_state_dict=by_name)
 
 
 def param_names(model, optimizer):

@@ -19,7 +19,8 @@ import sys
 def config_keys(g):
     """The configurable globals: plain values defined at module level, not modules/functions/private
     names."""
-    return [k for k, v in g.items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, list, tuple, dict, type(None)))]
+    plain = (int, float, bool, str, list, tuple, dict, type(None))
+    return [k for k, v in g.items() if not k.startswith('_') and isinstance(v, plain)]
 
 
 def fail(msg):
@@ -38,7 +39,8 @@ def check_type(key, value, default, where):
     where it came from."""
     if default is None or value is None or auto_bool(default, value):
         return value
-    if isinstance(default, bool) or isinstance(value, bool):  # bool is an int subclass: compare exactly
+    if isinstance(default, bool) or isinstance(value, bool):
+        # bool is an int subclass: compare exactly
         ok = type(value) is type(default)
     elif isinstance(default, float) and isinstance(value, int):
         return float(value)  # --lr=1 means 1.0
@@ -47,7 +49,8 @@ def check_type(key, value, default, where):
     else:
         ok = isinstance(value, type(default))
     if not ok:
-        fail(f"{where}: '{key}' expects {type(default).__name__} (default {default!r}), got {type(value).__name__} {value!r}")
+        fail(f"{where}: '{key}' expects {type(default).__name__} (default {default!r}), "
+             f"got {type(value).__name__} {value!r}")
     return value
 
 
@@ -75,7 +78,8 @@ def configure(g, argv=None, more_knobs=None):
             fail(str(e))
         clash = sorted(set(extra) & set(keys))
         if clash:
-            fail(f"knob(s) {clash} of the chosen task clash with the script's own; rename them in the task")
+            fail(f"knob(s) {clash} of the chosen task clash with the script's own; "
+                 "rename them in the task")
         g.update(extra)
         keys += list(extra)
     _apply(g, argv, {k: g[k] for k in keys}, strict=True)
@@ -98,11 +102,12 @@ def _apply(g, argv, defaults, strict):
                 fail(f"{arg}: {type(e).__name__}: {e}")
             for k, v in file_globals.items():
                 if k.startswith('_') or callable(v) or type(v).__name__ == 'module':
-                    continue  # imports and helper functions in a config file are not settings
+                    continue  # imports and functions in a config file are not settings
                 if k not in defaults:
                     if not strict:
                         continue
-                    fail(f"{arg}: unknown config key '{k}' (known keys: {', '.join(sorted(defaults))})")
+                    known = ', '.join(sorted(defaults))
+                    fail(f"{arg}: unknown config key '{k}' (known keys: {known})")
                 g[k] = check_type(k, v, defaults[k], arg)
         else:
             key, sep, raw = arg[2:].partition('=')  # partition: values may themselves contain '='
@@ -111,11 +116,14 @@ def _apply(g, argv, defaults, strict):
             if key not in defaults:
                 if not strict:
                     continue
-                fail(f"unknown config key --{key} (known keys: {', '.join(sorted(defaults))})")
+                known = ', '.join(sorted(defaults))
+                fail(f"unknown config key --{key} (known keys: {known})")
             value = parse_value(raw)
-            if isinstance(defaults[key], str) and not isinstance(value, str) and not auto_bool(defaults[key], value):
-                value = raw  # --out_dir=2024 is the string '2024'
-            g[key] = check_type(key, value, defaults[key], arg)
+            default = defaults[key]
+            if isinstance(default, str):
+                if not isinstance(value, str) and not auto_bool(default, value):
+                    value = raw  # --out_dir=2024 is the string '2024'
+            g[key] = check_type(key, value, default, arg)
 
 
 def save_config(config, out_dir):

@@ -17,13 +17,16 @@ def read_rows(data_dir, split):
     if path.exists():
         with open(path, encoding='utf-8') as f:
             for lineno, line in enumerate(f, 1):
-                if line.strip():  # a blank line (e.g. trailing) is not a row
-                    try:
-                        yield f'{path}:{lineno}', json.loads(line)
-                    except json.JSONDecodeError as e:
-                        yield f'{path}:{lineno}', ValueError(f'bad JSON ({e.msg} at column {e.colno})')
+                if not line.strip():  # a blank line (e.g. trailing) is not a row
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    row = ValueError(f'bad JSON ({e.msg} at column {e.colno})')
+                yield f'{path}:{lineno}', row
         return
-    files = sorted(Path(data_dir).glob(f'**/{split}[-.]*parquet'))  # {split}.parquet or HF's {split}-0000-of-0001
+    # {split}.parquet or HF's {split}-0000-of-0001
+    files = sorted(Path(data_dir).glob(f'**/{split}[-.]*parquet'))
     if not files:
         raise FileNotFoundError(f"no {split}.jsonl or {split}*.parquet in {data_dir}")
     import pyarrow.parquet as pq  # a dependency of `datasets`; only needed for parquet
@@ -36,7 +39,8 @@ def parse_rows(rows, parse, skip_bad_rows=False, what='row', stats=None):
     """[parse(row)] for (where, row) in rows. A malformed row (parse raises ValueError) raises one
     ValueError naming file and line; with skip_bad_rows it is skipped, printed and added to
     stats['skipped'] (pass a dict to receive it; stats['first_bad'] holds the first reason)."""
-    out, bad = [], []
+    out = []
+    bad = []
     for where, row in rows:
         try:
             if isinstance(row, Exception):
@@ -44,7 +48,8 @@ def parse_rows(rows, parse, skip_bad_rows=False, what='row', stats=None):
             out.append(parse(row))
         except ValueError as e:
             if not skip_bad_rows:
-                raise ValueError(f"{where}: malformed {what} row: {e} (skip_bad_rows skips such rows)") from None
+                raise ValueError(f"{where}: malformed {what} row: {e} "
+                                 "(skip_bad_rows skips such rows)") from None
             bad.append(f"{where}: {e}")
     if bad:
         print(f"{what}: skipped {len(bad)} malformed rows, first: {bad[0]}")
@@ -58,10 +63,11 @@ def question_messages(question, system_prompt='', instruction=''):
     """[system turn,] user turn = the question [+ newline + instruction]; '' or None leaves a part
     out."""
     user = f"{question}\n{instruction}" if instruction else question
-    return ([{'role': 'system', 'content': system_prompt}] if system_prompt else []) + [{'role': 'user', 'content': user}]
+    system = [{'role': 'system', 'content': system_prompt}] if system_prompt else []
+    return system + [{'role': 'user', 'content': user}]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # order: one permutation per (seed, epoch), so resuming at a cursor reproduces the batches exactly
 
 @lru_cache(maxsize=4)

@@ -29,26 +29,34 @@ def hf_layout(cfg, prefix):
     counts, and whether HF stores it transposed: GPT-2's Conv1D keeps weights as (in, out))."""
     lay = {}
     if cfg.arch != 'gpt2':
-        hd, I = cfg.head_dim, cfg.intermediate_size
-        qkv = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
+        hd = cfg.head_dim
+        inter = cfg.intermediate_size
+        qkv_rows = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
+        # only qwen2 has q/k/v biases, only qwen3 q/k norms
+        qkv_tensors = ('weight', 'bias') if cfg.arch == 'qwen2' else ('weight',)
+        norms = ('q_norm', 'k_norm') if cfg.arch == 'qwen3' else ()
         lay['wte.weight'] = ([prefix + 'embed_tokens.weight'], None, False)
         for i in range(cfg.n_layer):
-            a, p = f'{prefix}layers.{i}.', f'h.{i}.'
+            a = f'{prefix}layers.{i}.'
+            p = f'h.{i}.'
             lay[p + 'ln_1.weight'] = ([a + 'input_layernorm.weight'], None, False)
-            for s in ('weight', 'bias')[:1 + (cfg.arch == 'qwen2')]:  # only qwen2 has q/k/v biases
-                lay[p + f'attn.c_attn.{s}'] = ([a + f'self_attn.{n}_proj.{s}' for n in 'qkv'], qkv, False)
+            for s in qkv_tensors:
+                qkv_names = [a + f'self_attn.{n}_proj.{s}' for n in 'qkv']
+                lay[p + f'attn.c_attn.{s}'] = (qkv_names, qkv_rows, False)
             lay[p + 'attn.c_proj.weight'] = ([a + 'self_attn.o_proj.weight'], None, False)
-            for n in ('q_norm', 'k_norm')[:2 * (cfg.arch == 'qwen3')]:
+            for n in norms:
                 lay[p + f'attn.{n}.weight'] = ([a + f'self_attn.{n}.weight'], None, False)
             lay[p + 'ln_2.weight'] = ([a + 'post_attention_layernorm.weight'], None, False)
-            lay[p + 'mlp.c_fc.weight'] = ([a + 'mlp.gate_proj.weight', a + 'mlp.up_proj.weight'], [I, I], False)
+            gate_up = [a + 'mlp.gate_proj.weight', a + 'mlp.up_proj.weight']
+            lay[p + 'mlp.c_fc.weight'] = (gate_up, [inter, inter], False)
             lay[p + 'mlp.c_proj.weight'] = ([a + 'mlp.down_proj.weight'], None, False)
         lay['ln_f.weight'] = ([prefix + 'norm.weight'], None, False)
     else:
         names = ['wte.weight', 'wpe.weight', 'ln_f.weight', 'ln_f.bias']
+        modules = ('ln_1', 'attn.c_attn', 'attn.c_proj', 'ln_2', 'mlp.c_fc', 'mlp.c_proj')
         for i in range(cfg.n_layer):
-            names += [f'h.{i}.{m}.{s}' for m in ('ln_1', 'attn.c_attn', 'attn.c_proj', 'ln_2', 'mlp.c_fc', 'mlp.c_proj')
-                      for s in ('weight', 'bias')]
+            for m in modules:
+                names += [f'h.{i}.{m}.weight', f'h.{i}.{m}.bias']
         for n in names:
             lay[n] = ([prefix + n], None, n.endswith('weight') and ('.c_' in n))
     if cfg.num_labels:
@@ -61,7 +69,8 @@ def hf_layout(cfg, prefix):
 def to_hf(state_dict, cfg, prefix=None):
     """Our state dict -> HF-named tensors (views where possible; a tied head is left out, as HF
     does)."""
-    prefix = ('model.' if cfg.arch != 'gpt2' else 'transformer.') if prefix is None else prefix
+    if prefix is None:
+        prefix = 'model.' if cfg.arch != 'gpt2' else 'transformer.'
     out = {}
     for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
         t = state_dict[ours].t() if transpose else state_dict[ours]
@@ -71,27 +80,42 @@ def to_hf(state_dict, cfg, prefix=None):
 
 # ModelConfig field -> (config.json key, default; ... = required)
 HF_KEYS = {
-    'qwen2': dict(vocab_size=('vocab_size', ...), n_layer=('num_hidden_layers', ...),
-                  n_head=('num_attention_heads', ...), n_kv_head=('num_key_value_heads', ...),
-                  n_embd=('hidden_size', ...), intermediate_size=('intermediate_size', ...),
-                  max_seq_len=('max_position_embeddings', 32768), rope_theta=('rope_theta', 10000.0),
-                  norm_eps=('rms_norm_eps', 1e-6), tie_word_embeddings=('tie_word_embeddings', False)),
-    'gpt2': dict(vocab_size=('vocab_size', ...), n_layer=('n_layer', ...), n_head=('n_head', ...),
-                 n_embd=('n_embd', ...), intermediate_size=('n_inner', None), max_seq_len=('n_positions', 1024),
-                 norm_eps=('layer_norm_epsilon', 1e-5), tie_word_embeddings=('tie_word_embeddings', True)),
+    'qwen2': dict(vocab_size=('vocab_size', ...),
+                  n_layer=('num_hidden_layers', ...),
+                  n_head=('num_attention_heads', ...),
+                  n_kv_head=('num_key_value_heads', ...),
+                  n_embd=('hidden_size', ...),
+                  intermediate_size=('intermediate_size', ...),
+                  max_seq_len=('max_position_embeddings', 32768),
+                  rope_theta=('rope_theta', 10000.0),
+                  norm_eps=('rms_norm_eps', 1e-6),
+                  tie_word_embeddings=('tie_word_embeddings', False)),
+    'gpt2': dict(vocab_size=('vocab_size', ...),
+                 n_layer=('n_layer', ...),
+                 n_head=('n_head', ...),
+                 n_embd=('n_embd', ...),
+                 intermediate_size=('n_inner', None),
+                 max_seq_len=('n_positions', 1024),
+                 norm_eps=('layer_norm_epsilon', 1e-5),
+                 tie_word_embeddings=('tie_word_embeddings', True)),
 }
-HF_KEYS['qwen3'] = HF_KEYS['llama'] = HF_KEYS['qwen2']  # same fields; head_dim and rope_scaling read apart
+# same fields; head_dim and rope_scaling read apart
+HF_KEYS['qwen3'] = HF_KEYS['llama'] = HF_KEYS['qwen2']
 HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
            'qwen3': dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3'),
            'llama': dict(architectures=['LlamaForCausalLM'], model_type='llama'),
            'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
-CLASSIFIER = {a: f'{n}ForSequenceClassification' for a, n in (('qwen2', 'Qwen2'), ('qwen3', 'Qwen3'),
-                                                               ('llama', 'Llama'), ('gpt2', 'GPT2'))}
+CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification',
+              'qwen3': 'Qwen3ForSequenceClassification',
+              'llama': 'LlamaForSequenceClassification',
+              'gpt2': 'GPT2ForSequenceClassification'}
 LLAMA3_ROPE = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
-SUPPORTED = {  # config.json settings that change the math: the values we implement (save writes the first)
+# config.json settings that change the math: the values we implement (save writes the first)
+SUPPORTED = {
     'qwen2': dict(hidden_act=['silu'], use_sliding_window=[False]),
     'qwen3': dict(hidden_act=['silu'], use_sliding_window=[False], attention_bias=[False]),
-    'llama': dict(hidden_act=['silu'], attention_bias=[False], mlp_bias=[False], pretraining_tp=[1]),
+    'llama': dict(hidden_act=['silu'], attention_bias=[False], mlp_bias=[False],
+                  pretraining_tp=[1]),
     'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
                  scale_attn_by_inverse_layer_idx=[False]),
 }
@@ -101,15 +125,18 @@ def config_from_hf(hf, file):
     """HF config.json dict -> ModelConfig; refuses variants this model does not implement."""
     arch = hf.get('model_type')
     if arch not in HF_KEYS:
-        raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama or gpt2; "
-                             "no mixture-of-experts)")
-    if arch != 'gpt2' and hf.get('rope_theta') is None:  # transformers>=5 writes it inside rope_parameters
+        raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama "
+                             "or gpt2; no mixture-of-experts)")
+    if arch != 'gpt2' and hf.get('rope_theta') is None:
+        # transformers>=5 writes it inside rope_parameters
         hf = {**hf, **(hf.get('rope_parameters') or {})}
     kw = dict(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
-    if CLASSIFIER[arch] in (hf.get('architectures') or []):  # num_labels as transformers reads it (2 if no id2label)
+    if CLASSIFIER[arch] in (hf.get('architectures') or []):
         if not isinstance(hf.get('pad_token_id'), int):
-            raise ModelLoadError(f"{file}: missing field 'pad_token_id' (a classifier reads each row's last token "
-                                 "that is not this id: set it to the tokenizer's pad token, e.g. 151643 for Qwen2.5)")
+            raise ModelLoadError(f"{file}: missing field 'pad_token_id' (a classifier reads each "
+                                 "row's last token that is not this id: set it to the tokenizer's "
+                                 "pad token, e.g. 151643 for Qwen2.5)")
+        # num_labels as transformers reads it (2 if no id2label)
         kw.update(num_labels=len(hf.get('id2label') or '01'), pad_token_id=hf['pad_token_id'])
     for ours, (key, default) in HF_KEYS[arch].items():
         v = default if hf.get(key) is None else hf[key]
@@ -120,7 +147,8 @@ def config_from_hf(hf, file):
             raise ModelLoadError(f"{file}: field '{key}' should be {kind.__name__}, got {v!r}")
         kw[ours] = v if v is None else kind(v)
     if arch == 'gpt2':
-        kw.update(n_kv_head=kw['n_head'], intermediate_size=kw['intermediate_size'] or 4 * kw['n_embd'])
+        kw['n_kv_head'] = kw['n_head']
+        kw['intermediate_size'] = kw['intermediate_size'] or 4 * kw['n_embd']
     for key, ok in SUPPORTED[arch].items():
         if key in hf and hf[key] not in ok:
             raise ModelLoadError(f"{file}: {key}={hf[key]!r} is not supported")
@@ -133,28 +161,38 @@ def config_from_hf(hf, file):
                                  + ', '.join(LLAMA3_ROPE))
         kw['rope_scaling'] = tuple(rope[k] for k in LLAMA3_ROPE)
     elif kind != 'default':
-        raise ModelLoadError(f"{file}: field '{field}' has rope_type {kind!r}, not supported (default or llama3)")
+        raise ModelLoadError(f"{file}: field '{field}' has rope_type {kind!r}, not supported "
+                             "(default or llama3)")
     hd = hf.get('head_dim')
     if arch in ('qwen3', 'llama') and type(hd) is int and hd != kw['n_embd'] // kw['n_head']:
-        kw['head_size'] = hd  # kept only where it differs, so a config saved and loaded back compares equal
+        # kept only where it differs, so a config saved and loaded back compares equal
+        kw['head_size'] = hd
     cfg = ModelConfig(**kw)
-    if (not cfg.head_size and cfg.n_embd % cfg.n_head) or cfg.n_head % cfg.n_kv_head or \
-            hf.get('head_dim', cfg.head_dim) != cfg.head_dim:
-        raise ModelLoadError(f"{file}: inconsistent head sizes (hidden {cfg.n_embd}, heads {cfg.n_head}, "
-                             f"kv heads {cfg.n_kv_head}, head_dim {hf.get('head_dim')})")
+    uneven = not cfg.head_size and cfg.n_embd % cfg.n_head
+    if uneven or cfg.n_head % cfg.n_kv_head or hf.get('head_dim', cfg.head_dim) != cfg.head_dim:
+        raise ModelLoadError(f"{file}: inconsistent head sizes (hidden {cfg.n_embd}, heads "
+                             f"{cfg.n_head}, kv heads {cfg.n_kv_head}, "
+                             f"head_dim {hf.get('head_dim')})")
     return cfg
 
 
 def config_to_hf(cfg, dtype):
-    head = dict(architectures=[CLASSIFIER[cfg.arch]], pad_token_id=cfg.pad_token_id,
-                id2label={i: f'LABEL_{i}' for i in range(cfg.num_labels)}) if cfg.num_labels else {}
-    return {**HF_ARCH[cfg.arch], **{k: ok[0] for k, ok in SUPPORTED[cfg.arch].items()},
-            **{key: getattr(cfg, ours) for ours, (key, _) in HF_KEYS[cfg.arch].items()},
-            'bos_token_id': cfg.bos_token_id, 'eos_token_id': cfg.eos_token_id,
-            **({'head_dim': cfg.head_dim} if cfg.arch in ('qwen3', 'llama') else {}),
-            **({'rope_scaling': dict(rope_type='llama3', **dict(zip(LLAMA3_ROPE, cfg.rope_scaling)))}
-               if cfg.rope_scaling else {}),
-            'torch_dtype': str(dtype).removeprefix('torch.'), **head}
+    """ModelConfig -> the HF config.json dict save_pretrained writes."""
+    out = dict(HF_ARCH[cfg.arch])
+    out.update({k: ok[0] for k, ok in SUPPORTED[cfg.arch].items()})
+    out.update({key: getattr(cfg, ours) for ours, (key, _) in HF_KEYS[cfg.arch].items()})
+    out['bos_token_id'] = cfg.bos_token_id
+    out['eos_token_id'] = cfg.eos_token_id
+    if cfg.arch in ('qwen3', 'llama'):
+        out['head_dim'] = cfg.head_dim
+    if cfg.rope_scaling:
+        out['rope_scaling'] = dict(rope_type='llama3', **dict(zip(LLAMA3_ROPE, cfg.rope_scaling)))
+    out['torch_dtype'] = str(dtype).removeprefix('torch.')
+    if cfg.num_labels:  # a classifier: its class and labels (architectures keeps its place)
+        out['architectures'] = [CLASSIFIER[cfg.arch]]
+        out['pad_token_id'] = cfg.pad_token_id
+        out['id2label'] = {i: f'LABEL_{i}' for i in range(cfg.num_labels)}
+    return out
 
 
 def _one_line(e):
@@ -174,25 +212,30 @@ def resolve_snapshot(name_or_path):
         raise ModelLoadError(f'{path}: no such directory')
     try:
         from huggingface_hub import snapshot_download
-        return snapshot_download(path, allow_patterns=[
-            'config.json', '*.safetensors', 'model.safetensors.index.json', 'generation_config.json',
-            'tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json'])
+        files = ['config.json', '*.safetensors', 'model.safetensors.index.json',
+                 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json', 'vocab.json',
+                 'merges.txt', 'special_tokens_map.json']
+        return snapshot_download(path, allow_patterns=files)
     except Exception as e:
-        raise ModelLoadError(f"'{path}' is not a local directory and could not be downloaded from the Hugging "
-                             f"Face hub ({_one_line(e)}); pass a local snapshot directory instead") from None
+        raise ModelLoadError(f"'{path}' is not a local directory and could not be downloaded from "
+                             f"the Hugging Face hub ({_one_line(e)}); pass a local snapshot "
+                             "directory instead") from None
 
 
 def _open_checkpoint(path):
     """(HF tensor name -> open safetensors file holding it, the file or index to name when one is
     missing)"""
     from safetensors import safe_open
-    index, single = os.path.join(path, 'model.safetensors.index.json'), os.path.join(path, 'model.safetensors')
+    index = os.path.join(path, 'model.safetensors.index.json')
+    single = os.path.join(path, 'model.safetensors')
     if os.path.exists(index):
         try:
             with open(index) as f:
-                files = sorted({os.path.join(path, v) for v in json.load(f)['weight_map'].values()})
+                weight_map = json.load(f)['weight_map']
+            files = sorted({os.path.join(path, v) for v in weight_map.values()})
         except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
-            raise ModelLoadError(f'{index}: not a valid safetensors index ({_one_line(e)})') from None
+            msg = f'{index}: not a valid safetensors index ({_one_line(e)})'
+            raise ModelLoadError(msg) from None
     elif os.path.exists(single):
         index, files = single, [single]
     else:
@@ -225,7 +268,12 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
         model = GPT(cfg)
     where, ckpt = _open_checkpoint(path)
     # GPT-2 checkpoints come with or without the 'transformer.' prefix
-    prefix = 'model.' if cfg.arch != 'gpt2' else 'transformer.' * any(k.startswith('transformer.') for k in where)
+    if cfg.arch != 'gpt2':
+        prefix = 'model.'
+    elif any(k.startswith('transformer.') for k in where):
+        prefix = 'transformer.'
+    else:
+        prefix = ''
     expected = to_hf(model.state_dict(), cfg, prefix)  # meta tensors: the names and shapes we need
     missing = [k for k in expected if k not in where]
     if missing:
@@ -233,17 +281,21 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
         raise ModelLoadError(f"{ckpt}: missing tensor '{missing[0]}'{more}")
     # checkpoints may also carry buffers (GPT-2's causal mask, old rotary inv_freq) or a copy of a
     # tied head
-    ignorable = re.compile(r'.*(\.attn\.bias|\.attn\.masked_bias|\.rotary_emb\.inv_freq)$|lm_head\.weight$')
+    ignorable = re.compile(r'.*(\.attn\.bias|\.attn\.masked_bias|\.rotary_emb\.inv_freq)$'
+                           r'|lm_head\.weight$')
     extra = [k for k in where if k not in expected and not ignorable.match(k)]
     if extra:
-        raise ModelLoadError(f"{where[extra[0]][1]}: unexpected tensors {', '.join(map(repr, extra[:5]))}"
-                             + f' (and {len(extra) - 5} more)' * (len(extra) > 5))
+        named = ', '.join(map(repr, extra[:5]))
+        more = f' (and {len(extra) - 5} more)' * (len(extra) > 5)
+        raise ModelLoadError(f"{where[extra[0]][1]}: unexpected tensors {named}{more}")
     for k, meta in expected.items():
         f, file = where[k]
-        if tuple(f.get_slice(k).get_shape()) != meta.shape:
-            raise ModelLoadError(f"{file}: tensor '{k}' has shape {tuple(f.get_slice(k).get_shape())}, "
+        shape = tuple(f.get_slice(k).get_shape())
+        if shape != meta.shape:
+            raise ModelLoadError(f"{file}: tensor '{k}' has shape {shape}, "
                                  f"expected {tuple(meta.shape)}")
-    if torch.device(device).type != 'meta':  # 'meta': every name and shape checked, no weight read (a config check)
+    # device 'meta': every name and shape checked, no weight read (a config check)
+    if torch.device(device).type != 'meta':
         sd = {}
         for ours, (names, rows, transpose) in hf_layout(cfg, prefix).items():
             t = torch.cat([where[n][0].get_tensor(n).to(device=device, dtype=dtype) for n in names])
@@ -256,8 +308,8 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
     return model, tok
 
 
-def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, *, n_layer=4, n_head=4, n_kv_head=2,
-               n_embd=128, max_seq_len=1024):
+def load_model(init_from, dtype=torch.float32, device='cpu', seed=0, *, n_layer=4, n_head=4,
+               n_kv_head=2, n_embd=128, max_seq_len=1024):
     """(model, tokenizer) from an HF snapshot directory or hub id, or for init_from='scratch' a
     random Qwen2-shaped model of the given shape (MLP 4 x n_embd, tied head) with the byte
     tokenizer: the offline demo, smoke tests. A snapshot without tokenizer files is a
@@ -291,13 +343,16 @@ def save_pretrained(model, tokenizer, out_dir, state_dict=None, dtype=None):
             json.dump(config_to_hf(cfg, dtype), f, indent=2)
         # own, dense copies: safetensors refuses views that share storage (our fused q/k/v split
         # apart)
-        tensors = {k: v.detach().to('cpu', dtype if v.is_floating_point() else v.dtype).clone(
-                   memory_format=torch.contiguous_format) for k, v in to_hf(state_dict, cfg).items()}
+        tensors = {}
+        for k, v in to_hf(state_dict, cfg).items():
+            v = v.detach().to('cpu', dtype if v.is_floating_point() else v.dtype)
+            tensors[k] = v.clone(memory_format=torch.contiguous_format)
         save_file(tensors, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
         if tokenizer is not None:
             tokenizer.save(tmp)
             with open(os.path.join(tmp, 'generation_config.json'), 'w') as f:
-                json.dump({'eos_token_id': tokenizer.stop_ids, 'pad_token_id': tokenizer.pad_id}, f, indent=2)
+                stops = {'eos_token_id': tokenizer.stop_ids, 'pad_token_id': tokenizer.pad_id}
+                json.dump(stops, f, indent=2)
     return os.path.abspath(out_dir)
 
 
@@ -307,7 +362,8 @@ def atomic_dir(out_dir):
     an error, so a crash never leaves a half-written directory where an old one was (the old one
     goes only after the rename)."""
     out_dir = os.path.abspath(out_dir)
-    tmp, old = out_dir + f'.tmp{os.getpid()}', out_dir + f'.old{os.getpid()}'
+    tmp = out_dir + f'.tmp{os.getpid()}'
+    old = out_dir + f'.old{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:

@@ -17,7 +17,7 @@ import triton.language as tl
 # log-prob + entropy: triton kernels
 
 @triton.jit
-def _fold(base, n_loop, n_valid, m, s, w, inv_temp, BLOCK: tl.constexpr):
+def _fold(base, n_loop, n_valid, m, s, w, *, inv_temp, BLOCK: tl.constexpr):
     # fold columns [0, n_loop) of one row (those from n_valid on read as -inf) into its online
     # softmax of z = x / T: m the running max of the RAW logits, s = sum e, w = sum e * d with d =
     # (x - m) / T, e = exp(d)
@@ -37,8 +37,9 @@ def _fold(base, n_loop, n_valid, m, s, w, inv_temp, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, logp_ptr, ent_ptr, m_ptr, logs_ptr,
-                        V, inv_temp, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, *,
+                        logp_ptr, ent_ptr, m_ptr, logs_ptr, V, inv_temp,
+                        HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     # one program per row; rows are (b, t) pairs so a sliced logits[:, :-1] needs no copy
     row = tl.program_id(0).to(tl.int64)  # int64: rows * vocab passes 2^31
     base = x_ptr + (row // T1) * stride_b + (row % T1) * stride_t
@@ -49,7 +50,7 @@ def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, logp_p
     m = tl.full((), -1e30, tl.float32)  # finite sentinel: (m - m_new) * s must not be -inf * 0
     s = tl.zeros((), tl.float32)
     w = tl.zeros((), tl.float32)
-    m, s, w = _fold(base, n_cols, V, m, s, w, inv_temp, BLOCK)
+    m, s, w = _fold(base, n_cols, V, m, s, w, inv_temp=inv_temp, BLOCK=BLOCK)
     tgt = tl.load(tgt_ptr + row)
     x_t = tl.load(base + tgt, mask=keep, other=0.0).to(tl.float32)
     logs = tl.log(s)
@@ -62,8 +63,9 @@ def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, logp_p
 
 
 @triton.jit
-def _logprob_bwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, m_ptr, logs_ptr, ent_ptr, g_lp_ptr,
-                        g_ent_ptr, dx_ptr, V, inv_temp, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+def _logprob_bwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, *,
+                        m_ptr, logs_ptr, ent_ptr, g_lp_ptr, g_ent_ptr, dx_ptr, V, inv_temp,
+                        HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     # d logp / dz_i = [i == t] - p_i ;  d H / dz_i = -p_i (log p_i + H) ;  dx = dz / T
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + (row // T1) * stride_b + (row % T1) * stride_t
@@ -105,13 +107,19 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, x = _rows(logits)
         N, V = x.shape[0] * x.shape[1], x.shape[2]
         tgt = targets.reshape(-1).long().contiguous()
-        mk = mask.reshape(-1).to(torch.int8).contiguous() if mask is not None else tgt  # tgt: unused dummy
-        logp, ent, m, logs = (torch.empty(N, device=x.device, dtype=torch.float32) for _ in range(4))
+        # without a mask, tgt stands in as an unused dummy
+        mk = mask.reshape(-1).to(torch.int8).contiguous() if mask is not None else tgt
+        f32 = dict(device=x.device, dtype=torch.float32)
+        logp, ent, m, logs = (torch.empty(N, **f32) for _ in range(4))
         if N > 0:
-            _logprob_fwd_kernel[(N,)](x, x.stride(0), x.stride(1), x.shape[1], tgt, mk, logp, ent, m, logs, V,
-                                      inv_temp, HAS_MASK=mask is not None, BLOCK=block, num_warps=num_warps(block))
+            _logprob_fwd_kernel[(N,)](x, x.stride(0), x.stride(1), x.shape[1], tgt, mk,
+                                      logp_ptr=logp, ent_ptr=ent, m_ptr=m, logs_ptr=logs, V=V,
+                                      inv_temp=inv_temp, HAS_MASK=mask is not None, BLOCK=block,
+                                      num_warps=num_warps(block))
         ctx.save_for_backward(logits, tgt, mk, m, logs, ent)
-        ctx.has_mask, ctx.inv_temp, ctx.block = mask is not None, inv_temp, block
+        ctx.has_mask = mask is not None
+        ctx.inv_temp = inv_temp
+        ctx.block = block
         shape = logits.shape[:-1]
         return logp.view(shape), ent.view(shape)
 
@@ -120,12 +128,16 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, tgt, mk, m, logs, ent = ctx.saved_tensors
         _, x = _rows(logits)
         N, V = x.shape[0] * x.shape[1], x.shape[2]
-        dx = torch.empty((N, V), device=x.device, dtype=x.dtype)  # written exactly once by the kernel
-        g_logp = g_logp.float().contiguous().view(-1)  # the grad of a .sum() arrives as a stride-0 expand
+        # written exactly once by the kernel
+        dx = torch.empty((N, V), device=x.device, dtype=x.dtype)
+        # the grad of a .sum() arrives as a stride-0 expand
+        g_logp = g_logp.float().contiguous().view(-1)
         g_ent = g_ent.float().contiguous().view(-1)
         if N > 0:
-            _logprob_bwd_kernel[(N,)](x, x.stride(0), x.stride(1), x.shape[1], tgt, mk, m, logs, ent, g_logp, g_ent,
-                                      dx, V, ctx.inv_temp, HAS_MASK=ctx.has_mask, BLOCK=ctx.block,
+            _logprob_bwd_kernel[(N,)](x, x.stride(0), x.stride(1), x.shape[1], tgt, mk,
+                                      m_ptr=m, logs_ptr=logs, ent_ptr=ent, g_lp_ptr=g_logp,
+                                      g_ent_ptr=g_ent, dx_ptr=dx, V=V, inv_temp=ctx.inv_temp,
+                                      HAS_MASK=ctx.has_mask, BLOCK=ctx.block,
                                       num_warps=num_warps(ctx.block))
         return dx.view(logits.shape), None, None, None, None
 
@@ -153,7 +165,8 @@ def token_logprobs_ref(logits, targets, temperature=1.0, mask=None):
     return logp, entropy
 
 
-def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=None, block_size=None):
+def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=None,
+                   block_size=None):
     """
     Per-token log p(target) and entropy under softmax(logits / temperature). logits (..., V) any
     float dtype, targets (...) int, mask (...) bool or None (False = padding: outputs 0, zero
@@ -169,12 +182,13 @@ def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=No
 
 # -----------------------------------------------------------------------------
 # LM head: log-prob + entropy straight from hidden states, never holding [tokens, vocab]
-# Each (token tile x vocab tile) of logits is projected into one reused buffer and folded into per-token running
-# statistics relative to the running max m: s = sum e, w = sum e * d with d = z - m, e = exp(d) (H = log s - w / s).
-# Backward recomputes each tile, overwrites it with dlogits and adds its two products to the fp32 gradients.
+# Each (token tile x vocab tile) of logits is projected into one reused buffer and folded into
+# per-token running statistics relative to the running max m: s = sum e, w = sum e * d with
+# d = z - m, e = exp(d) (H = log s - w / s). Backward recomputes each tile, overwrites it with
+# dlogits and adds its two products to the fp32 gradients.
 
 @triton.jit
-def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, xt_ptr, inv_temp,
+def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, *, m_ptr, s_ptr, w_ptr, xt_ptr, inv_temp,
                      BLOCK: tl.constexpr):
     # one program per token: fold one tile row into that token's (m, s, w) (_fold, as
     # _logprob_fwd_kernel does)
@@ -183,7 +197,7 @@ def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, 
     m = tl.load(m_ptr + row)
     s = tl.load(s_ptr + row)
     w = tl.load(w_ptr + row)
-    m, s, w = _fold(base, n_cols, n_cols, m, s, w, inv_temp, BLOCK)
+    m, s, w = _fold(base, n_cols, n_cols, m, s, w, inv_temp=inv_temp, BLOCK=BLOCK)
     tl.store(m_ptr + row, m)
     tl.store(s_ptr + row, s)
     tl.store(w_ptr + row, w)
@@ -193,8 +207,8 @@ def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, 
 
 
 @triton.jit
-def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, lse_ptr, a_ptr, b_ptr, g_lp_ptr, inv_temp,
-                     BLOCK: tl.constexpr):
+def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, *, lse_ptr, a_ptr, b_ptr, g_lp_ptr,
+                     inv_temp, BLOCK: tl.constexpr):
     # grid (tokens, column blocks): overwrite the tile with dlogits = (p * (a + b * log p) + [i ==
     # t] g_lp) / T, where a = -g_lp - g_ent * H and b = -g_ent fold both outputs' gradients into two
     # floats per token
@@ -209,16 +223,18 @@ def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, lse_ptr, a_ptr, b_ptr
     tl.store(ptrs, (dz * inv_temp).to(x_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
-def _fold_fwd_torch(z, e, tgt, col0, m, s, w, zt):
+def _fold_fwd_torch(z, e, tgt, col0, *, m, s, w, zt):
     """_head_fwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z (n, v)
     fp32 is clobbered, e is scratch of its shape; updates m, s, w, zt (n,) in place."""
     local = tgt - col0
     inside = (local >= 0) & (local < z.shape[1])
-    zt.copy_(torch.where(inside, z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1), zt))
+    z_target = z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1)
+    zt.copy_(torch.where(inside, z_target, zt))
     m_new = torch.maximum(m, z.amax(1))
     z.sub_(m_new[:, None])
     torch.exp(z, out=e)
-    shift = m - m_new  # <= 0; the sentinel -1e30 (not -inf) keeps shift * s = 0, not nan, before the first tile
+    # shift <= 0; the sentinel -1e30 (not -inf) keeps shift * s = 0, not nan, before the first tile
+    shift = m - m_new
     alpha = shift.exp()
     w.add_(shift * s).mul_(alpha)  # the old terms, now relative to m_new
     s.mul_(alpha).add_(e.sum(1))
@@ -228,7 +244,7 @@ def _fold_fwd_torch(z, e, tgt, col0, m, s, w, zt):
     m.copy_(m_new)
 
 
-def _fold_bwd_torch(z, e, tgt, col0, shift, a, b, g_lp):
+def _fold_bwd_torch(z, e, tgt, col0, *, shift, a, b, g_lp):
     """_head_bwd_kernel for a whole tile in torch ops (CPU), temperature already applied: z becomes
     dlogits. shift = m + log s, so z - shift = log p."""
     z.sub_(shift[:, None])
@@ -260,11 +276,14 @@ def _grad_goes_to(weight, acc_node):
     its own share reaches AccumulateGrad after ours (the head runs last in forward, so first in
     backward), and DDP's hook, which fires there, reads .grad whole."""
     g = weight.grad
-    if acc_node is None or g is None or weight._backward_hooks or g.dtype != torch.float32 or g.layout != torch.strided:
+    if acc_node is None or g is None or weight._backward_hooks:
+        return None
+    if g.dtype != torch.float32 or g.layout != torch.strided:
         return None
     try:
         runs = torch._C._will_engine_execute_node(acc_node)
-    except (RuntimeError, AttributeError):  # raised for a leaf's node under autograd.grad(): it does not run there
+    except (RuntimeError, AttributeError):
+        # raised for a leaf's node under autograd.grad(): it does not run there
         runs = False
     return g if runs and g.shape == weight.shape else None
 
@@ -275,13 +294,16 @@ def _tiles(hidden, weight, inv_temp, cd, tiles, triton_fold):
     logits x and divides by T itself; the torch fold gets fp32 z = x / T: in fp32 from hidden scaled
     once (_prescaled), else as an fp32 copy of the tile scaled on the way (scaling a bf16 hidden
     would round it twice)."""
-    hs = hidden.float().mul(inv_temp).to(cd) if _prescaled(cd, inv_temp, triton_fold) else hidden.to(cd)
+    if _prescaled(cd, inv_temp, triton_fold):
+        hs = hidden.float().mul(inv_temp).to(cd)
+    else:
+        hs = hidden.to(cd)
     N, V = hidden.shape[0], weight.shape[0]
     tt, vt = min(tiles[0], N), min(tiles[1], V)
     buf = torch.empty(tt * vt, device=hidden.device, dtype=cd)
-    f32 = None if triton_fold or cd == torch.float32 else torch.empty(tt * vt, device=hidden.device,
-                                                                       dtype=torch.float32)
-    e = None if triton_fold else torch.empty(tt * vt, device=hidden.device, dtype=torch.float32)  # exp's output
+    opts32 = dict(device=hidden.device, dtype=torch.float32)
+    f32 = None if triton_fold or cd == torch.float32 else torch.empty(tt * vt, **opts32)
+    e = None if triton_fold else torch.empty(tt * vt, **opts32)  # exp's output
     for t0 in range(0, N, tt):
         h = hs[t0:t0 + tt]
         for v0 in range(0, V, vt):
@@ -301,9 +323,13 @@ def _prescaled(cd, inv_temp, triton_fold):
 
 
 class _LMHead(torch.autograd.Function):
+    # settings = (inv_temp, cd, tiles, triton_fold, acc_node), one tuple: apply() takes positional
+    # arguments only
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp, cd, tiles, triton_fold, acc_node):
-        ctx.set_materialize_grads(False)  # an output nobody differentiates (often entropy) costs nothing in backward
+    def forward(ctx, hidden, weight, targets, settings):
+        # an output nobody differentiates (often entropy) costs nothing in backward
+        ctx.set_materialize_grads(False)
+        inv_temp, cd, tiles, triton_fold, acc_node = settings
         N = hidden.shape[0]
         f32 = dict(device=hidden.device, dtype=torch.float32)
         m = torch.full((N,), -1e30, **f32)  # finite sentinel: see _fold_fwd_torch
@@ -313,53 +339,67 @@ class _LMHead(torch.autograd.Function):
                 n, v = tile.shape
                 if triton_fold:
                     blk = min(4096, triton.next_power_of_2(v))
-                    _head_fwd_kernel[(n,)](tile, tile.stride(0), v, v0, targets[t0:], m[t0:], s[t0:], w[t0:], xt[t0:],
-                                           inv_temp, BLOCK=blk, num_warps=num_warps(blk))
+                    _head_fwd_kernel[(n,)](tile, tile.stride(0), v, v0, targets[t0:],
+                                           m_ptr=m[t0:], s_ptr=s[t0:], w_ptr=w[t0:], xt_ptr=xt[t0:],
+                                           inv_temp=inv_temp, BLOCK=blk, num_warps=num_warps(blk))
                 else:
-                    _fold_fwd_torch(tile, e, targets[t0:t0 + n], v0, m[t0:t0 + n], s[t0:t0 + n], w[t0:t0 + n],
-                                    xt[t0:t0 + n])
-        u = inv_temp if triton_fold else 1.0  # the Triton fold's m and xt are raw logits, the torch fold's z = x / T
+                    sl = slice(t0, t0 + n)
+                    _fold_fwd_torch(tile, e, targets[sl], v0, m=m[sl], s=s[sl], w=w[sl], zt=xt[sl])
+        # the Triton fold's m and xt are raw logits, the torch fold's z = x / T
+        u = inv_temp if triton_fold else 1.0
         logs = torch.log(s)
-        logp, ent = (xt - m) * u - logs, logs - w / s
-        ctx.save_for_backward(hidden, weight, targets, m * u + logs, ent)  # log p = z - (m*u + logs)
-        ctx.args = inv_temp, cd, tiles, triton_fold, acc_node
+        logp = (xt - m) * u - logs
+        ent = logs - w / s
+        # log p = z - (m*u + logs)
+        ctx.save_for_backward(hidden, weight, targets, m * u + logs, ent)
+        ctx.settings = settings
         return logp, ent
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_lp, g_ent):
         hidden, weight, targets, lse, ent = ctx.saved_tensors
-        inv_temp, cd, tiles, triton_fold, acc_node = ctx.args
+        inv_temp, cd, tiles, triton_fold, acc_node = ctx.settings
         need_h, need_w = ctx.needs_input_grad[:2]
         if g_lp is None and g_ent is None:
-            return (None,) * 8
+            return (None,) * 4
         pre = _prescaled(cd, inv_temp, triton_fold)
         # dlogits = p * (a + b * log p) + [i == target] * g_lp, times dz/dtile: the torch fold folds
         # that factor (1/T unless the hidden states were prescaled) into a, b and g_lp; the Triton
         # kernel applies 1/T itself
         k = 1.0 if triton_fold or pre else inv_temp
-        g_lp = g_lp.float().contiguous() * k if g_lp is not None else None  # .contiguous(): .sum()'s grad is an expand
+        # .contiguous(): .sum()'s grad is an expand
+        g_lp = g_lp.float().contiguous() * k if g_lp is not None else None
         b = -g_ent.float() * k if g_ent is not None else None
-        a = (-g_lp if g_lp is not None else 0.0) + (b * ent if b is not None else 0.0)
+        a_lp = -g_lp if g_lp is not None else 0.0
+        a_ent = b * ent if b is not None else 0.0
+        a = a_lp + a_ent
         if triton_fold:  # the kernel reads every vector: a missing gradient is zeros
             g_lp = g_lp if g_lp is not None else torch.zeros_like(ent)
             b = b if b is not None else torch.zeros_like(ent)
-        gh = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32) if need_h else None
+        gh = None
+        if need_h:
+            gh = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32)
         into = _grad_goes_to(weight, acc_node) if need_w else None
-        gw = into if into is not None else (torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
-                                            if need_w else None)
+        gw = into
+        if gw is None and need_w:
+            gw = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
         with torch.autocast(hidden.device.type, enabled=False):
             for h, t0, v0, tile, e, wt in _tiles(hidden, weight, inv_temp, cd, tiles, triton_fold):
                 n, v = tile.shape
                 sl = slice(t0, t0 + n)
                 if triton_fold:
                     blk = min(4096, triton.next_power_of_2(v))
-                    _head_bwd_kernel[(n, triton.cdiv(v, blk))](tile, tile.stride(0), v, v0, targets[t0:], lse[t0:],
-                                                               a[t0:], b[t0:], g_lp[t0:], inv_temp, BLOCK=blk,
-                                                               num_warps=num_warps(blk))
+                    grid = (n, triton.cdiv(v, blk))
+                    _head_bwd_kernel[grid](tile, tile.stride(0), v, v0, targets[t0:],
+                                           lse_ptr=lse[t0:], a_ptr=a[t0:], b_ptr=b[t0:],
+                                           g_lp_ptr=g_lp[t0:], inv_temp=inv_temp, BLOCK=blk,
+                                           num_warps=num_warps(blk))
                 else:
-                    _fold_bwd_torch(tile, e, targets[sl], v0, lse[sl], a[sl], None if b is None else b[sl],
-                                    None if g_lp is None else g_lp[sl])
+                    b_sl = None if b is None else b[sl]
+                    g_lp_sl = None if g_lp is None else g_lp[sl]
+                    _fold_bwd_torch(tile, e, targets[sl], v0, shift=lse[sl], a=a[sl], b=b_sl,
+                                    g_lp=g_lp_sl)
                 if gh is not None:
                     _addmm_fp32(gh[sl], tile, wt)
                 if gw is not None:  # prescaled: h is hidden / T, as the chain rule wants
@@ -368,19 +408,19 @@ class _LMHead(torch.autograd.Function):
             gh = (gh.mul_(inv_temp) if pre else gh).to(hidden.dtype)
         if gw is not None:
             gw = None if into is not None else gw.to(weight.dtype)
-        return gh, gw, None, None, None, None, None, None
+        return gh, gw, None, None
 
 
 # (tokens, vocab) per tile. CPU, measured on 2 cores (2,048 tokens x vocab 32,768 x hidden 896,
-# fp32, CPU seconds per forward+backward, 3 runs): 2048x4096 5.9, 2048x8192 5.7-5.9, 2048x16384 5.8,
-# 2048x2048 6.5, 1024x8192 6.3, 1024x4096 7.1, 512x4096 8.4. GEMMs dominate (90%) and want many
-# tokens; vocab widths 4,096-16,384 tie, so the narrowest (tile + scratch: 64 MiB). CUDA: not
-# measured yet; bf16 tiles of 128 MiB, GEMMs large enough for full speed
+# fp32, CPU seconds per forward+backward, 3 runs): 2048x4096 5.9, 2048x8192 5.7-5.9,
+# 2048x16384 5.8, 2048x2048 6.5, 1024x8192 6.3, 1024x4096 7.1, 512x4096 8.4. GEMMs dominate (90%)
+# and want many tokens; vocab widths 4,096-16,384 tie, so the narrowest (tile + scratch: 64 MiB).
+# CUDA: not measured yet; bf16 tiles of 128 MiB, GEMMs large enough for full speed
 HEAD_TILES = {'cpu': (2048, 4096), 'cuda': (4096, 16384)}
 
 
-def lm_head_logprobs(hidden, weight, targets, temperature=1.0, mask=None, *, head_fp32=False, tiles=None,
-                     use_triton=None):
+def lm_head_logprobs(hidden, weight, targets, temperature=1.0, mask=None, *, head_fp32=False,
+                     tiles=None, use_triton=None):
     """
     Per-token log p(target) and entropy under softmax(hidden @ weight.T / temperature), never
     holding more logits than one tile of tiles = (tokens, vocab) (None or 0: HEAD_TILES for the
@@ -395,7 +435,8 @@ def lm_head_logprobs(hidden, weight, targets, temperature=1.0, mask=None, *, hea
     """
     assert temperature > 0, 'temperature must be > 0 for log-probs'
     triton_fold = hidden.is_cuda if use_triton is None else use_triton
-    tiles = tuple(t or d for t, d in zip(tiles or (0, 0), HEAD_TILES['cuda' if hidden.is_cuda else 'cpu']))
+    default_tiles = HEAD_TILES['cuda' if hidden.is_cuda else 'cpu']
+    tiles = tuple(t or d for t, d in zip(tiles or (0, 0), default_tiles))
     shape = hidden.shape[:-1]
     h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
     if mask is not None:  # score the kept tokens only
@@ -405,7 +446,8 @@ def lm_head_logprobs(hidden, weight, targets, temperature=1.0, mask=None, *, hea
     if torch.is_grad_enabled() and weight.requires_grad and weight.is_leaf:
         acc_node = torch.autograd.graph.get_gradient_edge(weight).node
     cd = torch.float32 if head_fp32 else hidden.dtype
-    logp, ent = _LMHead.apply(h, weight, t.contiguous(), 1.0 / temperature, cd, tiles, triton_fold, acc_node)
+    settings = (1.0 / temperature, cd, tiles, triton_fold, acc_node)
+    logp, ent = _LMHead.apply(h, weight, t.contiguous(), settings)
     if mask is not None:  # masked_scatter keeps an all-masked batch connected to the graph
         logp, ent = (x.new_zeros(keep.shape).masked_scatter(keep, x) for x in (logp, ent))
     return logp.view(shape), ent.view(shape)

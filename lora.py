@@ -11,9 +11,9 @@ HF's (hf.hf_layout says which HF tensors and rows each of our weights fuses).
 
 What the rest of the run uses: apply (at load), param_groups (the optimizer: adapters only),
 disabled (the KL reference is the model with its adapters off, no second copy), merged_copy
-(the sampler: merged weights), adapter_state / merged_state / save_peft (checkpoints hold adapters only;
-exports: merged HF snapshot and a peft adapter directory). Every function is the identity or a no-op
-on a model without adapters.
+(the sampler: merged weights), adapter_state / merged_state / save_peft (checkpoints hold adapters
+only; exports: merged HF snapshot and a peft adapter directory). Every function is the identity or a
+no-op on a model without adapters.
 """
 import contextlib
 import copy
@@ -28,9 +28,11 @@ import torch.nn.functional as F
 from hf import atomic_dir, hf_layout
 
 # lora_targets='all-linear': every linear layer of the blocks (not the LM head), by HF module name,
-# as peft's 'all-linear'
-ALL_LINEAR = {'gpt2': ('c_attn', 'c_proj', 'c_fc'),  # GPT-2's c_proj: attention's and the MLP's (peft matches both too)
-              'other': ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')}
+# as peft's 'all-linear'. GPT-2's c_proj: attention's and the MLP's (peft matches both too).
+ALL_LINEAR = {
+    'gpt2': ('c_attn', 'c_proj', 'c_fc'),
+    'other': ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'),
+}
 
 
 class LoRALinear(nn.Module):
@@ -40,28 +42,48 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base, parts, rank, alpha, dropout):
         super().__init__()
-        self.weight, self.bias = base.weight, base.bias
-        self.parts, self.rank, self.scale, self.dropout, self.enabled = parts, rank, alpha / rank, dropout, True
-        self.lora_A = nn.ParameterDict({short(p): nn.Parameter(torch.zeros(rank, base.in_features, device=base.weight.device))
-                                        for p, _, _, on in parts if on})
-        self.lora_B = nn.ParameterDict({short(p): nn.Parameter(torch.zeros(n, rank, device=base.weight.device))
-                                        for p, _, n, on in parts if on})
+        self.weight = base.weight
+        self.bias = base.bias
+        self.parts = parts
+        self.rank = rank
+        self.scale = alpha / rank
+        self.dropout = dropout
+        self.enabled = True
+        device = base.weight.device
+        targeted = [(short(p), n) for p, _, n, on in parts if on]
+        # every A, then every B: the allocation order the CPU's float results were measured with
+        A = {name: nn.Parameter(torch.zeros(rank, base.in_features, device=device))
+             for name, _ in targeted}
+        self.lora_A = nn.ParameterDict(A)
+        B = {name: nn.Parameter(torch.zeros(n, rank, device=device)) for name, n in targeted}
+        self.lora_B = nn.ParameterDict(B)
 
     def forward(self, x):
         y = F.linear(x, self.weight, self.bias)
         if not self.enabled:
             return y
-        if self.dropout and self.training and torch.is_grad_enabled():  # in the gradient forward only (see README)
+        # dropout in the gradient forward only (see README)
+        if self.dropout and self.training and torch.is_grad_enabled():
             x = F.dropout(x, self.dropout)
         names = list(self.lora_A)
-        xa = F.linear(x, self.lora_A[names[0]] if len(names) == 1 else torch.cat([self.lora_A[n] for n in names]))
+        if len(names) == 1:
+            A = self.lora_A[names[0]]
+        else:
+            A = torch.cat([self.lora_A[n] for n in names])
+        xa = F.linear(x, A)
         xa = dict(zip(names, xa.split(self.rank, dim=-1)))
-        delta = [F.linear(xa[short(p)], self.lora_B[short(p)]) if on else y.new_zeros(*y.shape[:-1], n)
-                 for p, _, n, on in self.parts]
-        return y + (delta[0] if len(delta) == 1 else torch.cat(delta, dim=-1)) * self.scale
+        deltas = []
+        for p, _, n, on in self.parts:
+            if on:
+                deltas.append(F.linear(xa[short(p)], self.lora_B[short(p)]))
+            else:
+                deltas.append(y.new_zeros(*y.shape[:-1], n))
+        out = deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=-1)
+        return y + out * self.scale
 
     def extra_repr(self):
-        return f"rank={self.rank}, scale={self.scale:g}, dropout={self.dropout}, adapters={list(self.lora_A)}"
+        return (f"rank={self.rank}, scale={self.scale:g}, dropout={self.dropout}, "
+                f"adapters={list(self.lora_A)}")
 
 
 def short(path):
@@ -73,10 +95,14 @@ def targets_of(cfg, targets):
     """lora_targets ('all-linear' or comma-separated HF module names) -> the tuple of names;
     ValueError names a bad one."""
     known = ALL_LINEAR['gpt2' if cfg.arch == 'gpt2' else 'other']
-    names = known if targets == 'all-linear' else tuple(t.strip() for t in targets.split(',') if t.strip())
+    if targets == 'all-linear':
+        names = known
+    else:
+        names = tuple(t.strip() for t in targets.split(',') if t.strip())
     bad = [t for t in names if t not in known]
     if bad or not names:
-        raise ValueError(f"--lora_targets={targets!r}: {bad[0] if bad else 'no names'} is not a linear layer of a "
+        what = bad[0] if bad else 'no names'
+        raise ValueError(f"--lora_targets={targets!r}: {what} is not a linear layer of a "
                          f"{cfg.arch} block ({', '.join(known)} or 'all-linear')")
     return names
 
@@ -94,28 +120,33 @@ def apply(model, rank, alpha, dropout, targets, seed):
     if not rank:
         return model
     cfg = model.config
-    names, g = targets_of(cfg, targets), torch.Generator().manual_seed(seed + 7919)
-    model.lora = dict(rank=rank, alpha=alpha, dropout=dropout, targets=list(names), base=fingerprint(model))
+    names = targets_of(cfg, targets)
+    g = torch.Generator().manual_seed(seed + 7919)
+    model.lora = dict(rank=rank, alpha=alpha, dropout=dropout, targets=list(names),
+                      base=fingerprint(model))
     model.requires_grad_(False)
-    for ours, (hf_names, rows, _) in hf_layout(cfg, 'model.' if cfg.arch != 'gpt2' else 'transformer.').items():
-        owner, _, leaf = ours.removesuffix('.weight').rpartition('.')
-        if not ours.startswith('h.') or not ours.endswith('.weight') or \
-                not isinstance(base := model.get_submodule(ours.removesuffix('.weight')), nn.Linear):
+    prefix = 'model.' if cfg.arch != 'gpt2' else 'transformer.'
+    for ours, (hf_names, rows, _) in hf_layout(cfg, prefix).items():
+        if not ours.startswith('h.') or not ours.endswith('.weight'):
             continue
+        base = model.get_submodule(ours.removesuffix('.weight'))
+        if not isinstance(base, nn.Linear):
+            continue
+        owner, _, leaf = ours.removesuffix('.weight').rpartition('.')
         rows = rows or [base.out_features]
         starts = [sum(rows[:i]) for i in range(len(rows))]
         parts = [(n.removesuffix('.weight'), s, r, short(n.removesuffix('.weight')) in names)
                  for n, s, r in zip(hf_names, starts, rows)]
         if any(on for *_, on in parts):
-            layer = LoRALinear(base, parts, rank, alpha, dropout)
+            layer = LoRALinear(base, parts, rank=rank, alpha=alpha, dropout=dropout)
             with torch.no_grad():
                 for a in layer.lora_A.values():
                     a.copy_(init_A(a.shape, g))
             setattr(model.get_submodule(owner), leaf, layer)
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    print(f"lora: rank {rank}, alpha {alpha:g} on {','.join(names)}: {n:,} adapter parameters trained "
-          f"({100 * n / total:.2f}% of {total:,}), the base frozen")
+    print(f"lora: rank {rank}, alpha {alpha:g} on {','.join(names)}: {n:,} adapter parameters "
+          f"trained ({100 * n / total:.2f}% of {total:,}), the base frozen")
     return model
 
 
@@ -164,13 +195,16 @@ def disabled(model):
 
 
 def _full(t):
-    return t.full_tensor() if hasattr(t, 'full_tensor') else t  # an FSDP2 shard -> the whole tensor (collective)
+    # an FSDP2 shard -> the whole tensor (collective)
+    return t.full_tensor() if hasattr(t, 'full_tensor') else t
 
 
 def delta(layer, A, B):
     """The weight update of one layer, (out, in), from its adapters' tensors A[name], B[name] (zero
     rows where a sub-projection has none), computed in fp32."""
-    W = torch.zeros(sum(n for _, _, n, _ in layer.parts), A[next(iter(A))].shape[1], device=A[next(iter(A))].device)
+    first = A[next(iter(A))]
+    rows = sum(n for _, _, n, _ in layer.parts)
+    W = torch.zeros(rows, first.shape[1], device=first.device)
     for p, s, n, on in layer.parts:
         if on:
             W[s:s + n] = B[short(p)].float() @ A[short(p)].float()
@@ -184,19 +218,22 @@ def merged_state(model, sd):
     for name, layer in adapters(model):
         W = sd[name + '.weight']
         A = {k: sd[f'{name}.lora_A.{k}'] for k in layer.lora_A}
-        out[name + '.weight'] = (W.float() + delta(layer, A, {k: sd[f'{name}.lora_B.{k}'] for k in A})).to(W.dtype)
+        B = {k: sd[f'{name}.lora_B.{k}'] for k in A}
+        out[name + '.weight'] = (W.float() + delta(layer, A, B)).to(W.dtype)
     return out
 
 
 def adapter_state(model, sd):
     """Only the adapters' entries of a state dict (what a LoRA checkpoint holds); None without
     LoRA."""
-    return {k: v for k, v in sd.items() if '.lora_A.' in k or '.lora_B.' in k} if adapters(model) else None
+    if not adapters(model):
+        return None
+    return {k: v for k, v in sd.items() if '.lora_A.' in k or '.lora_B.' in k}
 
 
 def merged_copy(model, dtype):
-    """A plain model (no adapters) in dtype holding model's merged weights: the sampler of a LoRA run
-    (sample.sampler_model), so decoding runs no adapter matmuls; copy_merged refreshes it."""
+    """A plain model (no adapters) in dtype holding model's merged weights: the sampler of a LoRA
+    run (sample.sampler_model), so decoding runs no adapter matmuls; copy_merged refreshes it."""
     with disabled(model):
         gen = copy.deepcopy(model)
     for name, layer in adapters(gen):  # back to plain linear layers
@@ -216,18 +253,20 @@ def copy_merged(dst, src):
     """dst's weights set to src's merged ones, W + scale * B @ A (fp32, then dst's dtype), without
     touching src's base: no merge-then-unmerge rounding. An FSDP-sharded src is gathered tensor by
     tensor (every rank takes part)."""
-    layers, params = dict(adapters(src)), dict(src.named_parameters())
+    layers = dict(adapters(src))
+    params = dict(src.named_parameters())
     for name, p in dst.named_parameters():
         q = _full(params[name])
         owner = name.removesuffix('.weight')
         if name.endswith('.weight') and owner in layers:
             layer = layers[owner]
             A = {k: _full(v) for k, v in layer.lora_A.items()}
-            q = q.float() + delta(layer, A, {k: _full(layer.lora_B[k]) for k in A})
+            B = {k: _full(layer.lora_B[k]) for k in A}
+            q = q.float() + delta(layer, A, B)
         p.copy_(q)
 
 
-# ----------------------------------------------------------------------------- peft's adapter directory
+# ------------------------------------------------------------------------- peft's adapter directory
 
 def peft_tensors(model, sd):
     """Adapter tensors under peft's names: base_model.model.<HF module>.lora_A.weight /
@@ -235,9 +274,10 @@ def peft_tensors(model, sd):
     out = {}
     for name, layer in adapters(model):
         for p, _, _, on in layer.parts:
-            if on:
-                for ab in ('A', 'B'):
-                    out[f'base_model.model.{p}.lora_{ab}.weight'] = sd[f'{name}.lora_{ab}.{short(p)}']
+            if not on:
+                continue
+            for ab in ('A', 'B'):
+                out[f'base_model.model.{p}.lora_{ab}.weight'] = sd[f'{name}.lora_{ab}.{short(p)}']
     return out
 
 
@@ -246,10 +286,11 @@ def peft_config(model, base_name):
     fills in the rest with its defaults). GPT-2's HF layers are Conv1D, stored (in, out):
     fan_in_fan_out."""
     lc = model.lora
-    return dict(peft_type='LORA', task_type='CAUSAL_LM', base_model_name_or_path=base_name, r=lc['rank'],
-                lora_alpha=lc['alpha'], lora_dropout=lc['dropout'], target_modules=sorted(lc['targets']),
-                bias='none', fan_in_fan_out=model.config.arch == 'gpt2', use_rslora=False, init_lora_weights=True,
-                modules_to_save=None, inference_mode=True)
+    return dict(peft_type='LORA', task_type='CAUSAL_LM', base_model_name_or_path=base_name,
+                r=lc['rank'], lora_alpha=lc['alpha'], lora_dropout=lc['dropout'],
+                target_modules=sorted(lc['targets']), bias='none',
+                fan_in_fan_out=model.config.arch == 'gpt2', use_rslora=False,
+                init_lora_weights=True, modules_to_save=None, inference_mode=True)
 
 
 def save_peft(model, sd, out_dir, base_name):
@@ -263,7 +304,8 @@ def save_peft(model, sd, out_dir, base_name):
             json.dump(peft_config(model, base_name), f, indent=2)
         tensors = {k: v.detach().to('cpu').clone(memory_format=torch.contiguous_format)
                    for k, v in peft_tensors(model, sd).items()}
-        save_file(tensors, os.path.join(tmp, 'adapter_model.safetensors'), metadata={'format': 'pt'})
+        path = os.path.join(tmp, 'adapter_model.safetensors')
+        save_file(tensors, path, metadata={'format': 'pt'})
     return os.path.abspath(out_dir)
 
 
@@ -279,6 +321,7 @@ def bad_knob(config):
     if config['lora_alpha'] <= 0:
         return f"--lora_alpha={config['lora_alpha']}: must be > 0 (scale = lora_alpha / lora_rank)"
     if config.get('sft_steps') and config.get('beta'):
-        return ("--lora_rank with --sft_steps and --beta > 0: the LoRA KL reference is the base with adapters off, "
-                "which would be the model before the warm start; warm start without LoRA, or use beta = 0")
+        return ("--lora_rank with --sft_steps and --beta > 0: the LoRA KL reference is the base "
+                "with adapters off, which would be the model before the warm start; warm start "
+                "without LoRA, or use beta = 0")
     return None

@@ -54,7 +54,8 @@ def segment_sum(x, lens):
 def reverse_cumsum(x, lens):
     """Within each sequence, x[t] + x[t+1] + ... to its end (the return-to-go of per-token
     rewards)."""
-    ends = torch.repeat_interleave(torch.cumsum(lens, 0), lens)  # each token's sequence end (exclusive)
+    # each token's sequence end (exclusive)
+    ends = torch.repeat_interleave(torch.cumsum(lens, 0), lens)
     c = torch.cumsum(x, 0)
     return c[ends - 1] - c + x
 
@@ -101,8 +102,9 @@ def tis_weights(train_logp, gen_logp, lens, mode, cap):
     raise ValueError(f"tis={mode!r}: expected one of {TIS_MODES}")
 
 
-def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None, beta=0.0,
-                kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0, is_weight=None):
+def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None,
+                beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
+                is_weight=None):
     """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
     Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
     advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:

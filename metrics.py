@@ -86,14 +86,16 @@ def reward_spread(sc, G):
         mean = sum(v) / len(v)
         groups = [v[i:i + G] for i in range(0, len(v), G)]
         out[f'reward/{k}/std'] = math.sqrt(sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1))
-        out[f'reward/{k}/frac_zero_std'] = sum(max(g) == min(g) for g in groups) / max(len(groups), 1)
+        n_flat = sum(max(g) == min(g) for g in groups)
+        out[f'reward/{k}/frac_zero_std'] = n_flat / max(len(groups), 1)
     return out
 
 
-# ----------------------------------------------------------------------------- the update's statistics
-# Two accumulators a step fills micro-batch by micro-batch: the rollout's (iteration 0, as the policy
-# first saw the batch) and, with num_iterations > 1, the last iteration's (how far the policy moved).
-# Every key is there from the start, so every rank all-reduces the same list (reduce_metrics).
+# ------------------------------------------------------------------------ the update's statistics
+# Two accumulators a step fills micro-batch by micro-batch: the rollout's (iteration 0, as the
+# policy first saw the batch) and, with num_iterations > 1, the last iteration's (how far the policy
+# moved). Every key is there from the start, so every rank all-reduces the same list
+# (reduce_metrics).
 
 def rollout_sums(tis=False):
     keys = ['loss', 'pg_loss', 'kl', 'entropy', 'logprob/mean', 'logprob_gen_vs_train']
@@ -104,15 +106,16 @@ def rollout_sums(tis=False):
 
 def moved_sums():
     keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
-    return {'sum': dict.fromkeys(keys, 0.0), 'max': {'ratio/max': -math.inf, 'ratio/min': -math.inf}}
+    maxima = {'ratio/max': -math.inf, 'ratio/min': -math.inf}
+    return {'sum': dict.fromkeys(keys, 0.0), 'max': maxima}
 
 
 def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_tokens):
-    """Add one micro-batch's share of iteration 0: the loss, its policy-gradient part, and means over
-    the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer| log-prob
-    and, with tis, the importance weight and the share of tokens whose ratio was above the cap
-    (is_weight: tis_weights' pair). Means divide by n_tokens, the step's trained tokens over every
-    rank."""
+    """Add one micro-batch's share of iteration 0: the loss, its policy-gradient part, and means
+    over the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer|
+    log-prob and, with tis, the importance weight and the share of tokens whose ratio was above the
+    cap (is_weight: tis_weights' pair). Means divide by n_tokens, the step's trained tokens over
+    every rank."""
     s = acc['sum']
     s['loss'] += loss.item()
     s['pg_loss'] += (st['pg'] * w).sum().item()
@@ -131,7 +134,8 @@ def add_moved(acc, st, logp, old_logp, n_tokens):
     s, mx = acc['sum'], acc['max']
     r = st['ratio']
     d = (logp.detach() - old_logp).exp()
-    per_token = [('clip/low_frac', st['clip_low'].float()), ('clip/high_frac', st['clip_high'].float()),
+    per_token = [('clip/low_frac', st['clip_low'].float()),
+                 ('clip/high_frac', st['clip_high'].float()),
                  ('ratio/mean', r), ('kl_old_new', d - 1 - d.log())]
     for k, v in per_token:
         s[k] += v.sum().item() / n_tokens
@@ -158,11 +162,13 @@ def step_line(m):
     clip = ''
     if 'clip/low_frac' in m:
         clip = f"clip {m['clip/low_frac']:.3f}/{m['clip/high_frac']:.3f} | "
-    timing = (f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} rew {m['timing_s/reward']:.1f} "
-              f"ref {m['timing_s/ref']:.1f} old {m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f})")
+    timing = (f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} "
+              f"rew {m['timing_s/reward']:.1f} ref {m['timing_s/ref']:.1f} "
+              f"old {m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f})")
     return (f"step {m['step']:5d} | reward {m['reward/mean']:.3f}±{m['reward/std']:.3f} | "
             f"zero_std {m['frac_zero_std']:.2f} | loss {m['loss']:.4f} | kl {m['kl']:.4f} | {clip}"
-            f"ent {m['entropy']:.3f} | gnorm {m['grad_norm']:.3f} | len {m['response_len/mean']:.0f} | "
+            f"ent {m['entropy']:.3f} | gnorm {m['grad_norm']:.3f} | "
+            f"len {m['response_len/mean']:.0f} | "
             f"{timing} | mem {m['mem/peak_gb']:.2f}GB")
 
 
@@ -181,7 +187,8 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
             f.write(json.dumps(row) + '\n')
 
 
-def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_name='', config=None):
+def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_name='',
+                config=None):
     """The function that records a step's metrics row: appended to metrics.jsonl (rank 0 only) and,
     with wandb_log, sent to Weights & Biases with the same keys at step=row['step']. wandb is
     imported only then. Its run id is kept in out_dir/wandb_id, so a resumed run continues the same
@@ -203,8 +210,8 @@ def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_n
             run_id = secrets.token_hex(4)  # not torch's or random's: they hold the run's RNG state
         with open(id_path, 'w') as f:
             f.write(run_id)
-        run = wandb.init(project=project, name=run_name or None, id=run_id, resume='allow', config=config,
-                         dir=out_dir)
+        run = wandb.init(project=project, name=run_name or None, id=run_id, resume='allow',
+                         config=config, dir=out_dir)
         print(f"wandb: run {run_id} in project {project} (out_dir/wandb_id)")
 
     def log(row):

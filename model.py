@@ -1,11 +1,14 @@
 """
 One hand-written decoder-only transformer for these checkpoint families:
-- Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied head;
-- Qwen3 and Llama 3.x: the same without q/k/v biases, with an explicit head_dim; Qwen3 adds a per-head RMSNorm on
-  q and k before RoPE, Llama 3.x may scale RoPE frequencies ('llama3' rope_scaling);
+- Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied
+  head;
+- Qwen3 and Llama 3.x: the same without q/k/v biases, with an explicit head_dim; Qwen3 adds a
+  per-head RMSNorm on q and k before RoPE, Llama 3.x may scale RoPE frequencies ('llama3'
+  rope_scaling);
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
-Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated KV cache with
-per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is hf.py's.
+Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated
+KV cache with per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is
+hf.py's.
 """
 import math
 from dataclasses import dataclass
@@ -15,7 +18,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-try:  # FlexAttention (torch >= 2.5): packed groups' attention from a block mask, computing only the blocks it keeps
+# FlexAttention (torch >= 2.5): packed groups' attention from a block mask, computing only the
+# blocks it keeps
+try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 except ImportError:
     BlockMask = create_block_mask = flex_attention = None
@@ -27,19 +32,24 @@ class ModelConfig:
     vocab_size: int = 260            # rows of the embedding (and of the LM head)
     n_layer: int = 2                 # transformer blocks
     n_head: int = 4                  # query heads
-    n_kv_head: int = 4               # key/value heads (GQA: n_head is a multiple of it; gpt2: == n_head)
+    # key/value heads (GQA: n_head is a multiple of it; gpt2: == n_head)
+    n_kv_head: int = 4
     n_embd: int = 64                 # residual stream width
     intermediate_size: int = 256     # MLP hidden size
     max_seq_len: int = 1024          # max_position_embeddings (gpt2: size of the position table)
     rope_theta: float = 10000.0      # RoPE base (not gpt2)
-    rope_scaling: tuple | None = None  # 'llama3' RoPE: (factor, low_freq_factor, high_freq_factor, original max_len)
-    head_size: int = 0               # explicit head_dim (qwen3/llama may differ from n_embd // n_head); 0: that
+    # 'llama3' RoPE: (factor, low_freq_factor, high_freq_factor, original max_len)
+    rope_scaling: tuple | None = None
+    # explicit head_dim (qwen3/llama may differ from n_embd // n_head); 0: that
+    head_size: int = 0
     norm_eps: float = 1e-6           # rms_norm_eps (qwen2) / layer_norm_epsilon (gpt2)
     tie_word_embeddings: bool = True  # LM head shares the token embedding matrix
     bos_token_id: int | None = None  # written back into config.json on export
     eos_token_id: int | list | None = None  # same
-    num_labels: int = 0              # > 0: a sequence classifier (reward model): a score head replaces the LM head
-    pad_token_id: int | None = None  # a classifier reads each row at its rightmost token that is not this id
+    # > 0: a sequence classifier (reward model): a score head replaces the LM head
+    num_labels: int = 0
+    # a classifier reads each row at its rightmost token that is not this id
+    pad_token_id: int | None = None
 
     @property
     def head_dim(self):
@@ -48,9 +58,10 @@ class ModelConfig:
 
 def qwen25_05b_config():
     """The exact shape of Qwen2.5-0.5B(-Instruct), for benchmarks from random weights."""
-    return ModelConfig(arch='qwen2', vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
-                       intermediate_size=4864, max_seq_len=32768, rope_theta=1e6, norm_eps=1e-6,
-                       tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643)
+    return ModelConfig(arch='qwen2', vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2,
+                       n_embd=896, intermediate_size=4864, max_seq_len=32768, rope_theta=1e6,
+                       norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
+                       eos_token_id=151643)
 
 
 class Norm(nn.Module):
@@ -72,8 +83,10 @@ def rope_cos_sin(pos, head_dim, theta, dtype, scaling=None):
     """cos/sin for integer positions pos (..., T) -> (..., T, head_dim), computed in fp32 exactly as
     HF's Qwen2 does, then cast. Computed per call rather than kept as a buffer: model.to(bfloat16)
     would cast a buffer and lose precision at large positions."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=pos.device) / head_dim))
-    if scaling:  # llama3: long wavelengths slowed by factor, short kept, smooth in between (as HF's, op for op)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device=pos.device) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    # llama3: long wavelengths slowed by factor, short kept, smooth in between (as HF's, op for op)
+    if scaling:
         factor, lo, hi, old = scaling
         wavelen = 2 * math.pi / inv_freq
         smooth = (old / wavelen - lo) / (hi - lo)
@@ -98,9 +111,12 @@ def packed_backend(choice, device):
     if choice not in ('auto', 'flex', 'sdpa'):
         raise ValueError(f"packed_attention must be 'auto', 'flex' or 'sdpa', not {choice!r}")
     if choice == 'auto':
-        return 'flex' if flex_attention is not None and torch.device(device).type == 'cuda' else 'sdpa'
+        if flex_attention is not None and torch.device(device).type == 'cuda':
+            return 'flex'
+        return 'sdpa'
     if choice == 'flex' and flex_attention is None:
-        raise ValueError(f"packed_attention='flex' needs torch >= 2.5 (FlexAttention); this is {torch.__version__}")
+        raise ValueError("packed_attention='flex' needs torch >= 2.5 (FlexAttention); "
+                         f"this is {torch.__version__}")
     return choice
 
 
@@ -114,13 +130,18 @@ def packed_mask(seg, backend):
     if backend == 'sdpa':
         ar = torch.arange(T, device=seg.device)
         q, k = seg[:, :, None], seg[:, None, :]
-        return ((ar[:, None] >= ar) & ((k == 0) | (k == q)) & (q != -1) | ((q == -1) & (ar[:, None] == ar)))[:, None]
+        visible = (k == 0) | (k == q)  # the prompt, or the query's own segment
+        pad_self = (q == -1) & (ar[:, None] == ar)
+        return ((ar[:, None] >= ar) & visible & (q != -1) | pad_self)[:, None]
 
     def mask_mod(b, h, q_idx, kv_idx):
         sq, sk = seg[b, q_idx], seg[b, kv_idx]
-        return (kv_idx <= q_idx) & ((sk == 0) | (sk == sq)) & (sq != -1) | ((sq == -1) & (kv_idx == q_idx))
+        visible = (sk == 0) | (sk == sq)  # the prompt, or the query's own segment
+        pad_self = (sq == -1) & (kv_idx == q_idx)
+        return (kv_idx <= q_idx) & visible & (sq != -1) | pad_self
     # compiled on CUDA: the eager build evaluates mask_mod over all B x T x T pairs at once
-    return create_block_mask(mask_mod, B, None, T, T, device=seg.device, _compile=seg.device.type == 'cuda')
+    return create_block_mask(mask_mod, B, None, T, T, device=seg.device,
+                             _compile=seg.device.type == 'cuda')
 
 
 _FLEX = {}  # device type -> flex_attention through torch.compile
@@ -149,7 +170,9 @@ class Attention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, sum(self.sizes), bias=cfg.arch in ('qwen2', 'gpt2'))
         self.c_proj = nn.Linear(cfg.n_head * hd, cfg.n_embd, bias=cfg.arch == 'gpt2')
         # qwen3: a per-head RMSNorm of queries and of keys (weights of head_dim)
-        self.q_norm, self.k_norm = [Norm(hd, cfg.norm_eps, True) if cfg.arch == 'qwen3' else None for _ in 'qk']
+        qk_norm = cfg.arch == 'qwen3'
+        self.q_norm = Norm(hd, cfg.norm_eps, True) if qk_norm else None
+        self.k_norm = Norm(hd, cfg.norm_eps, True) if qk_norm else None
 
     def forward(self, x, rope, mask, kv):
         B, T, _ = x.shape
@@ -163,16 +186,22 @@ class Attention(nn.Module):
         q, k = qk.split([nh, nkv], dim=1)               # (B, nh, T, hd), (B, nkv, T, hd)
         v = v.view(B, T, nkv, hd).transpose(1, 2)
         if kv is not None:
-            kc, vc, rows, pos = kv  # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
+            # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
+            kc, vc, rows, pos = kv
             kc[rows, :, pos] = k.transpose(1, 2)
             vc[rows, :, pos] = v.transpose(1, 2)
-        if mask is None:  # causal LM, or a prefill into an empty cache: the fused kernels' fast path
+        if mask is None:
+            # causal LM, or a prefill into an empty cache: the fused kernels' fast path
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
-        elif BlockMask is not None and isinstance(mask, BlockMask):  # packed groups through FlexAttention
-            y = flex(q.to(v.dtype), k.to(v.dtype), v, mask, nh != nkv)  # (under autocast v is in the compute dtype)
-        elif kv is None:  # packed sequences (training): an explicit mask, broadcast over heads, so K/V are repeated
+        elif BlockMask is not None and isinstance(mask, BlockMask):
+            # packed groups through FlexAttention (under autocast v is in the compute dtype)
+            y = flex(q.to(v.dtype), k.to(v.dtype), v, mask, nh != nkv)
+        elif kv is None:
+            # packed sequences (training): an explicit mask, broadcast over heads, so K/V are
+            # repeated
             g = nh // nkv
-            k, v = (k, v) if g == 1 else (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1))
+            if g != 1:
+                k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             L = mask.size(-1)
@@ -234,7 +263,8 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.max_len = max_len
-        self.extent = 0  # host-side upper bound on lengths.max(): attention reads only this far, without a sync
+        # host-side upper bound on lengths.max(): attention reads only this far, without a sync
+        self.extent = 0
 
     def _with(self, k, v, lengths):
         c = object.__new__(KVCache)
@@ -246,7 +276,8 @@ class KVCache:
         samples). Through select, so the copies are plain tensors as after compaction:
         Tensor.repeat_interleave returns a view of the copy it makes, a compiled decode step guards
         on a view's base, and the first compaction then recompiled it."""
-        return self.select(torch.arange(len(self.lengths), device=self.lengths.device).repeat_interleave(n))
+        rows = torch.arange(len(self.lengths), device=self.lengths.device).repeat_interleave(n)
+        return self.select(rows)
 
     def select(self, rows):
         """Keep only these rows, in this order (drop finished sequences from the decode batch)."""
@@ -269,18 +300,23 @@ class GPT(nn.Module):
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, rms=cfg.arch != 'gpt2')
         # a tied head is not a module: one tensor, so loading with assign=True cannot untie it
-        self.lm_head = None if cfg.tie_word_embeddings or cfg.num_labels else \
-            nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.score = nn.Linear(cfg.n_embd, cfg.num_labels, bias=False) if cfg.num_labels else None  # classifier head
-        self.grad_checkpoint = False  # training sets it: recompute activations in backward instead of storing them
-        self.packed_attention = 'auto'  # packed groups' attention: 'flex', 'sdpa' or 'auto' (see packed_backend)
+        self.lm_head = None
+        if not (cfg.tie_word_embeddings or cfg.num_labels):
+            self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.score = None  # classifier head
+        if cfg.num_labels:
+            self.score = nn.Linear(cfg.n_embd, cfg.num_labels, bias=False)
+        # training sets it: recompute activations in backward instead of storing them
+        self.grad_checkpoint = False
+        # packed groups' attention: 'flex', 'sdpa' or 'auto' (see packed_backend)
+        self.packed_attention = 'auto'
 
     @property
     def lm_head_weight(self):
         return self.wte.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, idx, kv_cache=None, input_lengths=None, last_only=False, select=None, head=None, pos=None,
-                attn_mask=None):
+    def forward(self, idx, kv_cache=None, input_lengths=None, *, last_only=False, select=None,
+                head=None, pos=None, attn_mask=None):
         """idx (B, T) -> logits (B, T, vocab) in the model dtype. No cache: causal LM at positions
         0..T-1 (right padding is harmless to the real tokens). With a cache: idx are new tokens; row
         b's sit at positions kv_cache.lengths[b] + arange(T), see all earlier positions of their
@@ -300,7 +336,10 @@ class GPT(nn.Module):
         h = self.hidden(idx, kv_cache, input_lengths, pos, attn_mask)
         if last_only:
             B, T = idx.shape
-            last = torch.full((B,), T - 1, device=h.device) if input_lengths is None else input_lengths.to(h.device) - 1
+            if input_lengths is None:
+                last = torch.full((B,), T - 1, device=h.device)
+            else:
+                last = input_lengths.to(h.device) - 1
             h = h[torch.arange(B, device=h.device), last][:, None]
         if select is not None:
             h = h[select] if select.dtype == torch.bool else h.flatten(0, 1)[select]
@@ -310,7 +349,8 @@ class GPT(nn.Module):
         """Classifier: idx (B, T) -> (B, num_labels) at each row's rightmost token that is not
         pad_token_id, as transformers pools (right padding needs no mask; a real last token equal to
         the pad id is passed over)."""
-        last = (torch.arange(idx.size(1), device=idx.device) * (idx != self.config.pad_token_id)).argmax(-1)
+        not_pad = idx != self.config.pad_token_id
+        last = (torch.arange(idx.size(1), device=idx.device) * not_pad).argmax(-1)
         return self.score(self.hidden(idx)[torch.arange(len(idx), device=idx.device), last])
 
     def hidden(self, idx, kv_cache=None, input_lengths=None, pos=None, attn_mask=None):
@@ -320,14 +360,19 @@ class GPT(nn.Module):
         B, T = idx.shape
         ar = torch.arange(T, device=idx.device)
         if cache is None:
-            mask, L = attn_mask, T if pos is None or self.wpe is None else int(pos.max()) + 1  # (a sync: GPT-2 only)
-            if mask is not None and mask.dim() == 2:  # packed groups' segment ids: the mask is built here, on device
+            mask = attn_mask
+            L = T
+            if pos is not None and self.wpe is not None:
+                L = int(pos.max()) + 1  # (a sync: GPT-2 only)
+            if mask is not None and mask.dim() == 2:
+                # packed groups' segment ids: the mask is built here, on device
                 mask = packed_mask(mask, packed_backend(self.packed_attention, mask.device))
             pos = ar[None] if pos is None else pos
         else:
             L = cache.extent + T
             if L > cache.max_len:
-                raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > max_len {cache.max_len}')
+                raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > '
+                                 f'max_len {cache.max_len}')
             pos = cache.lengths[:, None] + ar  # (B, T)
             # (B, 1, g*T, L): query t of row b sees positions <= pos[b, t], repeated for the g query
             # heads that share a kv head (Attention folds them into the query axis). An empty cache:
@@ -335,25 +380,30 @@ class GPT(nn.Module):
             # harmless: pad positions are overwritten by the tokens that follow, and masked until
             # then)
             g = cfg.n_head // cfg.n_kv_head
-            mask = None if cache.extent == 0 else \
-                (torch.arange(L, device=idx.device) <= pos[:, :, None])[:, None].repeat(1, 1, g, 1)
+            mask = None
+            if cache.extent != 0:
+                seen = torch.arange(L, device=idx.device) <= pos[:, :, None]
+                mask = seen[:, None].repeat(1, 1, g, 1)
             rows = torch.arange(B, device=idx.device)[:, None]
         if self.wpe is not None and L > cfg.max_seq_len:
-            raise ValueError(f'sequence of {L} positions exceeds the model maximum {cfg.max_seq_len}')
+            raise ValueError(f'sequence of {L} positions exceeds the model maximum '
+                             f'{cfg.max_seq_len}')
         x = self.wte(idx)
         rope = None
         if self.wpe is not None:
             x = x + self.wpe(pos)
         else:
-            rope = tuple(t[:, None] for t in rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype,
-                                                                 cfg.rope_scaling))
+            cos_sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
+            rope = tuple(t[:, None] for t in cos_sin)
         for i, block in enumerate(self.h):
             if self.grad_checkpoint and self.training and cache is None and torch.is_grad_enabled():
                 # keep only each block's input; recompute its activations in backward (long
                 # completions)
-                x = torch.utils.checkpoint.checkpoint(block, x, rope, mask, None, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, mask, None,
+                                                      use_reentrant=False)
             else:
-                x = block(x, rope, mask, None if cache is None else (cache.k[i], cache.v[i], rows, pos))
+                layer_kv = None if cache is None else (cache.k[i], cache.v[i], rows, pos)
+                x = block(x, rope, mask, layer_kv)
         if cache is not None:
             cache.lengths += T if input_lengths is None else input_lengths.to(cache.lengths)
             cache.extent = L

@@ -20,16 +20,18 @@ def setup(device, batch_prompts, fsdp):
         if fsdp:
             die("--fsdp=True shards the model across ranks: launch with torchrun (see README)", 2)
         return 0, 1, device
-    rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    rank = int(os.environ['RANK'])
+    world = int(os.environ['WORLD_SIZE'])
     if batch_prompts % world:
-        die(f"--batch_prompts={batch_prompts} must be divisible by the number of ranks ({world}): each rank samples "
-            "whole groups", 2)
+        die(f"--batch_prompts={batch_prompts} must be divisible by the number of ranks ({world}): "
+            "each rank samples whole groups", 2)
     if device.startswith('cuda'):
         device = f"cuda:{os.environ['LOCAL_RANK']}"
         torch.cuda.set_device(device)
     dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
     if rank != 0:
-        sys.stdout = open(os.devnull, 'w')  # one voice: the other ranks' lines would repeat rank 0's
+        # one voice: the other ranks' lines would repeat rank 0's
+        sys.stdout = open(os.devnull, 'w')
     return rank, world, device
 
 
@@ -45,8 +47,8 @@ def wrap(model, device, fsdp, compile):
     net = torch.compile(model) if compile else model  # the sampler and the reference stay eager
     if dist.is_initialized() and not fsdp:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(net, device_ids=[torch.device(device).index] if device.startswith('cuda') else None,
-                  broadcast_buffers=False)
+        device_ids = [torch.device(device).index] if device.startswith('cuda') else None
+        net = DDP(net, device_ids=device_ids, broadcast_buffers=False)
     return net
 
 
@@ -69,11 +71,13 @@ def gather_step(comps, sc):
     on) and reward scores, on every rank, in prompt order: the whole step as one process sees it."""
     if not dist.is_initialized():
         return comps, sc
-    rank, world = dist.get_rank(), dist.get_world_size()
-    parts = [None] * world
-    dist.all_gather_object(parts, ([{k: v for k, v in c.items() if k != 'logprobs'} for c in comps], sc))
+    rank = dist.get_rank()
+    parts = [None] * dist.get_world_size()
+    light = [{k: v for k, v in c.items() if k != 'logprobs'} for c in comps]
+    dist.all_gather_object(parts, (light, sc))
     parts[rank] = (comps, sc)
-    return [c for cs, _ in parts for c in cs], merge_scores([s for _, s in parts])
+    all_comps = [c for cs, _ in parts for c in cs]
+    return all_comps, merge_scores([s for _, s in parts])
 
 
 def finish(code=0, together=True):
@@ -82,7 +86,8 @@ def finish(code=0, together=True):
     dropping finished work that holds tensors, need the GIL for it while Python finalizes, and abort
     the rank ("terminate called without an active exception", pytorch#179291; DDP keeps the group
     alive, so destroy_process_group does not join those threads)."""
-    if getattr(sys.modules.get('wandb'), 'run', None) is not None:  # wandb_log: flush it before os._exit can skip that
+    # wandb_log: flush its run before os._exit can skip that
+    if getattr(sys.modules.get('wandb'), 'run', None) is not None:
         sys.modules['wandb'].run.finish(exit_code=code)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,12 +11,15 @@ import os
 import sys
 import tempfile
 
-PHASES = ['gen', 'reward', 'ref', 'old_logprob', 'update']  # timing_s/<phase>, stacked bottom to top
+# timing_s/<phase>, stacked bottom to top
+PHASES = ['gen', 'reward', 'ref', 'old_logprob', 'update']
 
 
 def read_metrics(path):
     """-> (rows sorted by step, bad lines skipped, duplicate steps replaced)."""
-    by_step, bad, dup = {}, 0, 0
+    by_step = {}
+    bad = 0
+    dup = 0
     with open(path) as f:
         for line in f:
             if not line.strip():
@@ -27,7 +30,8 @@ def read_metrics(path):
             except (ValueError, KeyError, TypeError):
                 bad += 1
                 continue
-            dup += step in by_step  # a resumed run rewrites the steps after its checkpoint: the last row wins
+            # a resumed run rewrites the steps after its checkpoint: the last row wins
+            dup += step in by_step
             by_step[step] = row
     return [by_step[s] for s in sorted(by_step)], bad, dup
 
@@ -69,19 +73,27 @@ def twin(ax, rows, left, right, nonfinite):
     return drew
 
 
+def _eval_order(key):
+    """Sort key of the eval panel's lines: pass@1, pass@8, pass@16, then maj@k."""
+    return ('maj@' in key, len(key), key)
+
+
 def plot_metrics(metrics_path, out_png=None):
-    """Draw the curves of a metrics.jsonl (or of the run directory holding one) into out_png atomically.
-    -> dict(rows, bad_lines, duplicates, empty=[panel titles with no data], nonfinite={key: steps}, out)."""
+    """Draw the curves of a metrics.jsonl (or of the run directory holding one) into out_png
+    atomically. -> dict(rows, bad_lines, duplicates, empty=[panel titles with no data],
+    nonfinite={key: steps}, out)."""
     if os.path.isdir(metrics_path):
         metrics_path = os.path.join(metrics_path, 'metrics.jsonl')
     run_dir = os.path.dirname(os.path.abspath(metrics_path))
     out_png = out_png or os.path.join(run_dir, 'curves.png')
     rows, bad, dup = read_metrics(metrics_path)
     keys = sorted({k for r in rows for k in r})
-    nonfinite, empty = {}, []
+    nonfinite = {}
+    empty = []
     # matplotlib is imported here, not at the top: it is 0.5 s of every run's start-up, and
-    # plot_every=0 never draws
-    from matplotlib.figure import Figure  # no pyplot: no global figure list to leak from a long run, no display needed
+    # plot_every=0 never draws. No pyplot: no global figure list to leak from a long run, no
+    # display needed.
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(18, 10), layout='constrained')
@@ -115,32 +127,38 @@ def plot_metrics(metrics_path, out_png=None):
         ax.fill_between(*zip(*band), alpha=0.2, label='± reward/std')
     fns = [k for k in keys if k.startswith('reward/') and k.endswith('/mean') and k.count('/') == 2]
     panel(ax, 'reward', lines(ax, rows, ['reward/mean'] + fns, nonfinite))
-    evals = [k for k in keys if k.startswith(('eval/pass@', 'eval/maj@'))]  # only eval steps carry these
-    evals.sort(key=lambda k: ('maj@' in k, len(k), k))  # pass@1, pass@8, pass@16, then maj@k
+    # only eval steps carry these
+    evals = [k for k in keys if k.startswith(('eval/pass@', 'eval/maj@'))]
+    evals.sort(key=_eval_order)
     panel(axs[1], 'eval', lines(axs[1], rows, evals, nonfinite, marker='o', ms=3))
     for ax, (title, ks, unit) in zip(axs[2:8], simple):
         panel(ax, title, lines(ax, rows, ks, nonfinite), unit)
-    panel(axs[8], 'grad norm (lr dashed, right)', twin(axs[8], rows, ['grad_norm'], 'lr', nonfinite))
-    panel(axs[9], 'response length (truncated frac dashed, right)',
-          twin(axs[9], rows, ['response_len/mean'], 'response_len/clip_frac', nonfinite), 'tokens')
+    drew = twin(axs[8], rows, left=['grad_norm'], right='lr', nonfinite=nonfinite)
+    panel(axs[8], 'grad norm (lr dashed, right)', drew)
+    drew = twin(axs[9], rows, left=['response_len/mean'], right='response_len/clip_frac',
+                nonfinite=nonfinite)
+    panel(axs[9], 'response length (truncated frac dashed, right)', drew, 'tokens')
     ax = axs[10]  # where the step's seconds go; a phase missing from a row counts as 0 there
     trows = [r for r in rows if any(num(r.get(f'timing_s/{p}')) is not None for p in PHASES)]
     if trows:
-        ax.stackplot([r['step'] for r in trows], *[[num(r.get(f'timing_s/{p}')) or 0.0 for r in trows]
-                                                   for p in PHASES], labels=PHASES, alpha=0.7)
+        steps = [r['step'] for r in trows]
+        seconds = [[num(r.get(f'timing_s/{p}')) or 0.0 for r in trows] for p in PHASES]
+        ax.stackplot(steps, *seconds, labels=PHASES, alpha=0.7)
     drew = lines(ax, rows, ['timing_s/step'], nonfinite, color='black', lw=1) or bool(trows)
     panel(ax, 'time per phase (stacked; step = line)', drew, 's')
-    panel(axs[11], 'guard / warn counts', lines(axs[11], rows, fired, nonfinite, drawstyle='steps-post'),
-          none='none fired')
+    drew = lines(axs[11], rows, fired, nonfinite, drawstyle='steps-post')
+    panel(axs[11], 'guard / warn counts', drew, none='none fired')
     for ax in axs[8:]:
         ax.set_xlabel('step', fontsize=7)
-    axs[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # shared by all panels: whole steps only
+    # shared by all panels: whole steps only
+    axs[0].xaxis.set_major_locator(MaxNLocator(integer=True))
     last = rows[-1]['step'] if rows else 'none'
-    fig.suptitle(f'{os.path.basename(run_dir)} - step {last}   ({len(rows)} rows, {bad} bad lines skipped, '
-                 f'{dup} duplicate steps replaced)', fontsize=11)
+    fig.suptitle(f'{os.path.basename(run_dir)} - step {last}   ({len(rows)} rows, '
+                 f'{bad} bad lines skipped, {dup} duplicate steps replaced)', fontsize=11)
 
     # write beside the target, then rename: a reader never sees a half-written PNG
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(out_png)), prefix='.curves-', suffix='.png')
+    out_dir = os.path.dirname(os.path.abspath(out_png))
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix='.curves-', suffix='.png')
     try:
         with os.fdopen(fd, 'wb') as f:
             fig.savefig(f, format='png', dpi=100)
@@ -149,12 +167,14 @@ def plot_metrics(metrics_path, out_png=None):
     except BaseException:
         os.unlink(tmp)
         raise
-    return dict(rows=len(rows), bad_lines=bad, duplicates=dup, empty=empty, nonfinite=nonfinite, out=out_png)
+    return dict(rows=len(rows), bad_lines=bad, duplicates=dup, empty=empty, nonfinite=nonfinite,
+                out=out_png)
 
 
 if __name__ == '__main__':
     if len(sys.argv) != 2:
         sys.exit('usage: python plot.py OUT_DIR  (or path/to/metrics.jsonl)')
     info = plot_metrics(sys.argv[1])
+    no_data = f", no data: {info['empty']}" if info['empty'] else ''
     print(f"wrote {info['out']}: {info['rows']} rows, {info['bad_lines']} bad lines skipped, "
-          f"{info['duplicates']} duplicate steps replaced" + (f", no data: {info['empty']}" if info['empty'] else ''))
+          f"{info['duplicates']} duplicate steps replaced{no_data}")

@@ -1,14 +1,16 @@
 """
 Answer extraction, grading and the reward functions GRPO optimises.
 
-Every reward function has one contract, fn(completion: str, example: dict, **kwargs) -> float, or its batched form
-(fn.batched = True), fn(completions: [str], examples: [dict], **kwargs) -> [float], called once per step with every
-completion (a model scores them in batches, not one call each); the config says which run, with what weight and what
-keyword arguments:
+Every reward function has one contract, fn(completion: str, example: dict, **kwargs) -> float, or
+its batched form (fn.batched = True), fn(completions: [str], examples: [dict], **kwargs) -> [float],
+called once per step with every completion (a model scores them in batches, not one call each); the
+config says which run, with what weight and what keyword arguments:
     rewards = [{'name': 'correct', 'weight': 1.0, 'kwargs': {'correct': 1.0}},
-               ('format', 0.1, {'pattern': 'boxed'}), ('length', 1.0), ('reward_model', 1.0, {'path': DIR})]
-check_reward_config() rejects unknown names and unknown kwargs up front, because a kwarg that is silently
-dropped looks exactly like a kwarg that works. The model-based rewards ('reward_model', 'judge') are in reward_model.py.
+               ('format', 0.1, {'pattern': 'boxed'}), ('length', 1.0),
+               ('reward_model', 1.0, {'path': DIR})]
+check_reward_config() rejects unknown names and unknown kwargs up front, because a kwarg that is
+silently dropped looks exactly like a kwarg that works. The model-based rewards ('reward_model',
+'judge') are in reward_model.py.
 """
 import importlib
 import inspect
@@ -21,29 +23,39 @@ from fractions import Fraction
 # unicode digits. Every piece is deterministic (no two ways to match the same char), so scanning
 # stays linear. The sign counts only where it cannot be a binary minus ("12-7" is 12 and 7, not 12
 # and -7).
-_NUM = re.compile(r"(?:(?<![0-9)}\]])-)?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?(?: ?/ ?[0-9]+)?")
+_NUM = re.compile(r"(?:(?<![0-9)}\]])-)?"  # the sign
+                  r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)"  # digits, maybe with commas
+                  r"(?:\.[0-9]+)?"  # decimals
+                  r"(?: ?/ ?[0-9]+)?")  # a denominator
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s{0,8}\{")
 # \frac{3}{4}, \dfrac{3}{4}, \tfrac34 -> 3/4, so fractions take the same path as "3/4".
-_FRAC = re.compile(r"\\[dt]?frac\s{0,8}\{\s{0,8}(-?[0-9.,]+)\s{0,8}\}\s{0,8}\{\s{0,8}([0-9.,]+)\s{0,8}\}")
+_FRAC = re.compile(r"\\[dt]?frac\s{0,8}\{\s{0,8}(-?[0-9.,]+)\s{0,8}\}"
+                   r"\s{0,8}\{\s{0,8}([0-9.,]+)\s{0,8}\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac([0-9])([0-9])")
 _TEXT = re.compile(r"^\\(?:text|textbf|mathrm)\s{0,8}\{(.*)\}$", re.S)  # \boxed{\text{yes}} -> yes
 _MARKERS = [re.compile(r"####"), re.compile(r"answer is", re.I), re.compile(r"final answer", re.I)]
 _WINDOW = 80  # how far after a marker ("the answer is") the number may sit
+# LaTeX and currency noise that sits between a marker and its number: \$18, 1{,}234, 50\%,
+# 1\,000, −3.
+_NOISE = (('\\$', ''), ('$', ''), ('{,}', ','), ('\\,', ''), ('\\!', ''), ('\\%', '%'),
+          ('\u2212', '-'))
 
 
 def _clean(text):
-    # LaTeX and currency noise that sits between a marker and its number: \$18, 1{,}234, 50\%,
-    # 1\,000, −3.
-    for a, b in (('\\$', ''), ('$', ''), ('{,}', ','), ('\\,', ''), ('\\!', ''), ('\\%', '%'), ('\u2212', '-')):
+    for a, b in _NOISE:
         text = text.replace(a, b)
-    return _FRAC_SHORT.sub(r'\1/\2', _FRAC.sub(r'\1/\2', text))
+    text = _FRAC.sub(r'\1/\2', text)
+    return _FRAC_SHORT.sub(r'\1/\2', text)
 
 
 def _canon_decimal(s):
     # String arithmetic, not int(): Python refuses int() on strings over 4,300 digits.
     neg = s.startswith('-')
     whole, _, frac = s.lstrip('-').replace(',', '').partition('.')
-    out = (whole.lstrip('0') or '0') + ('.' + frac.rstrip('0') if frac.rstrip('0') else '')
+    out = whole.lstrip('0') or '0'
+    frac = frac.rstrip('0')
+    if frac:
+        out += '.' + frac
     return '-' + out if neg and out != '0' else out
 
 
@@ -64,13 +76,15 @@ def _boxed_spans(text):
     openers = [m.end() - 1 for m in _BOXED.finditer(text)]
     if not openers:
         return []
-    close, stack = {}, []
+    close = {}
+    stack = []
     for m in re.finditer(r"[{}]", text):
         if m.group() == '{':
             stack.append(m.start())
         elif stack:
             close[stack.pop()] = m.start()
-    return [(i + 1, close[i]) for i in openers if i in close]  # spans, not slices: nested boxes would copy O(n^2)
+    # spans, not slices: nested boxes would copy O(n^2)
+    return [(i + 1, close[i]) for i in openers if i in close]
 
 
 def _first_number(s):
@@ -139,8 +153,9 @@ def is_correct(completion, reference, rel_tol=1e-6):
     return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-9)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# reward functions: fn(completion, example, **kwargs) -> float. Keyword defaults are the config defaults.
+# --------------------------------------------------------------------------------------------------
+# reward functions: fn(completion, example, **kwargs) -> float. Keyword defaults are the config
+# defaults.
 
 def correctness_reward(completion, example, correct=1.0, incorrect=0.0):
     """example['answer'] is the reference final answer."""
@@ -154,20 +169,23 @@ def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0)
     if pattern == 'boxed':
         ok = any(_NUM.search(text, a, b) for a, b in _boxed_spans(text))
     elif pattern == '####':
-        ok = any(_NUM.match(text[m.end():m.end() + _WINDOW].lstrip(' ')) for m in re.finditer('####', text))
+        after = (text[m.end():m.end() + _WINDOW].lstrip(' ') for m in re.finditer('####', text))
+        ok = any(_NUM.match(s) for s in after)
     else:
         raise ValueError(f"format_reward: pattern must be 'boxed' or '####', got {pattern!r}")
     return reward if ok else missing
 
 
-def length_penalty(completion, example, max_len=0, cache_len=0, penalty=1.0, n_tokens=None, max_new_tokens=None):
+def length_penalty(completion, example, *, max_len=0, cache_len=0, penalty=1.0, n_tokens=None,
+                   max_new_tokens=None):
     """DAPO soft overlong penalty: 0 up to max_len - cache_len, then linear down to -penalty at
     max_len. max_len 0: the run's max_new_tokens (train_grpo passes it per sample, with n_tokens);
     cache_len 0: a quarter of max_len. Length is n_tokens when the caller passes it, else characters
     (the same for the byte tokenizer)."""
     max_len = max_len or max_new_tokens
     if not max_len:
-        raise ValueError("length: no max_len, and no max_new_tokens from the training loop to default it to")
+        raise ValueError("length: no max_len, and no max_new_tokens from the training loop "
+                         "to default it to")
     cache_len = cache_len or max_len // 4
     n = len(completion) if n_tokens is None else n_tokens
     soft = max_len - cache_len
@@ -177,8 +195,10 @@ def length_penalty(completion, example, max_len=0, cache_len=0, penalty=1.0, n_t
 
 
 REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty}
-MODEL_REWARDS = ('reward_model', 'judge')  # reward_model.py's, imported on first use: it needs torch and hf.py
-DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512}  # per-sample facts, as train_grpo passes
+# reward_model.py's, imported on first use: it needs torch and hf.py
+MODEL_REWARDS = ('reward_model', 'judge')
+# per-sample facts, as train_grpo passes them
+DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512}
 
 
 def check_reward_config(rewards):
@@ -191,37 +211,47 @@ def check_reward_config(rewards):
             unknown = set(entry) - {'name', 'weight', 'kwargs'}
             if unknown:
                 raise ValueError(f"reward config {entry!r}: unknown keys {sorted(unknown)}")
-            name, weight, kwargs = entry['name'], entry.get('weight', 1.0), entry.get('kwargs') or {}
+            name = entry['name']
+            weight = entry.get('weight', 1.0)
+            kwargs = entry.get('kwargs') or {}
         else:
             entry = (entry,) if isinstance(entry, str) or callable(entry) else tuple(entry)
             if not 1 <= len(entry) <= 3:
                 raise ValueError(f"reward config {entry!r}: expected (name, weight, kwargs)")
-            name, weight, kwargs = (entry + (1.0, {})[len(entry) - 1:])[:3]  # defaults fill what is missing
+            # defaults fill what is missing
+            name, weight, kwargs = (entry + (1.0, {})[len(entry) - 1:])[:3]
         fn = name if callable(name) else _builtin(name)
         if fn is None:
             known = sorted(REWARD_FNS) + list(MODEL_REWARDS)
             raise ValueError(f"reward config: unknown reward {name!r}; known: {known}")
         name = getattr(fn, '__name__', str(fn)) if callable(name) else name
-        params = set(inspect.signature(fn).parameters) - {'completion', 'example', 'completions', 'examples'}
+        params = set(inspect.signature(fn).parameters)
+        params -= {'completion', 'example', 'completions', 'examples'}
         if _accepts(fn) is not None:
             bad = sorted(set(kwargs) - params)
             if bad:
                 raise ValueError(f"reward config: {name!r} has no keyword argument(s) {bad}; "
                                  f"it accepts {sorted(params)}")
         if not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ValueError(f"reward config: weight of {name!r} must be a finite number, got {weight!r}")
+            raise ValueError(f"reward config: weight of {name!r} must be a finite number, "
+                             f"got {weight!r}")
         if name in [o[0] for o in out]:
             raise ValueError(f"reward config: {name!r} listed twice")
-        if callable(getattr(fn, 'check', None)):  # a model reward: its snapshot and template checked, no weights read
+        if callable(getattr(fn, 'check', None)):
+            # a model reward: its snapshot and template checked, no weights read
             try:
                 fn.check(**kwargs)
-            except (ValueError, OSError, TypeError) as e:  # TypeError: a required kwarg (path) is missing
+            except (ValueError, OSError, TypeError) as e:
+                # TypeError: a required kwarg (path) is missing
                 raise ValueError(f"reward config: {name!r}: {e}") from None
-        elif fn in REWARD_FNS.values():  # a dry run, so a bad value (pattern='boxd') fails now, not every step
+        elif fn in REWARD_FNS.values():
+            # a dry run, so a bad value (pattern='boxd') fails now, not every step
             try:
-                accepts = _accepts(fn)  # with the per-sample facts score() would pass (as train_grpo does)
+                # with the per-sample facts score() would pass (as train_grpo does)
+                accepts = _accepts(fn)
                 facts = {k: v for k, v in DRY_RUN_FACTS.items() if accepts is None or k in accepts}
-                float(fn('', {'question': '', 'answer': '0', 'solution': ''}, **{**kwargs, **facts}))
+                example = {'question': '', 'answer': '0', 'solution': ''}
+                float(fn('', example, **{**kwargs, **facts}))
             except Exception as e:
                 raise ValueError(f"reward config: {name!r} rejects kwargs {kwargs}: {e}") from e
         out.append((name, fn, float(weight), dict(kwargs)))
@@ -243,6 +273,15 @@ def _builtin(name):
     return REWARD_FNS.get(name)
 
 
+def _with_fn(entry, fn):
+    """A reward config entry with fn in place of its name, in the entry's own form."""
+    if isinstance(entry, dict):
+        return {**entry, 'name': fn}
+    if isinstance(entry, str) or callable(entry):
+        return fn
+    return (fn, *tuple(entry)[1:])  # (name, weight[, kwargs])
+
+
 def resolve_rewards(entries, grade=None, device='cpu', dtype='float32', messages=None):
     """The config's reward entries made runnable: a 'module:function' name imported (a user's reward
     function), and 'correct' paying the task's grade() when one is given, so the reward and
@@ -250,26 +289,32 @@ def resolve_rewards(entries, grade=None, device='cpu', dtype='float32', messages
     prompt messages) are given to each fn that names them in its signature (the model rewards),
     unless the entry's kwargs set them. Returns {'name', 'weight', 'kwargs'} dicts, checked by
     check_reward_config. Raises ValueError naming the entry."""
-    out, run = [], {'device': device, 'dtype': dtype, 'messages': messages}
+    run = {'device': device, 'dtype': dtype, 'messages': messages}
+    out = []
     for entry in entries:
         if isinstance(entry, dict):
-            name, named = entry.get('name'), lambda fn: {**entry, 'name': fn}
+            name = entry.get('name')
         elif isinstance(entry, str) or callable(entry):
-            name, named = entry, lambda fn: fn
+            name = entry
         else:  # (name, weight[, kwargs])
-            name, named = (tuple(entry) or (None,))[0], lambda fn: (fn, *tuple(entry)[1:])
+            name = (tuple(entry) or (None,))[0]
         if isinstance(name, str) and ':' in name:
             mod, _, attr = name.partition(':')
             try:
-                entry = named(getattr(importlib.import_module(mod), attr))
+                entry = _with_fn(entry, getattr(importlib.import_module(mod), attr))
             except (ImportError, AttributeError) as e:
                 raise ValueError(f"rewards: cannot import {mod}:{attr} ({e})") from e
         elif name == 'correct' and grade is not None:
-            entry = named(grade_reward(grade))
+            entry = _with_fn(entry, grade_reward(grade))
         out.append(entry)
-    return [{'name': name if _builtin(name) is fn else fn, 'weight': weight,
-             'kwargs': {**{k: v for k, v in run.items() if k in inspect.signature(fn).parameters}, **kwargs}}
-            for name, fn, weight, kwargs in check_reward_config(out)]
+    resolved = []
+    for name, fn, weight, kwargs in check_reward_config(out):
+        if _builtin(name) is not fn:  # a user's function or the task's grade: named by itself
+            name = fn
+        params = inspect.signature(fn).parameters
+        given = {k: v for k, v in run.items() if k in params}
+        resolved.append({'name': name, 'weight': weight, 'kwargs': {**given, **kwargs}})
+    return resolved
 
 
 def _accepts(fn):
@@ -287,7 +332,8 @@ def _values(fn, completions, examples, kwargs, extra_kwargs):
     if getattr(fn, 'batched', False):
         names = {k for extra in extra_kwargs for k in extra if accepts is None or k in accepts}
         try:
-            vs = list(fn(completions, examples, **{**kwargs, **{k: [e.get(k) for e in extra_kwargs] for k in names}}))
+            facts = {k: [e.get(k) for e in extra_kwargs] for k in names}
+            vs = list(fn(completions, examples, **{**kwargs, **facts}))
             if len(vs) != len(completions):
                 raise ValueError(f"returned {len(vs)} values for {len(completions)} completions")
             return vs
@@ -296,7 +342,8 @@ def _values(fn, completions, examples, kwargs, extra_kwargs):
     out = []
     for c, ex, extra in zip(completions, examples, extra_kwargs):
         try:
-            out.append(fn(c, ex, **{**kwargs, **{k: x for k, x in extra.items() if accepts is None or k in accepts}}))
+            facts = {k: x for k, x in extra.items() if accepts is None or k in accepts}
+            out.append(fn(c, ex, **{**kwargs, **facts}))
         except Exception as e:
             out.append(e)
     return out
@@ -315,10 +362,15 @@ def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None,
     assert len(extra_kwargs) == len(completions), (len(extra_kwargs), len(completions))
     config = check_reward_config(rewards)
     total = [0.0] * len(completions)
-    per_fn, errors, msgs, failed = {}, {}, [], [False] * len(completions)
+    per_fn = {}
+    errors = {}
+    msgs = []
+    failed = [False] * len(completions)
     for name, fn, weight, kwargs in config:
-        per_fn[name], errors[name] = [], 0
-        for i, v in enumerate(_values(fn, completions, examples, kwargs, extra_kwargs)):
+        per_fn[name] = []
+        errors[name] = 0
+        values = _values(fn, completions, examples, kwargs=kwargs, extra_kwargs=extra_kwargs)
+        for i, v in enumerate(values):
             try:
                 if isinstance(v, Exception):
                     raise v
@@ -326,9 +378,12 @@ def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None,
                 if not math.isfinite(v):
                     raise ValueError(f"returned non-finite {v}")
             except Exception as e:
-                v, failed[i] = float(failure_reward), True
+                v = float(failure_reward)
+                failed[i] = True
                 errors[name] += 1
-                if len(msgs) < max_msgs and (not getattr(fn, 'batched', False) or errors[name] == 1):  # one per call
+                # one message per call: a batched fn's failures all come from its one call
+                first_of_call = not getattr(fn, 'batched', False) or errors[name] == 1
+                if len(msgs) < max_msgs and first_of_call:
                     msgs.append(f"{name} on sample {i}: {type(e).__name__}: {e}")
             per_fn[name].append(v)
             total[i] += weight * v
@@ -339,8 +394,10 @@ def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None,
 def merge_scores(scs):
     """score()'s results for consecutive slices of samples (ranks, dynamic-sampling rounds) as one
     result."""
-    return {'total': [x for s in scs for x in s['total']],
-            'per_fn': {k: [x for s in scs for x in s['per_fn'][k]] for k in scs[0]['per_fn']},
+    def joined(lists):
+        return [x for xs in lists for x in xs]
+    return {'total': joined(s['total'] for s in scs),
+            'per_fn': {k: joined(s['per_fn'][k] for s in scs) for k in scs[0]['per_fn']},
             'errors': {k: sum(s['errors'][k] for s in scs) for k in scs[0]['errors']},
-            'error_msgs': [msg for s in scs for msg in s['error_msgs']][:5],
+            'error_msgs': joined(s['error_msgs'] for s in scs)[:5],
             'all_failed': all(s['all_failed'] for s in scs)}

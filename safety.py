@@ -55,21 +55,23 @@ def bad_knob(c):
         if c[key] not in allowed:
             return f"--{key}={c[key]!r}: expected one of {allowed}"
     if c['group_size'] < 2:
-        return f"--group_size={c['group_size']}: GRPO needs at least 2 samples per prompt to compare them"
+        return (f"--group_size={c['group_size']}: GRPO needs at least 2 samples per prompt "
+                "to compare them")
     if c['dynamic_sampling'] < 0:
-        return f"--dynamic_sampling={c['dynamic_sampling']}: the number of extra rounds of prompts, >= 0"
+        return (f"--dynamic_sampling={c['dynamic_sampling']}: the number of extra rounds "
+                "of prompts, >= 0")
     return None
 
 
 def startup_warnings(c):
     """Settings that run, but not as their user may think: said once, before anything is spent."""
     if c['top_k'] > 0 or c['top_p'] < 1.0:
-        print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']} truncate the "
-              "sampler's distribution, while the loss scores tokens under the full softmax: training is "
-              "off-policy; use top_k=0, top_p=1.0 for on-policy GRPO", flush=True)
+        print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']} truncate "
+              "the sampler's distribution, while the loss scores tokens under the full softmax: "
+              "training is off-policy; use top_k=0, top_p=1.0 for on-policy GRPO", flush=True)
     if c['filter_zero_std'] and (c['beta'] or c['entropy_coef']):
-        print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal rewards "
-              "still have a KL or entropy gradient, so they are trained on", flush=True)
+        print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal "
+              "rewards still have a KL or entropy gradient, so they are trained on", flush=True)
     if c['device'] == 'cpu':
         busy = cpu_contention()
         if busy:
@@ -87,9 +89,10 @@ def cpu_contention(load=None, cores=None, threads=None):
     threads = threads or torch.get_num_threads()
     if load is None or threads < 2 or load < cores - 0.5:
         return None
-    return (f"the load average is {load:.1f} on {cores} CPU cores before this run starts, and torch "
-            f"runs {threads} threads per op: contending threads make every step several times slower; "
-            "run alone, or set OMP_NUM_THREADS=1 (or torch.set_num_threads) while the machine is shared")
+    return (f"the load average is {load:.1f} on {cores} CPU cores before this run starts, "
+            f"and torch runs {threads} threads per op: contending threads make every step "
+            "several times slower; run alone, or set OMP_NUM_THREADS=1 "
+            "(or torch.set_num_threads) while the machine is shared")
 
 
 def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None):
@@ -99,32 +102,35 @@ def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None):
     n_tok = m['tokens_trained']
     warns = []
     if m['frac_zero_std'] == 1.0:
-        warns.append(('all_zero_std', "every group got identical rewards: all advantages are zero, so "
-                      "the loss is zero by construction; raise temperature or group_size, check the reward"))
+        warns.append(('all_zero_std', "every group got identical rewards: all advantages are "
+                      "zero, so the loss is zero by construction; raise temperature or group_size, "
+                      "check the reward"))
     if n_tok == 0 and m['frac_zero_std'] < 1.0:
-        warns.append(('no_tokens', "no completion tokens to train on this step (all filtered or masked: "
-                      "see mask_truncated / filter_zero_std)"))
+        warns.append(('no_tokens', "no completion tokens to train on this step "
+                      "(all filtered or masked: see mask_truncated / filter_zero_std)"))
     if n_tok > 0 and abs(m['logprob/mean']) < 1e-3:
-        warns.append(('logp_zero', "sampled tokens have log-prob ~0: the policy is near-deterministic at "
-                      "this temperature, so groups barely differ; raise temperature"))
+        warns.append(('logp_zero', "sampled tokens have log-prob ~0: the policy is "
+                      "near-deterministic at this temperature, so groups barely differ; "
+                      "raise temperature"))
     if not skipped and m['loss'] == 0.0 and m['grad_norm'] == 0.0:
-        warns.append(('zero_loss_and_grad', "loss and grad norm are exactly 0: nothing is being learned; "
-                      "check rewards and advantages (see reward/std, frac_zero_std)"))
+        warns.append(('zero_loss_and_grad', "loss and grad norm are exactly 0: nothing is being "
+                      "learned; check rewards and advantages (see reward/std, frac_zero_std)"))
     if m['response_len/clip_frac'] > 0.5:
         warns.append(('truncated', f"{m['response_len/clip_frac']:.0%} of completions hit "
-                      f"max_new_tokens={max_new_tokens}: raise max_new_tokens, or add the 'length' overlong "
-                      "penalty; their answers are likely missing"))
+                      f"max_new_tokens={max_new_tokens}: raise max_new_tokens, or add the 'length' "
+                      "overlong penalty; their answers are likely missing"))
     for name in MODEL_REWARDS:
         tied = m.get(f'reward/{name}/frac_zero_std', 0.0)
         if tied > SPREAD_WARN:
-            warns.append((f'{name}_zero_spread', f"{name} gave all completions of a group the same score "
+            warns.append((f'{name}_zero_spread',
+                          f"{name} gave all completions of a group the same score "
                           f"in {tied:.0%} of groups: " + model_reward_hint(name, m)))
     if m.get('dynamic/groups_short', 0) > 0:
-        warns.append(('dynamic_short', f"dynamic sampling found {m['dynamic/groups_short']} groups too "
-                      f"few with a reward spread in {m['dynamic/rounds']} rounds ({m['dynamic/prompts']} "
-                      "prompts drawn), so this step trains on fewer: most prompts are all-right or "
-                      "all-wrong for the policy; raise dynamic_sampling, group_size or temperature, or "
-                      "use harder/easier data"))
+        warns.append(('dynamic_short', f"dynamic sampling found {m['dynamic/groups_short']} "
+                      f"groups too few with a reward spread in {m['dynamic/rounds']} rounds "
+                      f"({m['dynamic/prompts']} prompts drawn), so this step trains on fewer: most "
+                      "prompts are all-right or all-wrong for the policy; raise dynamic_sampling, "
+                      "group_size or temperature, or use harder/easier data"))
     guards['kl_hist'] = (guards['kl_hist'] + [m['kl']])[-10:]
     if kl_warn is not None and m['kl'] > kl_warn:
         warns.append(('kl', f"KL to the reference {m['kl']:.4f} > kl_warn={kl_warn} (last steps: "
@@ -136,10 +142,10 @@ def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None):
 
 
 def guard(guards, m, sc, texts, *, skipped, nan_patience, kl_max=None):
-    """Update the streaks from this step's metrics m (sc: its scores, texts: its completions) and print
-    what the guards saw. Returns (action, finite): action None, ('rollback', why) for a non-finite
-    streak at nan_patience, or ('kl', why) for KL above kl_max (None: no reference model), which the
-    caller turns into a rollback or a stop (on_kl_max)."""
+    """Update the streaks from this step's metrics m (sc: its scores, texts: its completions) and
+    print what the guards saw. Returns (action, finite): action None, ('rollback', why) for a
+    non-finite streak at nan_patience, or ('kl', why) for KL above kl_max (None: no reference
+    model), which the caller turns into a rollback or a stop (on_kl_max)."""
     step = m['step']
     finite = math.isfinite(m['loss']) and math.isfinite(m['grad_norm'])
     if finite or skipped:
@@ -153,7 +159,8 @@ def guard(guards, m, sc, texts, *, skipped, nan_patience, kl_max=None):
     guards['recent'] = (guards['recent'] + texts[:2])[-6:]
     decision = None
     if not finite and not skipped:
-        print(f"guard: non-finite loss/grad at step {step} (loss {m['loss']}, grad norm {m['grad_norm']}); "
+        print(f"guard: non-finite loss/grad at step {step} "
+              f"(loss {m['loss']}, grad norm {m['grad_norm']}); "
               f"update skipped ({guards['nan_streak']}/{nan_patience} in a row)", flush=True)
         if guards['nan_streak'] >= nan_patience:
             decision = ('rollback', f"{guards['nan_streak']} non-finite steps in a row")
@@ -162,7 +169,8 @@ def guard(guards, m, sc, texts, *, skipped, nan_patience, kl_max=None):
               f"errors: {sc['error_msgs'][:3]}", flush=True)
     if kl_max is not None and m['kl'] > kl_max:
         trend = [round(k, 4) for k in guards['kl_hist']]
-        decision = ('kl', f"KL {m['kl']:.4f} > kl_max={kl_max} (trend over the last steps: {trend})")
+        decision = ('kl', f"KL {m['kl']:.4f} > kl_max={kl_max} "
+                          f"(trend over the last steps: {trend})")
     return decision, finite
 
 
@@ -173,10 +181,10 @@ def model_reward_hint(name, m):
     clip = m.get('response_len/clip_frac')
     truncated = '' if clip is None else f"; {clip:.0%} truncated"
     mean = m.get(f'reward/{name}/mean', 0)
-    return (f"check that its 'path' is the scorer you meant (see the 'reward: loaded' line), that "
-            f"{template} shows it the prompt and the whole completion (truncated completions score "
-            f"alike{truncated}), and that its scores are not saturated (reward/{name}/mean {mean:.3f}; "
-            "a judge's P(yes) stuck at 0 or 1 ties every group)")
+    return (f"check that its 'path' is the scorer you meant (see the 'reward: loaded' line), "
+            f"that {template} shows it the prompt and the whole completion (truncated completions "
+            f"score alike{truncated}), and that its scores are not saturated "
+            f"(reward/{name}/mean {mean:.3f}; a judge's P(yes) stuck at 0 or 1 ties every group)")
 
 
 def zero_reward_report(guards, sc, patience):
@@ -185,8 +193,8 @@ def zero_reward_report(guards, sc, patience):
     errs = {k: v for k, v in sc['errors'].items() if v}
     means = {k: round(sum(v) / max(len(v), 1), 4) for k, v in sc['per_fn'].items()}
     recent = '\n---\n'.join(x[:300] for x in guards['recent'])
-    msg = (f"reward mean has been 0 (or every reward failed) for {guards['zero_streak']} steps in a row "
-           f"(zero_reward_patience={patience}).\nReward means this step: {means}; "
+    msg = (f"reward mean has been 0 (or every reward failed) for {guards['zero_streak']} steps "
+           f"in a row (zero_reward_patience={patience}).\nReward means this step: {means}; "
            f"errors: {errs or 'none'} {sc['error_msgs'][:3]}\nRecent completions:\n{recent}"
            "\nCheck the reward function, the prompt format and max_new_tokens.")
     for k in sc['per_fn']:
@@ -232,17 +240,20 @@ def catch_signals(again_after_s=1.0):
 
     def on_signal(sig, frame):
         if caught and time.time() - caught[1] >= again_after_s:
-            os.write(2, f"signal {sig} again: exiting now, no checkpoint (the newest one on disk stays)\n".encode())
+            msg = f"signal {sig} again: exiting now, no checkpoint (the newest one on disk stays)\n"
+            os.write(2, msg.encode())
             os._exit(128 + sig)
         if not caught:
             caught.extend([sig, time.time()])
-            os.write(1, f"signal {sig}: saving at the end of this step, then exiting (again to exit now)\n".encode())
+            msg = (f"signal {sig}: saving at the end of this step, then exiting "
+                   "(again to exit now)\n")
+            os.write(1, msg.encode())
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, on_signal)
     return caught
 
 
-# ----------------------------------------------------------------------------- testing: injected faults
+# ------------------------------------------------------------------------ testing: injected faults
 
 def injected_faults(step, nan_steps, stall_step, stall_s):
     """The fault_* knobs, for the tests of the guards and the watchdog: sleeps stall_s if this is

@@ -29,7 +29,8 @@ def row_seeds(seed, prompt_index, group_size):
                          for p in prompt_index for s in range(group_size)], dtype=torch.int64)
 
 
-_compiled = weakref.WeakKeyDictionary()  # model -> its torch.compile'd forward, compiled once per process
+# model -> its torch.compile'd forward, compiled once per process
+_compiled = weakref.WeakKeyDictionary()
 
 
 def decode_forward(model, compile):
@@ -68,9 +69,9 @@ def sampler_model(model, dtype, fsdp):
 
 
 @torch.no_grad()
-def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperature=1.0, top_k=0, top_p=1.0,
-             min_p=0.0, seed=0, stop_ids=None, stop_strings=(), prompt_index=None, compact=True, compile=False,
-             progress=False, on_step=None):
+def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperature=1.0, top_k=0,
+             top_p=1.0, min_p=0.0, seed=0, stop_ids=None, stop_strings=(), prompt_index=None,
+             compact=True, compile=False, progress=False, on_step=None):
     """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each
     with ids (completion ids, stop token included), text, logprobs (of each sampled id under the
     full softmax at this temperature), finished (hit a stop) and truncated (hit max_new_tokens).
@@ -89,8 +90,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     lens = torch.tensor([len(p) for p in prompts], device=device)
     max_len = int(lens.max()) + max_new_tokens
     if max_len > model.config.max_seq_len:
-        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's max_seq_len {model.config.max_seq_len}")
+        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's max_seq_len {model.config.max_seq_len}")
     if int(lens.min()) == 0:
         raise ValueError("empty prompt: every prompt needs at least one token")
     # prefill every prompt once (right-padded, per-row lengths), then copy its cache for its G
@@ -110,7 +111,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     # their end; n_gen says where each ends.
     out_ids = torch.full((N, max_new_tokens), tok.pad_id, dtype=torch.int64, device=device)
     out_lp = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
-    n_gen = torch.full((N,), max_new_tokens, dtype=torch.int64, device=device)  # tokens per completion
+    # tokens per completion
+    n_gen = torch.full((N,), max_new_tokens, dtype=torch.int64, device=device)
     finished = torch.zeros(N, dtype=torch.bool, device=device)
     # the decode batch: rows[i] is the completion that row i generates (None: the identity, before
     # any compaction); live: still generating; ends: its n_gen so far. Written back to
@@ -126,8 +128,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         n_gen[at], finished[at] = ends, ~live
 
     for t in range(max_new_tokens):
-        ids, lp = sample_tokens(logits, row_seed, t, temperature=temperature, top_k=top_k, top_p=top_p,
-                                min_p=min_p)
+        ids, lp = sample_tokens(logits, row_seed, t, temperature=temperature, top_k=top_k,
+                                top_p=top_p, min_p=min_p)
         if rows is None:
             out_ids[:, t], out_lp[:, t] = ids, lp
         else:
@@ -145,7 +147,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
             n_live = int(live.sum())
         if n_live == 0 or t == max_new_tokens - 1:
             break
-        # compaction: copying the cache costs, so it is done when a quarter of the rows have finished
+        # compaction: copying the cache costs, so it is done when a quarter of the rows have
+        # finished
         if compact and n_live <= 0.75 * len(live):
             write_back()
             keep = live.nonzero().flatten()
@@ -166,7 +169,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         ids = ids[:n]
         text_ids = ids[:-1] if fin and ids and ids[-1] in stop_set else ids
         text = tok.decode(text_ids)
-        for s in stop_strings:  # a stop string ends the text; the ids keep the token that completed it
+        # a stop string ends the text; the ids keep the token that completed it
+        for s in stop_strings:
             if s in text:
                 text = text[:text.index(s)]
         results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids, text=text,
@@ -187,9 +191,9 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 
 
 @torch.no_grad()
-def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1, temperature=1.0,
-             top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0, out_path=None, progress=True,
-             compile=False):
+def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
+             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
+             out_path=None, progress=True, compile=False):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the
@@ -203,29 +207,31 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
         chunk_prompts = [prompts[i] for i in chunk]
-        greedy = generate(model, tok, chunk_prompts, 1, max_new_tokens, temperature=0.0, prompt_index=chunk,
-                          compile=compile)
+        greedy = generate(model, tok, chunk_prompts, 1, max_new_tokens, temperature=0.0,
+                          prompt_index=chunk, compile=compile)
         sampled = []
         if n_samples > 1:
-            sampled = generate(model, tok, chunk_prompts, n_samples, max_new_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, seed=seed, prompt_index=chunk, compile=compile)
+            sampled = generate(model, tok, chunk_prompts, n_samples, max_new_tokens,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               prompt_index=chunk, compile=compile)
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]
             answers = [answer(c['text']) for c in comps]
             correct = [bool(task.grade(c['text'], ex)) for c in comps]
             rows.append(dict(question=ex.get('question'), reference=ex.get('answer'),
-                             completions=[c['text'] for c in comps], answers=answers, correct=correct,
-                             truncated=[c['truncated'] for c in comps]))
+                             completions=[c['text'] for c in comps], answers=answers,
+                             correct=correct, truncated=[c['truncated'] for c in comps]))
         done = len(rows)
         if progress:
             eta = (time.time() - t0) / done * (len(examples) - done)
             acc = sum(r['correct'][0] for r in rows) / done
-            print(f"  eval: {done}/{len(examples)} problems, greedy pass@1 {acc:.3f}, ETA {eta:.0f}s",
-                  file=sys.stderr, flush=True)
+            print(f"  eval: {done}/{len(examples)} problems, greedy pass@1 {acc:.3f}, "
+                  f"ETA {eta:.0f}s", file=sys.stderr, flush=True)
     n = max(len(rows), 1)
     summary = {'n': len(rows), 'pass@1': sum(r['correct'][0] for r in rows) / n,
-               'truncated': sum(r['truncated'][0] for r in rows) / n, 'seconds': round(time.time() - t0, 2)}
+               'truncated': sum(r['truncated'][0] for r in rows) / n,
+               'seconds': round(time.time() - t0, 2)}
     # the task's own metrics, on the greedy completions
     summary.update(tasks.eval_metrics(task, [r['completions'][0] for r in rows], examples))
     if n_samples > 1:
@@ -260,8 +266,10 @@ def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
     state = load_checkpoint(path)
     run = state.get('config') or {}
     if 'init_from' not in run or 'model' not in state:
-        raise ValueError(f"{path}: not a train_grpo.py checkpoint (no 'model' or no config.init_from)")
-    shape = {k: run[k] for k in ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'max_seq_len') if k in run}
+        raise ValueError(f"{path}: not a train_grpo.py checkpoint "
+                         "(no 'model' or no config.init_from)")
+    shape_keys = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'max_seq_len')
+    shape = {k: run[k] for k in shape_keys if k in run}
     model, tok = load_model(run['init_from'], dtype, device, run.get('seed', 0), **shape)
     if 'lora' not in state:
         model.load_state_dict(state['model'])
@@ -269,7 +277,8 @@ def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
     # a LoRA run's checkpoint holds its adapters only: they go on the base from init_from
     import lora
     spec = state['lora']
-    lora.apply(model, rank=spec['rank'], alpha=spec['alpha'], dropout=0.0, targets=','.join(spec['targets']), seed=0)
+    targets = ','.join(spec['targets'])
+    lora.apply(model, rank=spec['rank'], alpha=spec['alpha'], dropout=0.0, targets=targets, seed=0)
     model.load_state_dict({**model.state_dict(), **state['model']})
     return model, tok
 
@@ -293,13 +302,14 @@ def run_config(init_from):
 
 if __name__ == '__main__':
     # -----------------------------------------------------------------------------
-    # None: the training run's value when init_from is a train_grpo.py export (OUT_DIR/hf holds the
-    # run's config, grpo_run.json), so `python sample.py --init_from=OUT_DIR/hf` evaluates exactly as
-    # the run did; else the fallback
+    # None: the training run's value when init_from is a train_grpo.py export (OUT_DIR/hf holds
+    # the run's config, grpo_run.json), so `python sample.py --init_from=OUT_DIR/hf` evaluates
+    # exactly as the run did; else the fallback
     # HF snapshot dir, hub id, or a checkpoint OUT_DIR/ckpt_*.pt; 'scratch' = tiny random model
     init_from = 'scratch'
     prompt = ''  # if set: print completions for this prompt (chat-formatted) and exit
-    task = None  # None: the run's, else 'gsm8k'; 'arith', 'module:attr' or 'path/to/task.py' (tasks/)
+    # None: the run's, else 'gsm8k'; 'arith', 'module:attr' or 'path/to/task.py' (tasks/)
+    task = None
     data_dir = None  # None: the run's, else '' (the task's default source, e.g. the hub for gsm8k)
     split = 'test'  # which split to evaluate
     num_examples = None  # the first N problems; None: the run's eval_examples, else 0 = all
@@ -314,10 +324,12 @@ if __name__ == '__main__':
     compile = False  # torch.compile the prefill and decode steps (the first call compiles: seconds)
     seed = None  # sampling seed (and the arith task's split); None: the run's, else 1337
     system_prompt = None  # system turn; None: the run's, else the task's default; '' = none
-    instruction = None  # appended to each question; None: the run's, else the task's default; '' = none
+    # appended to each question; None: the run's, else the task's default; '' = none
+    instruction = None
     out_dir = 'out/eval'  # eval.jsonl goes here
     device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
-    dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32', 'bfloat16', 'float16'
+    # 'float32', 'bfloat16', 'float16'
+    dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
     # -----------------------------------------------------------------------------
     import tasks
     from configurator import configure, save_config
@@ -336,8 +348,8 @@ if __name__ == '__main__':
                 'max_new_tokens': run.get('eval_max_new_tokens') or run.get('max_new_tokens'),
                 'batch_size': run.get('eval_batch_size'), 'seed': run.get('seed'),
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction')}
-    fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512, 'batch_size': 64,
-                'seed': 1337}
+    fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
+                'batch_size': 64, 'seed': 1337}
     for k, v in from_run.items():
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)
@@ -355,8 +367,9 @@ if __name__ == '__main__':
     model.eval()
     if prompt:
         ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''))]
-        completions = generate(model, tok, ids, num_completions, max_new_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, seed=seed, compile=compile)
+        completions = generate(model, tok, ids, num_completions, max_new_tokens,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               compile=compile)
         for c in completions:
             ending = 'finished' if c['finished'] else 'truncated'
             print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {ending})")
@@ -364,12 +377,12 @@ if __name__ == '__main__':
         sys.exit(0)
     save_config(config, out_dir)
     if run:
-        print(f"evaluating as the run evaluated at step {run.get('step')}: task {task}, {num_examples or 'all'} "
-              f"{split} problems, max_new_tokens {max_new_tokens}")
+        print(f"evaluating as the run evaluated at step {run.get('step')}: task {task}, "
+              f"{num_examples or 'all'} {split} problems, max_new_tokens {max_new_tokens}")
     examples = task_mod.load(split, data_dir=data_dir, seed=seed)
     examples = examples[:num_examples] if num_examples > 0 else examples
-    summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction, n_samples=n_samples,
-                       temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-                       batch_size=batch_size, seed=seed, out_path=os.path.join(out_dir, 'eval.jsonl'),
-                       compile=compile)
+    summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
+                       n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
+                       max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                       out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile)
     print(json.dumps(summary))

@@ -16,8 +16,8 @@ from kernels import num_warps
 
 # -----------------------------------------------------------------------------
 # sampler: counter-based randomness shared by the torch and triton paths
-# The uniform for (row b, vocab index j) is a pure function of (seeds[b], step, j): a row's draw never
-# depends on its batch, and the torch reference draws the very same ids as the kernel.
+# The uniform for (row b, vocab index j) is a pure function of (seeds[b], step, j): a row's draw
+# never depends on its batch, and the torch reference draws the very same ids as the kernel.
 
 _M32 = 0xFFFFFFFF
 
@@ -26,7 +26,8 @@ def _mul32(x, c):  # (x * c) mod 2^32 in int64 without overflowing it
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
 
 
-def _mix32_torch(x):  # "lowbias32" integer hash (C. Wellons), on int64 tensors holding uint32 values
+def _mix32_torch(x):
+    # "lowbias32" integer hash (C. Wellons), on int64 tensors holding uint32 values
     x = x ^ (x >> 16)
     x = _mul32(x, 0x7FEB352D)
     x = x ^ (x >> 15)
@@ -52,8 +53,8 @@ def _gumbel_torch(r1, r2, V):
 
 @triton.jit
 def _gumbel(r1, r2, cols):
-    # h = mix32(mix32(j ^ r1) ^ r2) on uint32 (multiplies wrap mod 2^32); written out, not a helper
-    # call, because the interpreter pays ~1 ms per nested jit call
+    # h = mix32(mix32(j ^ r1) ^ r2) on uint32 (multiplies wrap mod 2^32); written out, not a call
+    # to another jit function, because the interpreter pays ~1 ms per nested jit call
     h = cols.to(tl.uint32) ^ r1
     for i in tl.static_range(2):
         h = h ^ (h >> 16)
@@ -69,12 +70,14 @@ def _gumbel(r1, r2, cols):
 
 # -----------------------------------------------------------------------------
 # sampler: triton kernels
-# Kept set = {z >= t} with z = logits / T and t = max(top-k threshold, top-p threshold, min-p threshold);
-# the draw is the Gumbel-max argmax of z + g over the kept set. Thresholds are found without sorting by
-# bisecting on the fp32 bit pattern (a monotone int32 key): NC candidates per pass over the row, so
-# 8 passes of 16 pin down the exact k-th largest value / exact nucleus boundary.
+# Kept set = {z >= t} with z = logits / T and t = max(top-k threshold, top-p threshold, min-p
+# threshold); the draw is the Gumbel-max argmax of z + g over the kept set. Thresholds are found
+# without sorting by bisecting on the fp32 bit pattern (a monotone int32 key): NC candidates per
+# pass over the row, so 8 passes of 16 pin down the exact k-th largest value / exact nucleus
+# boundary.
 
-_KEY_NEG_INF = struct.unpack('<i', struct.pack('<f', -math.inf))[0] ^ 0x7FFFFFFF  # smallest key of any float
+# the smallest key of any float
+_KEY_NEG_INF = struct.unpack('<i', struct.pack('<f', -math.inf))[0] ^ 0x7FFFFFFF
 _NC, _NPASS = 16, 8  # 16 ** 8 = 2 ** 32 covers every fp32 key
 
 
@@ -85,8 +88,9 @@ def _key(z):  # fp32 -> int32, order-preserving (negative floats have their magn
 
 
 @triton.jit
-def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, r1_ptr, r2_ptr, m_ptr, s_ptr, bv_ptr, bi_ptr,
-                        HAS_THRESH: tl.constexpr, DRAW: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr):
+def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, *,
+                        r1_ptr, r2_ptr, m_ptr, s_ptr, bv_ptr, bi_ptr, HAS_THRESH: tl.constexpr,
+                        DRAW: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr):
     # grid (rows, splits): each program covers one tile of one row (few rows -> many tiles fill the
     # GPU), writing partial softmax stats and, if DRAW, its best (z + gumbel) over the kept set
     row = tl.program_id(0).to(tl.int64)
@@ -125,8 +129,8 @@ def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, r1_ptr, r2_
 
 
 @triton.jit
-def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl.constexpr, NPASS: tl.constexpr,
-            BLOCK: tl.constexpr):
+def _bisect(base, V, inv_temp, m, lo, hi, *, k, target, COUNT: tl.constexpr, NC: tl.constexpr,
+            NPASS: tl.constexpr, BLOCK: tl.constexpr):
     # Largest key t in [lo, hi) with count(key >= t) >= k (COUNT) or mass(key >= t) >= target (mass,
     # where mass = sum exp(z - m)). Invariant: the condition holds at lo and fails at hi. Also
     # returns mass(>= t).
@@ -141,7 +145,8 @@ def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl
             inb = cols < V
             z = tl.load(base + cols, mask=inb, other=float('-inf')).to(tl.float32) * inv_temp
             b = z.to(tl.int32, bitcast=True)
-            key = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # = _key(z), inlined for the interpreter's sake
+            # = _key(z), inlined for the interpreter's sake
+            key = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
             ge = (key[:, None] >= cand32[None, :]) & inb[:, None]
             if COUNT:
                 cnt += tl.sum(ge.to(tl.int32), 0)
@@ -154,9 +159,9 @@ def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl
 
 
 @triton.jit
-def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, t_ptr, top_k, top_p, KEY_NEG_INF: tl.constexpr,
-                      DO_TOPK: tl.constexpr, DO_TOPP: tl.constexpr, NC: tl.constexpr, NPASS: tl.constexpr,
-                      BLOCK: tl.constexpr):
+def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, *, t_ptr, top_k, top_p,
+                      KEY_NEG_INF: tl.constexpr, DO_TOPK: tl.constexpr, DO_TOPP: tl.constexpr,
+                      NC: tl.constexpr, NPASS: tl.constexpr, BLOCK: tl.constexpr):
     # one program per row: top-k first, then top-p on the renormalised top-k distribution (HF/vLLM
     # order)
     row = tl.program_id(0).to(tl.int64)
@@ -166,9 +171,11 @@ def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, t_ptr, top_k
     hi = _key(m).to(tl.int64) + 1
     mass_k = tl.load(s_ptr + row)
     if DO_TOPK:
-        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, top_k, 0.0, True, NC, NPASS, BLOCK)
+        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, k=top_k, target=0.0, COUNT=True,
+                             NC=NC, NPASS=NPASS, BLOCK=BLOCK)
     if DO_TOPP:
-        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, 0, top_p * mass_k, False, NC, NPASS, BLOCK)
+        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, k=0, target=top_p * mass_k, COUNT=False,
+                             NC=NC, NPASS=NPASS, BLOCK=BLOCK)
     b = lo.to(tl.int32)
     b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # the key map is its own inverse
     tl.store(t_ptr + row, b.to(tl.float32, bitcast=True))
@@ -185,16 +192,18 @@ def _keep_threshold_ref(z, top_k, top_p, min_p):
     if 0 < top_k < V:
         t = z.topk(top_k, -1).values[:, -1:]
     if top_p < 1.0:
-        zs = z.masked_fill(z < t, -math.inf).sort(-1, descending=True).values  # on the renormalised top-k set
+        # on the renormalised top-k set
+        zs = z.masked_fill(z < t, -math.inf).sort(-1, descending=True).values
         c = torch.exp((zs - m).double()).cumsum(-1)
-        n_before = (c < top_p * c[:, -1:]).sum(-1, keepdim=True)  # the token that reaches top_p is kept
+        # the token that reaches top_p is kept
+        n_before = (c < top_p * c[:, -1:]).sum(-1, keepdim=True)
         t = torch.maximum(t, zs.gather(-1, n_before))
     if min_p > 0.0:
         t = torch.maximum(t, m + math.log(min_p))  # p_i >= min_p * p_max
     return t
 
 
-def sample_tokens_ref(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+def sample_tokens_ref(logits, seeds, step, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     """Pure-torch sampler; draws the same ids as the triton kernel (same hash, same kept set)."""
     greedy = temperature == 0 or top_k == 1
     inv_temp = 1.0 if temperature == 0 else 1.0 / temperature
@@ -209,8 +218,8 @@ def sample_tokens_ref(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, 
     return ids, logp
 
 
-def sample_tokens(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, *, use_triton=None,
-                  n_split=None, block_size=None):
+def sample_tokens(logits, seeds, step, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                  use_triton=None, n_split=None, block_size=None):
     """
     Draw one token per row of logits (B, V) from softmax(logits / temperature) restricted by top_k
     (0 = off), top_p (1 = off), min_p (0 = off). seeds (B,) int64 and step (int or (B,)) fix the
@@ -220,14 +229,18 @@ def sample_tokens(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, min_
     boundary value are all kept.
     """
     if not (logits.is_cuda if use_triton is None else use_triton):
-        return sample_tokens_ref(logits, seeds, step, temperature, top_k, top_p, min_p)
-    assert logits.dim() == 2 and logits.stride(-1) == 1, 'logits must be (B, V) with contiguous rows'
+        return sample_tokens_ref(logits, seeds, step, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, min_p=min_p)
+    assert logits.dim() == 2 and logits.stride(-1) == 1, (
+        'logits must be (B, V) with contiguous rows')
     B, V = logits.shape
     greedy = temperature == 0 or top_k == 1
     inv_temp = 1.0 if temperature == 0 else 1.0 / temperature
     block = block_size or min(4096, triton.next_power_of_2(V))
     if n_split is None:  # few rows: split the vocabulary so there are ~4 programs per SM
-        sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 1
+        sms = 1
+        if logits.is_cuda:
+            sms = torch.cuda.get_device_properties(logits.device).multi_processor_count
         n_split = max(1, min(triton.cdiv(4 * sms, B), triton.cdiv(V, block)))
     tile = triton.cdiv(triton.cdiv(V, n_split), block) * block
     S = triton.cdiv(V, tile)
@@ -237,22 +250,26 @@ def sample_tokens(logits, seeds, step, temperature=1.0, top_k=0, top_p=1.0, min_
     bi = torch.empty(B, S, device=logits.device, dtype=torch.int32)
 
     def one_pass(t, draw):
-        _sample_pass_kernel[(B, S)](logits, logits.stride(0), V, inv_temp, tile, t, r1, r2, m_part, s_part, bv, bi,
-                                    HAS_THRESH=t is not None, DRAW=draw, GREEDY=greedy, BLOCK=block,
-                                    num_warps=num_warps(block))
+        _sample_pass_kernel[(B, S)](logits, logits.stride(0), V, inv_temp, tile, t,
+                                    r1_ptr=r1, r2_ptr=r2, m_ptr=m_part, s_ptr=s_part, bv_ptr=bv,
+                                    bi_ptr=bi, HAS_THRESH=t is not None, DRAW=draw, GREEDY=greedy,
+                                    BLOCK=block, num_warps=num_warps(block))
         m = m_part.amax(1)
         return m, (s_part * torch.exp(m_part - m[:, None])).sum(1)
 
     t = None
-    do_topk, do_topp = (not greedy) and 0 < top_k < V, (not greedy) and top_p < 1.0
+    do_topk = (not greedy) and 0 < top_k < V
+    do_topp = (not greedy) and top_p < 1.0
     if do_topk or do_topp or (min_p > 0.0 and not greedy):
         m, s = one_pass(None, draw=False)  # row max and sum for the threshold search
         t = torch.full((B,), -math.inf, **f32)
         if do_topk or do_topp:
-            sblock = min(1024, block)  # NC candidates per element: keep the [BLOCK, NC] tile in registers
-            _threshold_kernel[(B,)](logits, logits.stride(0), V, inv_temp, m, s, t, top_k, top_p,
-                                    KEY_NEG_INF=_KEY_NEG_INF, DO_TOPK=do_topk, DO_TOPP=do_topp, NC=_NC,
-                                    NPASS=_NPASS, BLOCK=sblock, num_warps=num_warps(sblock))
+            # NC candidates per element: keep the [BLOCK, NC] tile in registers
+            sblock = min(1024, block)
+            _threshold_kernel[(B,)](logits, logits.stride(0), V, inv_temp, m, s,
+                                    t_ptr=t, top_k=top_k, top_p=top_p, KEY_NEG_INF=_KEY_NEG_INF,
+                                    DO_TOPK=do_topk, DO_TOPP=do_topp, NC=_NC, NPASS=_NPASS,
+                                    BLOCK=sblock, num_warps=num_warps(sblock))
         if min_p > 0.0:
             t = torch.maximum(t, m + math.log(min_p))
     m, s = one_pass(t, draw=True)

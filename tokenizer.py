@@ -18,8 +18,10 @@ import unicodedata
 import tiktoken
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+                 r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+CHATML = ("{% for message in messages %}"
+          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
           "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}")
 
 
@@ -30,7 +32,8 @@ class TokenizerError(ValueError):
 def bytes_to_unicode():
     """GPT-2's reversible map from bytes to printable unicode characters, used by every byte-level
     BPE vocab file."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -42,7 +45,8 @@ def bytes_to_unicode():
 
 
 class Tokenizer:
-    def __init__(self, enc, nfc=False, files=None, eos=None, template=None, template_file=None, template_vars=None):
+    def __init__(self, enc, *, nfc=False, files=None, eos=None, template=None, template_file=None,
+                 template_vars=None):
         self.enc = enc
         self.nfc = nfc  # Qwen2's tokenizer.json normalises to NFC before splitting
         self.files = files or {}  # the snapshot's tokenizer files, written back verbatim by save()
@@ -51,15 +55,21 @@ class Tokenizer:
         end = self.special.get('<|endoftext|>')
         # eos: the config's own, where it names one (a GPT-2 export may list ChatML tokens it never
         # learned)
-        self.eos_id = self.special[eos] if eos in self.special else self.special.get('<|im_end|>', end)
+        if eos in self.special:
+            self.eos_id = self.special[eos]
+        else:
+            self.eos_id = self.special.get('<|im_end|>', end)
         self.stop_ids = sorted({i for i in (self.eos_id, end) if i is not None})
         self.pad_id = self.special.get('<|pad|>', end if end is not None else 0)
         self.chat = '<|im_start|>' in self.special and '<|im_end|>' in self.special
-        self.template = template  # the snapshot's compiled chat template, or None (hand-written ChatML below)
+        # the snapshot's compiled chat template, or None (hand-written ChatML below)
+        self.template = template
         self.template_file = template_file  # where it came from, for error messages
-        self.template_vars = template_vars or {}  # bos_token, eos_token, ...: what transformers passes it
+        # bos_token, eos_token, ...: what transformers passes it
+        self.template_vars = template_vars or {}
         # special-token strings, longest first (leftmost-longest, as HF matches added tokens)
-        self._special_re = re.compile('|'.join(map(re.escape, sorted(self.special, key=len, reverse=True))) or r'(?!)')
+        longest_first = sorted(self.special, key=len, reverse=True)
+        self._special_re = re.compile('|'.join(map(re.escape, longest_first)) or r'(?!)')
 
     def encode(self, text):
         """Ordinary text: special-token strings in it are plain text, so user data cannot inject a
@@ -73,7 +83,8 @@ class Tokenizer:
 
     def decode(self, ids):
         ids = [int(i) for i in ids]
-        ids = [i for i in ids if i < self.vocab_size]  # a model's vocab is often padded past the tokenizer's
+        # a model's vocab is often padded past the tokenizer's
+        ids = [i for i in ids if i < self.vocab_size]
         return self.enc.decode(ids, errors='replace')
 
     def render_chat(self, messages, add_generation_prompt=True, **kwargs):
@@ -112,12 +123,17 @@ class Tokenizer:
                 if m.group() not in mark:
                     c = next(free, None)
                     if c is None:
-                        raise TokenizerError("a message uses every private-use character: cannot render it safely")
+                        raise TokenizerError("a message uses every private-use character: "
+                                             "cannot render it safely")
                     mark[m.group()], back[ord(c)] = c, m.group()
                 return mark[m.group()]
             return self._special_re.sub(swap, text)
-        msgs = [{**m, 'content': masked(m['content'])} if isinstance(m, dict) and isinstance(m.get('content'), str)
-                else m for m in messages]
+
+        def masked_message(m):
+            if isinstance(m, dict) and isinstance(m.get('content'), str):
+                return {**m, 'content': masked(m['content'])}
+            return m
+        msgs = [masked_message(m) for m in messages]
         text = render_chat_template(self.template, msgs, add_generation_prompt, self.template_file,
                                     **{**self.template_vars, **kwargs})
         ids, pos = [], 0
@@ -154,15 +170,23 @@ def compile_chat_template(source, where):
     from a download cannot reach Python internals, the OS or mutate its arguments),
     trim_blocks/lstrip_blocks, loop controls, raise_exception, tojson and strftime_now."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols'])
-    env.filters['tojson'] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=['jinja2.ext.loopcontrols'])
+
+    def tojson(x, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=False, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+    env.filters['tojson'] = tojson
     env.globals['raise_exception'] = _raise
-    env.globals['strftime_now'] = lambda fmt: datetime.datetime.now().strftime(fmt)
+
+    def strftime_now(fmt):
+        return datetime.datetime.now().strftime(fmt)
+    env.globals['strftime_now'] = strftime_now
     try:
         return env.from_string(source)
     except Exception as e:
-        raise TokenizerError(f"{where}: field 'chat_template' does not compile ({type(e).__name__}: {e})") from None
+        raise TokenizerError(f"{where}: field 'chat_template' does not compile "
+                             f"({type(e).__name__}: {e})") from None
 
 
 def render_chat_template(template, messages, add_generation_prompt, where, **variables):
@@ -171,9 +195,11 @@ def render_chat_template(template, messages, add_generation_prompt, where, **var
     enable_thinking). Anything the template raises, including the sandbox's SecurityError, becomes
     one ValueError naming the file."""
     try:
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               **variables)
     except Exception as e:
-        raise TokenizerError(f"{where}: field 'chat_template' fails to render ({type(e).__name__}: {e})") from None
+        raise TokenizerError(f"{where}: field 'chat_template' fails to render "
+                             f"({type(e).__name__}: {e})") from None
 
 
 def _chat_template(path, files):
@@ -182,8 +208,8 @@ def _chat_template(path, files):
     'default')."""
     conf = files.get('tokenizer_config.json', (None, {}))[1]
     named = {**files.get('special_tokens_map.json', (None, {}))[1], **conf}
-    variables = {k: v.get('content') if isinstance(v, dict) else v for k, v in named.items() if k.endswith('_token')}
-    variables = {k: v for k, v in variables.items() if isinstance(v, str)}  # bos_token, eos_token, ...
+    # bos_token, eos_token, ...
+    variables = {k: v for k, v in _token_names(named).items() if isinstance(v, str)}
     if 'chat_template.jinja' in files:
         source, where = files['chat_template.jinja'][1], os.path.join(path, 'chat_template.jinja')
     else:
@@ -193,12 +219,22 @@ def _chat_template(path, files):
     return (compile_chat_template(source, where) if source else None), where, variables
 
 
+def _token_names(named):
+    """The *_token entries of a tokenizer config, each a string (or a dict holding it as
+    'content')."""
+    names = {}
+    for k, v in named.items():
+        if k.endswith('_token'):
+            names[k] = v.get('content') if isinstance(v, dict) else v
+    return names
+
+
 def load_tokenizer(path):
     """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+
     tokenizer_config.json), with the snapshot's chat template when it has one."""
     files = {}
-    for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
-                 'added_tokens.json', 'chat_template.jinja'):
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt',
+                 'special_tokens_map.json', 'added_tokens.json', 'chat_template.jinja'):
         if os.path.isfile(os.path.join(path, name)):
             files[name] = _read(os.path.join(path, name), name)
     if 'tokenizer.json' in files:
@@ -206,7 +242,8 @@ def load_tokenizer(path):
         src = os.path.join(path, 'tokenizer.json')
         model = spec.get('model') or {}
         if model.get('type') != 'BPE' or 'vocab' not in model:
-            raise TokenizerError(f"{src}: only byte-level BPE tokenizers are supported (model.type={model.get('type')!r})")
+            raise TokenizerError(f"{src}: only byte-level BPE tokenizers are supported "
+                                 f"(model.type={model.get('type')!r})")
         vocab, merges = model['vocab'], model.get('merges', [])
         merges = [m.split(' ') if isinstance(m, str) else m for m in merges]
         added = {t['content']: t['id'] for t in spec.get('added_tokens', [])}
@@ -215,7 +252,7 @@ def load_tokenizer(path):
         src = os.path.join(path, 'vocab.json')
         vocab = files['vocab.json'][1]
         lines = files['merges.txt'][1].splitlines()
-        merges = [l.split(' ') for l in lines if l and not l.startswith('#version')]
+        merges = [line.split(' ') for line in lines if line and not line.startswith('#version')]
         conf = files.get('tokenizer_config.json', (None, {}))[1]
         added = {t['content']: int(i) for i, t in conf.get('added_tokens_decoder', {}).items()}
         added.update(files.get('added_tokens.json', (None, {}))[1])
@@ -223,40 +260,48 @@ def load_tokenizer(path):
         # special_tokens_map.json), and they sit in vocab.json: without this, '<|endoftext|>' is
         # ordinary text and generation never stops
         named = {**files.get('special_tokens_map.json', (None, {}))[1], **conf}
-        names = {k: v.get('content') if isinstance(v, dict) else v for k, v in named.items() if k.endswith('_token')}
-        added.update({t: vocab[t] for t in names.values() if isinstance(t, str) and t in vocab and t not in added})
+        names = _token_names(named)
+        added.update({t: vocab[t] for t in names.values()
+                      if isinstance(t, str) and t in vocab and t not in added})
         qwen = 'qwen' in str(conf.get('tokenizer_class', '')).lower()
         pattern, nfc = (QWEN2_PATTERN, True) if qwen else (GPT2_PATTERN, False)
-        eos = None if qwen else names.get('eos_token')  # Qwen2's eos stays its ChatML turn end, as for tokenizer.json
+        # Qwen2's eos stays its ChatML turn end, as for tokenizer.json
+        eos = None if qwen else names.get('eos_token')
     else:
-        raise TokenizerError(f"{path}: no tokenizer files (expected tokenizer.json, or vocab.json and merges.txt)")
+        raise TokenizerError(f"{path}: no tokenizer files "
+                             "(expected tokenizer.json, or vocab.json and merges.txt)")
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
     try:
         ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok not in added}
     except KeyError as e:
-        raise TokenizerError(f"{src}: vocab entry uses character {e} outside the byte-level alphabet") from None
+        raise TokenizerError(f"{src}: vocab entry uses character {e} outside the byte-level "
+                             "alphabet") from None
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
-        raise TokenizerError(f"{src}: vocab lacks {len(missing)} of the 256 single bytes (e.g. byte {missing[0]}); not a byte-level BPE")
+        raise TokenizerError(f"{src}: vocab lacks {len(missing)} of the 256 single bytes "
+                             f"(e.g. byte {missing[0]}); not a byte-level BPE")
     last = -1
-    for k, (a, b) in enumerate(merges):  # tiktoken applies merges in rank order: ranks must follow merge order
+    # tiktoken applies merges in rank order: ranks must follow merge order
+    for k, (a, b) in enumerate(merges):
         rank = vocab.get(a + b)
         if rank is None or rank <= last:
-            raise TokenizerError(f"{src}: merge #{k} ({a!r} {b!r}) does not create tokens in increasing id order; "
-                                 "tiktoken cannot reproduce this BPE")
+            raise TokenizerError(f"{src}: merge #{k} ({a!r} {b!r}) does not create tokens in "
+                                 "increasing id order; tiktoken cannot reproduce this BPE")
         last = rank
     specials = {t: i for t, i in added.items()}
     enc = tiktoken.Encoding(name=os.path.basename(os.path.abspath(path)), pat_str=pattern,
                             mergeable_ranks=ranks, special_tokens=specials)
     template, where, variables = _chat_template(path, files)
-    return Tokenizer(enc, nfc=nfc, files={n: raw for n, (raw, _) in files.items()}, eos=eos, template=template,
+    raw_files = {n: raw for n, (raw, _) in files.items()}
+    return Tokenizer(enc, nfc=nfc, files=raw_files, eos=eos, template=template,
                      template_file=where, template_vars=variables)
 
 
 def _pattern_from_spec(spec, src):
     """The split regex (and NFC flag) from tokenizer.json's pre_tokenizer/normalizer."""
     norm = spec.get('normalizer') or {}
-    nfc = norm.get('type') == 'NFC' or any(n.get('type') == 'NFC' for n in norm.get('normalizers', []))
+    nested = norm.get('normalizers', [])
+    nfc = norm.get('type') == 'NFC' or any(n.get('type') == 'NFC' for n in nested)
     pre = spec.get('pre_tokenizer') or {}
     steps = pre.get('pretokenizers', [pre]) if pre.get('type') == 'Sequence' else [pre]
     pattern = None
@@ -290,20 +335,26 @@ def byte_tokenizer_files(tok):
     """An HF tokenizer.json for a merge-free byte-level encoding, so exported snapshots load in
     transformers."""
     u = bytes_to_unicode()
-    vocab = {u[b]: r for b, r in ((t[0], r) for t, r in tok.enc._mergeable_ranks.items() if len(t) == 1)}
+    singles = ((t[0], r) for t, r in tok.enc._mergeable_ranks.items() if len(t) == 1)
+    vocab = {u[b]: r for b, r in singles}
     if len(vocab) != len(tok.enc._mergeable_ranks):
-        raise TokenizerError("cannot export a tokenizer with merges that was not loaded from HF files")
+        raise TokenizerError("cannot export a tokenizer with merges that was not loaded from HF "
+                             "files")
+    added = [{'id': i, 'content': t, 'single_word': False, 'lstrip': False, 'rstrip': False,
+              'normalized': False, 'special': True}
+             for t, i in sorted(tok.special.items(), key=lambda x: x[1])]
+    byte_level = {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': False,
+                  'use_regex': True}
     spec = {
         'version': '1.0', 'truncation': None, 'padding': None,
-        'added_tokens': [{'id': i, 'content': t, 'single_word': False, 'lstrip': False, 'rstrip': False,
-                          'normalized': False, 'special': True} for t, i in sorted(tok.special.items(), key=lambda x: x[1])],
+        'added_tokens': added,
         'normalizer': None,
-        'pre_tokenizer': {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': False, 'use_regex': True},
+        'pre_tokenizer': dict(byte_level),
         'post_processor': None,
-        'decoder': {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': False, 'use_regex': True},
-        'model': {'type': 'BPE', 'dropout': None, 'unk_token': None, 'continuing_subword_prefix': None,
-                  'end_of_word_suffix': None, 'fuse_unk': False, 'byte_fallback': False, 'ignore_merges': False,
-                  'vocab': vocab, 'merges': []},
+        'decoder': dict(byte_level),
+        'model': {'type': 'BPE', 'dropout': None, 'unk_token': None,
+                  'continuing_subword_prefix': None, 'end_of_word_suffix': None, 'fuse_unk': False,
+                  'byte_fallback': False, 'ignore_merges': False, 'vocab': vocab, 'merges': []},
     }
     conf = {'tokenizer_class': 'PreTrainedTokenizerFast', 'chat_template': CHATML,
             'eos_token': '<|im_end|>', 'pad_token': '<|pad|>', 'model_max_length': 1 << 20}

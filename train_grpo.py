@@ -23,7 +23,7 @@ import torch
 
 # I/O
 out_dir = 'out/grpo'  # metrics.jsonl, samples.jsonl, curves.png, checkpoints and hf/ go here
-init_from = 'Qwen/Qwen2.5-0.5B-Instruct'  # HF snapshot dir or hub id; 'scratch': a small random model
+init_from = 'Qwen/Qwen2.5-0.5B-Instruct'  # HF snapshot dir or hub id; 'scratch': small, random
 resume = 'auto'  # 'auto': continue from the newest checkpoint in out_dir that loads; 'never': fresh
 resume_changed = False  # resume even though knobs that change the run differ from the checkpoint's
 plot = ''  # --plot=OUT_DIR: redraw OUT_DIR/curves.png from its metrics.jsonl and exit
@@ -46,31 +46,35 @@ sft_batch_size = 32  # sequences per SFT step
 group_size = 8  # G: completions per prompt; advantages are relative within a group
 batch_prompts = 16  # prompts per step (rows per step = batch_prompts * group_size)
 micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation)
-share_prompt = 'auto'  # True: a group's prompt once, its completions packed after it; 'auto': cheaper
-packed_attention = 'auto'  # packed rows: 'flex' (FlexAttention), 'sdpa' (dense mask); 'auto': flex on CUDA
+share_prompt = 'auto'  # True: a group's prompt once, its completions after it; 'auto': the cheaper
+packed_attention = 'auto'  # packed rows: 'flex' (FlexAttention), 'sdpa'; 'auto': flex on CUDA
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
 top_k = 0  # 0 = off. top_k/top_p make training off-policy (the loss uses the full softmax)
 top_p = 1.0  # 1.0 = off
 # GRPO objective (loss.py)
-scale_rewards = 'group'  # advantage = r - group mean, over: 'group' std, 'batch' std, 'none' (Dr. GRPO)
+scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
-loss_agg = 'token_mean'  # 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO)
-loss_type = 'grpo'  # 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight)
+# 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO)
+loss_agg = 'token_mean'
+# 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight)
+loss_type = 'grpo'
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
 num_iterations = 1  # mu: optimizer steps per rollout batch (1 = on-policy: ratio 1, nothing clips)
 beta = 0.0  # KL penalty weight to the frozen reference (0 = no reference model is loaded)
-kl_estimator = 'k3'  # 'k3': gradient of KL(ref||pi) (GRPO, TRL); 'k2': of KL(pi||ref); 'k1': in the advantage
+# 'k3': gradient of KL(ref||pi) (GRPO, TRL); 'k2': of KL(pi||ref); 'k1': in the advantage
+kl_estimator = 'k3'
 kl_clamp = 10.0  # log ratios are clamped to +-this before the KL estimate
 kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
-filter_zero_std = True  # skip groups whose rewards are all equal (their gradient is 0 without KL/entropy)
-dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until batch_prompts groups have a spread
+filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 without KL/entropy)
+dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
-lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: never more logits than that; 0 = kernels.HEAD_TILES
+lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: at most that many logits; 0: kernels.py
 lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob)
-tis = ''  # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*'
+# truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*'
+tis = ''
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
 # rewards: reward.REWARD_FNS names, 'reward_model'/'judge' or 'module:function'; kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
@@ -84,44 +88,44 @@ weight_decay = 0.0  # AdamW decay on matrices
 adam_betas = (0.9, 0.99)  # AdamW betas
 grad_clip = 1.0  # max gradient norm (0 = off)
 # evaluation and logging
-eval_every = 50  # greedy pass@1 on the held-out split every N steps (0 = never; also at start and end)
+eval_every = 50  # greedy pass@1 on held-out problems every N steps, at start and end (0 = never)
 eval_examples = 200  # held-out problems per evaluation (0 = all)
 eval_max_new_tokens = 0  # 0 = max_new_tokens
 eval_batch_size = 64  # problems per generate() call during eval
-log_samples_every = 10  # write a few (prompt, completion, answer, rewards) to samples.jsonl every N steps
+log_samples_every = 10  # every N steps, a few completions with their rewards to samples.jsonl
 verbose = False  # numbered per-stage lines with elapsed time and memory
 # checkpoints and guards
 save_every = 50  # checkpoint every N steps (also on SIGINT/SIGTERM and at the end)
 keep_last = 2  # checkpoints kept on disk
 export_hf = True  # also write out_dir/hf/ (HF snapshot of the latest weights) at each checkpoint
-export_dtype = ''  # the HF snapshot's weights: '' = as trained (float32), 'bfloat16' (half the disk)
+export_dtype = ''  # the HF snapshot's weights: '' = as trained (float32), or 'bfloat16'
 export_every = 0  # also checkpoint and keep out_dir/hf_{step:07d}/ every N steps (0 = off)
 wandb_log = False  # also send every metrics.jsonl row to Weights & Biases (pip install wandb)
 wandb_project = 'grpo'  # its project
 wandb_run_name = ''  # its run name ('' = wandb's); a resumed run continues the same wandb run
-nan_patience = 3  # non-finite loss/grad this many steps in a row -> roll back to the last checkpoint
+nan_patience = 3  # non-finite loss/grad this many steps in a row -> roll back to a checkpoint
 rollback_lr_scale = 0.5  # LR multiplier applied at each rollback
 max_rollbacks = 2  # more rollbacks than this -> stop with a diagnosis
 kl_warn = 0.5  # warn when the per-token KL to the reference exceeds this
 kl_max = 2.0  # above this: roll back or stop (on_kl_max); only measured when beta > 0
 on_kl_max = 'rollback'  # 'rollback' or 'stop'
-zero_reward_patience = 20  # reward mean exactly 0 (or all rewards failing) this many steps in a row -> stop
+zero_reward_patience = 20  # reward mean exactly 0 (or every reward failing) this many steps -> stop
 watchdog_s = 1800.0  # no progress for this long -> dump every thread's stack (0 = off)
 watchdog_exit = False  # after the dump: False = keep waiting, True = exit (code 4)
 plot_every = 10  # redraw curves.png every N steps (and at the end)
 fault_nan_steps = []  # testing: steps whose loss is made NaN
-fault_stall_step = -1  # testing: step that sleeps fault_stall_s before its update (trips the watchdog)
+fault_stall_step = -1  # testing: step that sleeps fault_stall_s before its update (the watchdog)
 fault_stall_s = 0.0  # testing: length of that stall
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32)
 compile = False  # torch.compile the training forward
-compile_decode = False  # torch.compile the sampler's prefill and decode step (sample.decode_forward)
+compile_decode = False  # torch.compile the sampler's prefill and decode step (sample.py)
 grad_checkpoint = False  # recompute activations in backward (long completions)
 lora_rank = 0  # LoRA adapter rank, base frozen (0 = off); 32 is a common start, with ~10x the lr
 lora_alpha = 64.0  # adapter scale = lora_alpha / lora_rank (peft's convention)
 lora_dropout = 0.0  # dropout on the adapters' input, in the gradient forward only
-lora_targets = 'all-linear'  # every linear layer of the blocks, or HF names: 'q_proj,v_proj' (GPT-2: 'c_attn')
+lora_targets = 'all-linear'  # all the blocks' linear layers, or HF names: 'q_proj,v_proj'
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2)
 seed = 1337  # data order, sampling and init: the whole run is a function of it
 # -----------------------------------------------------------------------------
@@ -144,7 +148,8 @@ import metrics  # noqa: E402
 import safety  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
 from batch import pad_micro_batches, train_rows  # noqa: E402
-from checkpoint import load_newest_everywhere, load_state, reference_model, resume_run, save_run  # noqa: E402
+from checkpoint import load_newest_everywhere, load_state  # noqa: E402
+from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
 from loss import group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
@@ -153,8 +158,8 @@ from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, generate, sampler_model  # noqa: E402
 from sft import warm_start  # noqa: E402
 
-# ----------------------------------------------------------------------------- checks and setup
-error = safety.bad_knob(config) or lora.bad_knob(config)  # a typo'd choice fails here, not in the loop
+# ------------------------------------------------------------------------- checks and setup
+error = safety.bad_knob(config) or lora.bad_knob(config)  # a typo fails here, not in the loop
 if error is not None:
     die(error, 2)
 task_mod = tasks.resolve(task)
@@ -183,7 +188,7 @@ if master:
 torch.manual_seed(seed)
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 
-# ----------------------------------------------------------------------------- data
+# ------------------------------------------------------------------------- data
 try:
     train_set = task_mod.load('train', data_dir=data_dir, seed=seed)
     test_set = task_mod.load('test', data_dir=data_dir, seed=seed)
@@ -193,25 +198,28 @@ eval_set = test_set[:eval_examples] if eval_examples > 0 else test_set
 print(f"task: {task}, {len(train_set)} train / {len(eval_set)} eval problems")
 
 
-def prompts_for(examples):  # token ids of each example's prompt (the task's messages, chat template)
+def prompts_for(examples):  # token ids of each example's prompt (its messages, chat template)
     return encode_prompts(tok, task_mod, examples, system_prompt, instruction)
 
 
-# ----------------------------------------------------------------------------- model
-shape = dict(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd, max_seq_len=max_seq_len)
+# ------------------------------------------------------------------------- model
+shape = dict(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd,
+             max_seq_len=max_seq_len)
 try:
     model, tok = load_model(init_from, torch.float32, device, seed, **shape)
     # LoRA (lora_rank > 0): the base frozen, adapters added; otherwise nothing changes
-    lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets, seed=seed)
+    lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets,
+               seed=seed)
 except (ValueError, OSError) as e:
     die(str(e))
 model.grad_checkpoint = grad_checkpoint
 model.packed_attention = packed_attention
-print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on {device}")
+print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on "
+      f"{device}")
 # the sampler: the model itself in fp32, else a low-precision copy (LoRA: of the merged weights),
 # refreshed after every update
 gen_model, sync_gen_model = sampler_model(model, ptdtype, fsdp)
-train_model = wrap(model, device, fsdp, compile)  # DDP / FSDP / torch.compile as asked; else the model
+train_model = wrap(model, device, fsdp, compile)  # DDP / FSDP / torch.compile as asked
 step_share = share_prompt is True  # this step's layout (share_prompt='auto': chosen each step)
 
 
@@ -234,11 +242,12 @@ def lr_at(step, peak, total, warmup):  # linear warmup, then cosine down to peak
     return peak * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-# ----------------------------------------------------------------------------- resume or start fresh
+# ------------------------------------------------------------------------- resume or start fresh
 step, cursor, lr_scale, rollbacks = 0, 0, 1.0, 0  # cursor: where the next step's prompts start
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
-state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config, resume_changed=resume_changed)
+state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
+                   resume_changed=resume_changed)
 if state is not None:  # None: a fresh start
     step, cursor = state['step'], state['cursor']
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
@@ -249,8 +258,8 @@ def save(step_done):
     """checkpoint.py: atomic, finite weights only, rank 0 writes; with the HF export."""
     run_state = {'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks, 'guards': guards,
                  'ref_source': init_from}
-    return save_run(out_dir, step_done, model, optimizer, fsdp, master, keep_last=keep_last, run_state=run_state,
-                    tok=tok if export_hf else None, config=config,
+    return save_run(out_dir, step_done, model, optimizer, fsdp, master, keep_last=keep_last,
+                    run_state=run_state, tok=tok if export_hf else None, config=config,
                     export_dtype=getattr(torch, export_dtype or 'float32'),
                     keep_export=export_every > 0 and step_done % export_every == 0)
 
@@ -268,7 +277,8 @@ def run_eval(at_step):
                  max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
                  compile=compile_decode, progress=verbose and master)
     if ddp:  # the task's own metrics are rank 0's share's
-        n, hits, trunc = all_reduce([s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']], device)
+        counts = [s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']]
+        n, hits, trunc = all_reduce(counts, device)
         s = {**s, 'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
     print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f} on {s['n']} problems "
           f"({time.time() - t:.1f}s)", flush=True)
@@ -277,7 +287,7 @@ def run_eval(at_step):
     return out
 
 
-# ----------------------------------------------------------------------------- supervised warm start
+# ------------------------------------------------------------------------- supervised warm start
 def sft_rows(examples):  # (prompt, reference solution) rows
     rows = []
     for prompt, ex in zip(prompts_for(examples), examples):
@@ -294,12 +304,12 @@ def sft_lr_at(it):
 
 
 if state is None and sft_steps > 0:
-    warm_start(model, sft_logprobs, optimizer, train_set, sft_rows, steps=sft_steps, batch_size=sft_batch_size,
-               seed=seed + 1, lr_at=sft_lr_at)
+    warm_start(model, sft_logprobs, optimizer, train_set, sft_rows, steps=sft_steps,
+               batch_size=sft_batch_size, seed=seed + 1, lr_at=sft_lr_at)
     sync_gen_model()
 
 
-# ----------------------------------------------------------------------------- KL reference (beta > 0)
+# ------------------------------------------------------------------------- KL reference (beta > 0)
 def initial_model():  # init_from's weights: a resumed run's reference when its start kept none
     return load_model(init_from, torch.float32, 'cpu', seed, **shape)[0]
 
@@ -310,9 +320,11 @@ ref_model = None
 if beta != 0 and lora_rank:
     ref_model = train_model
 elif beta != 0:
-    ref_model = reference_model(gen_model if fsdp else model, ptdtype, os.path.join(out_dir, 'ref.pt'),
-                                resumed=state is not None, master=master, device=device,
-                                initial=None if sft_steps else initial_model)
+    policy = gen_model if fsdp else model  # FSDP: the sampler holds the whole weights
+    ref_path = os.path.join(out_dir, 'ref.pt')
+    initial = None if sft_steps else initial_model  # a warm start cannot be rebuilt from init_from
+    ref_model = reference_model(policy, ptdtype, ref_path, resumed=state is not None, master=master,
+                                device=device, initial=initial)
 if state is None:
     row = {'step': 0}
     if eval_every > 0:
@@ -332,9 +344,10 @@ def reduce_across_ranks(values, op):
     return all_reduce(values, device, op)
 
 
-# ----------------------------------------------------------------------------- GRPO
+# ------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
-print(metrics.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode), flush=True)
+print(metrics.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode),
+      flush=True)
 
 
 def rollout(examples, first, step, timing):
@@ -346,19 +359,20 @@ def rollout(examples, first, step, timing):
     mine = range(lo, hi)
     prompts = prompts_for(examples)
     t = time.time()
+    show_progress = master and (step == 0 or verbose)
     comps = generate(gen_model, tok, [prompts[i - first] for i in mine], G, max_new_tokens,
                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed * 100_003 + step,
-                     prompt_index=mine, compile=compile_decode, progress=master and (step == 0 or verbose),
+                     prompt_index=mine, compile=compile_decode, progress=show_progress,
                      on_step=heartbeat)
     timing['gen'] = timing.get('gen', 0.0) + time.time() - t
     t = time.time()
     texts = [c['text'] for c in comps]
     graded = [examples[c['prompt_idx'] - first] for c in comps]
-    extra = [{'n_tokens': len(c['ids']), 'truncated': c['truncated'], 'max_new_tokens': max_new_tokens}
-             for c in comps]
+    extra = [{'n_tokens': len(c['ids']), 'truncated': c['truncated'],
+              'max_new_tokens': max_new_tokens} for c in comps]
     sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra)
     timing['reward'] = timing.get('reward', 0.0) + time.time() - t
-    comps, sc = gather_step(comps, sc)  # torchrun: every rank's completions and rewards on every rank
+    comps, sc = gather_step(comps, sc)  # torchrun: every rank's completions and rewards on each
     return prompts, mine, comps, sc
 
 
@@ -399,10 +413,12 @@ while step < max_steps:
     else:
         kept = list(range(P))
     adv, zero_std = group_advantages(r_all[kept], scale_rewards, adv_eps)
-    skip_zero_std = filter_zero_std and not (beta or entropy_coef)  # else their KL/entropy gradient counts
-    rows, n_tok, n_seq, (n_trained, t_trained) = train_rows(comps, adv, zero_std, prompts, owned, kept,
-                                                            filter_zero_std=skip_zero_std,
-                                                            mask_truncated=mask_truncated)
+    # groups of equal rewards have a gradient only through a KL or entropy term
+    skip_zero_std = filter_zero_std and not (beta or entropy_coef)
+    rows, n_tok, n_seq, trained = train_rows(comps, adv, zero_std, prompts, owned, kept,
+                                             filter_zero_std=skip_zero_std,
+                                             mask_truncated=mask_truncated)
+    n_trained, t_trained = trained  # rows and tokens trained on, over every rank
     if share_prompt == 'auto':
         step_share = choose_share_prompt(rows, model.config, model.packed_kind())
     else:
@@ -425,7 +441,8 @@ while step < max_steps:
             with lora.disabled(model):  # LoRA: the reference is the base; a no-op otherwise
                 ref_lp = [logprobs(ref_model, mb)[0].float() for mb in micro]
     timing['ref'] = time.time() - t
-    gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]  # sampler's
+    # the sampler's log-probs of the same tokens
+    gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]
     mark("old/ref log-probs computed")
 
     # 5. policy-gradient update: each micro-batch adds its share of the step's loss, so the gradient
@@ -454,19 +471,25 @@ while step < max_steps:
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
             seq_adv = torch.tensor([rw['adv'] for rw in mb], device=logp.device)
             A = torch.repeat_interleave(seq_adv, lens)  # each token its sequence's advantage
-            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens) * (j < n_real)  # padding: 0
+            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens)
+            w = w * (j < n_real)  # padding passes weigh 0
             old = old_lp[j] if old_lp is not None else logp.detach()
             gen = gen_lp[j]
-            isw = tis_weights(old, gen, lens, tis, tis_cap) if tis else None  # (weights, above the cap)
-            loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high, loss_type=loss_type,
-                                   ref_logp=ref_lp[j] if ref_lp is not None else None, beta=beta_now,
+            isw = None  # tis: (weights, above the cap)
+            if tis:
+                isw = tis_weights(old, gen, lens, tis, tis_cap)
+            ref = ref_lp[j] if ref_lp is not None else None
+            loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
+                                   loss_type=loss_type, ref_logp=ref, beta=beta_now,
                                    kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
                                    entropy_coef=entropy_coef, is_weight=isw[0] if isw else None)
             if nan_loss:
                 loss = loss * float('nan')
-            (loss * world).backward()  # DDP/FSDP average the ranks' gradients: the step's is their sum
+            # DDP/FSDP average the ranks' gradients; the step's gradient is their sum
+            (loss * world).backward()
             if j < n_real and it == 0:
-                metrics.add_rollout(first, loss, st, w, logp, ent, gen_logp=gen, is_weight=isw, n_tokens=t_trained)
+                metrics.add_rollout(first, loss, st, w, logp, ent, gen_logp=gen, is_weight=isw,
+                                    n_tokens=t_trained)
             elif j < n_real and it == num_iterations - 1:
                 metrics.add_moved(last, st, logp, old, t_trained)
         if ddp and it == 0:  # each rank summed its own tokens' shares
@@ -492,7 +515,9 @@ while step < max_steps:
     m = {'step': step, 'lr': lr_now}
     m.update(metrics.rollout_metrics(r_all, zero_all, sc, comps, prompts, timing))
     if dynamic_sampling:
-        m.update({'dynamic/prompts': len(batch), 'dynamic/rounds': rnd + 1, 'dynamic/groups_short': P - len(kept)})
+        m['dynamic/prompts'] = len(batch)
+        m['dynamic/rounds'] = rnd + 1
+        m['dynamic/groups_short'] = P - len(kept)
     m.update(metrics.metrics_of(first))
     m['grad_norm'] = grad_norm
     if num_iterations > 1 and not skipped:
@@ -509,42 +534,52 @@ while step < max_steps:
                                   nan_patience=nan_patience, kl_max=kl_max if has_kl else None)
     if action and action[0] == 'kl' and on_kl_max == 'stop':
         log_metrics({**m, 'guard/kl_stop': 1})
-        safety.stop(action[1] + "; lower lr, raise beta, or raise kl_max if this KL is expected", master)
-    m.update({'guard/nan_streak': guards['nan_streak'], 'guard/zero_reward_streak': guards['zero_streak'],
-              'guard/rollbacks': rollbacks, 'guard/skipped_update': int(skipped or not finite)})
+        safety.stop(action[1] + "; lower lr, raise beta, or raise kl_max if this KL is expected",
+                    master)
+    m['guard/nan_streak'] = guards['nan_streak']
+    m['guard/zero_reward_streak'] = guards['zero_streak']
+    m['guard/rollbacks'] = rollbacks
+    m['guard/skipped_update'] = int(skipped or not finite)
     log_metrics(m)
     print(metrics.step_line(m), flush=True)
     if master and log_samples_every > 0 and step % log_samples_every == 0:
-        metrics.log_samples(os.path.join(out_dir, 'samples.jsonl'), step, comps, batch, prompts, sc['total'],
-                            tok=tok, task=task_mod)
+        samples_path = os.path.join(out_dir, 'samples.jsonl')
+        metrics.log_samples(samples_path, step, comps, batch, prompts, sc['total'], tok=tok,
+                            task=task_mod)
     if guards['zero_streak'] >= zero_reward_patience:
         safety.stop(safety.zero_reward_report(guards, sc, zero_reward_patience), master)
-    if action is not None:  # roll back to the newest checkpoint, at a lower learning rate, with new data
+    # roll back to the newest checkpoint, at a lower learning rate, and go on with new data
+    if action is not None:
         rollbacks += 1
         lr_scale *= rollback_lr_scale
         guards['nan_streak'] = 0
         if rollbacks > max_rollbacks:
-            safety.stop(f"{action[1]}; already rolled back {max_rollbacks} times (max_rollbacks). Lower lr, "
-                        "check the data and the reward; the last good checkpoint is in out_dir.", master)
+            safety.stop(f"{action[1]}; already rolled back {max_rollbacks} times (max_rollbacks). "
+                        "Lower lr, check the data and the reward; the last good checkpoint is in "
+                        "out_dir.", master)
         path, good = load_newest_everywhere(out_dir, master)
         load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
         sync_gen_model()
-        print(f"guard: {action[1]} -> rolled back to {path} (step {good['step']}); lr scale now {lr_scale} "
-              f"(rollback {rollbacks}/{max_rollbacks}); continuing with new data", flush=True)
+        print(f"guard: {action[1]} -> rolled back to {path} (step {good['step']}); lr scale now "
+              f"{lr_scale} (rollback {rollbacks}/{max_rollbacks}); continuing with new data",
+              flush=True)
         continue
 
     # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
     last_progress[0] = time.time()
-    stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0  # a signal to any rank stops all
+    # a signal to any rank stops them all, here
+    stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0
     due = stopping or step % save_every == 0 or step == max_steps
     due = due or bool(export_every and step % export_every == 0)  # export_every: kept exports
-    if due and guards['nan_streak'] == 0:  # a rollback must not return to the weights that caused it
+    # never inside a non-finite streak: a rollback must not return to the weights that caused it
+    if due and guards['nan_streak'] == 0:
         save(step)
     if master and plot_every > 0 and (step % plot_every == 0 or step == max_steps):
         plot_metrics(metrics_path, os.path.join(out_dir, 'curves.png'))
     if stopping:
         sig = stop_signal[0] if stop_signal else int(signal.SIGTERM)
-        print(f"signal {sig}: checkpoint saved at step {step}; exiting. Rerun the same command to resume.")
+        print(f"signal {sig}: checkpoint saved at step {step}; exiting. Rerun the same command to "
+              "resume.")
         finish(128 + sig)
 print(f"done: {step} steps. metrics: {metrics_path}, curves: {os.path.join(out_dir, 'curves.png')}")
 finish(0)

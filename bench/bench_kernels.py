@@ -9,16 +9,21 @@ on the same inputs, in one run.
   sampler, temperature + top-p:
     ours            sample_tokens (Triton on GPU; on CPU the torch reference path)
     torch_sort      sort-based top-p as in HF/TRL: sort, softmax, cumsum, mask, multinomial
-  packed-group attention (--attention=1), Qwen2.5-0.5B's heads (14 query, 2 key/value, head_dim 64), --attn_shape
-  groups x (prompt + G completions): forward, and forward+backward on GPU (CPU FlexAttention has no backward):
-    flex            the packed rows through FlexAttention with the block mask (model.packed_mask / model.flex)
-    sdpa_dense      the packed rows through SDPA with the dense (B, 1, T, T) mask, K/V repeated (the fallback)
-    rows            one row per completion (prompt + completion), SDPA causal with GQA (share_prompt=False)
+  packed-group attention (--attention=1), Qwen2.5-0.5B's heads (14 query, 2 key/value, head_dim
+  64), --attn_shape groups x (prompt + G completions): forward, and forward+backward on GPU (CPU
+  FlexAttention has no backward):
+    flex            the packed rows through FlexAttention with the block mask
+                    (model.packed_mask / model.flex)
+    sdpa_dense      the packed rows through SDPA with the dense (B, 1, T, T) mask, K/V repeated
+                    (the fallback)
+    rows            one row per completion (prompt + completion), SDPA causal with GQA
+                    (share_prompt=False)
     and the time to build each mask from the segment ids on the device
 
-On a GPU it also reports the fraction of peak HBM bandwidth the log-prob kernel reaches. The last line
-printed is JSON. Usage: python bench/bench_kernels.py [--tokens=N] [--vocab=V] [--dtype=bfloat16] [--rows=B] [--attention=0|1]
-                                     [--attn_shape=groups,prompt,G,completion]
+On a GPU it also reports the fraction of peak HBM bandwidth the log-prob kernel reaches. The last
+line printed is JSON. Usage:
+    python bench/bench_kernels.py [--tokens=N] [--vocab=V] [--dtype=bfloat16] [--rows=B]
+                                  [--attention=0|1] [--attn_shape=groups,prompt,G,completion]
 """
 import argparse
 import ctypes
@@ -39,21 +44,26 @@ from sample_kernels import sample_tokens  # noqa: E402
 
 GPU = torch.cuda.is_available()
 parser = argparse.ArgumentParser()
-parser.add_argument('--tokens', type=int, default=8 * 1024 if GPU else 2048)  # rows of logits (batch x seq)
+# rows of logits (batch x seq)
+parser.add_argument('--tokens', type=int, default=8 * 1024 if GPU else 2048)
 parser.add_argument('--vocab', type=int, default=151_936 if GPU else 32_768)  # Qwen2's vocab on GPU
 parser.add_argument('--dtype', default='bfloat16' if GPU else 'float32')  # logits dtype
 parser.add_argument('--rows', type=int, default=256 if GPU else 64)  # sampler batch
 parser.add_argument('--temperature', type=float, default=1.0)
 parser.add_argument('--top_p', type=float, default=0.9)
-parser.add_argument('--reps', type=int, default=3)  # CPU timing repeats (GPU uses triton.testing.do_bench)
+# CPU timing repeats (GPU uses triton.testing.do_bench)
+parser.add_argument('--reps', type=int, default=3)
 parser.add_argument('--peak_gbps', type=float, default=0.0)  # HBM peak; 0 = look the GPU up
-parser.add_argument('--attention', type=int, default=1)  # also time packed-group attention (flex / sdpa / rows)
-parser.add_argument('--attn_shape', default='4,380,8,300' if GPU else '2,100,4,60')  # groups, prompt, G, completion
+# also time packed-group attention (flex / sdpa / rows)
+parser.add_argument('--attention', type=int, default=1)
+# groups, prompt, G, completion
+parser.add_argument('--attn_shape', default='4,380,8,300' if GPU else '2,100,4,60')
 args = parser.parse_args()
 device = 'cuda' if GPU else 'cpu'
 dtype = getattr(torch, args.dtype)
 
-if not GPU:  # large frees go straight back to the OS, so the resident-set high-water mark measures peak use
+# large frees go straight back to the OS, so the resident-set high-water mark measures peak use
+if not GPU:
     try:
         ctypes.CDLL('libc.so.6').mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB, fixed
     except OSError:
@@ -99,7 +109,8 @@ def peak_hbm_gbps():
     if args.peak_gbps:
         return args.peak_gbps
     p = torch.cuda.get_device_properties(0)
-    clock, bus = getattr(p, 'memory_clock_rate', 0), getattr(p, 'memory_bus_width', 0)  # kHz, bits
+    clock = getattr(p, 'memory_clock_rate', 0)  # kHz
+    bus = getattr(p, 'memory_bus_width', 0)  # bits
     if clock and bus:
         return 2 * clock * 1e3 * bus / 8 / 1e9
     table = {'H200': 4800, 'H100 PCIe': 2000, 'H100': 3350, 'A100-SXM4-80GB': 2039, 'A100': 1555}
@@ -127,40 +138,48 @@ def trl_loop(x):  # TRL's selective_log_softmax: per-row log_softmax to bound pe
     return torch.stack([torch.log_softmax(r.float() / T, -1)[t] for r, t in zip(x, targets)]), None
 
 
-def fwd(method):
+def fwd(method, x):
     def run():
         with torch.no_grad():
-            method(logits)
+            method(x)
     return run
+
+
+def fwd_bwd(method, x):
+    def run():
+        x.grad = None
+        lp, ent = method(x)
+        (lp.sum() + (ent.sum() if ent is not None else 0)).backward()
+        x.grad = None
+    return run
+
+
+def summary(ms, peak):
+    return {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
+
+
+def time_logprob(name, mode, run):
+    ms, peak = measure(run)
+    results[f'{name}_{mode}'] = summary(ms, peak)
+    print(f'logprob {name:12s} {mode:8s} {ms:9.3f} ms  peak {peak} MiB', flush=True)
 
 
 x_grad = logits.clone().requires_grad_()
-
-
-def fwd_bwd(method):
-    def run():
-        x_grad.grad = None
-        lp, ent = method(x_grad)
-        (lp.sum() + (ent.sum() if ent is not None else 0)).backward()
-        x_grad.grad = None
-    return run
-
-
 results = {}
 for name, method in [('ours', ours), ('log_softmax', log_softmax_gather), ('trl_loop', trl_loop)]:
-    for mode, wrap in [('fwd', fwd), ('fwd_bwd', fwd_bwd)]:
-        ms, peak = measure(wrap(method))
-        results[f'{name}_{mode}'] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
-        print(f'logprob {name:12s} {mode:8s} {ms:9.3f} ms  peak {peak} MiB', flush=True)
+    time_logprob(name, 'fwd', fwd(method, logits))
+    time_logprob(name, 'fwd_bwd', fwd_bwd(method, x_grad))
 with torch.no_grad():
     (lp, ent), (ref_lp, ref_ent) = ours(logits), log_softmax_gather(logits)
 results['max_abs_diff_vs_log_softmax'] = {'logp': (lp - ref_lp).abs().max().item(),
                                           'entropy': (ent - ref_ent).abs().max().item()}
-if GPU:  # the kernel's floor is reading the logits once (forward) or twice and writing dlogits once
+# the kernel's floor is reading the logits once (forward) or twice and writing dlogits once
+if GPU:
     bw, nbytes = peak_hbm_gbps(), N * V * logits.element_size()
     for mode, passes in [('fwd', 1), ('fwd_bwd', 3)]:
         gbps = passes * nbytes / (results[f'ours_{mode}']['ms'] * 1e-3) / 1e9
-        results[f'ours_{mode}'].update(gbps=round(gbps, 1), hbm_frac=round(gbps / bw, 3) if bw else None)
+        hbm_frac = round(gbps / bw, 3) if bw else None
+        results[f'ours_{mode}'].update(gbps=round(gbps, 1), hbm_frac=hbm_frac)
 del logits, x_grad
 
 # ----------------------------------------------------------------------------- sampler
@@ -181,45 +200,57 @@ def torch_sort_sample():  # the usual top-p: full sort of every row
     sorted_z = sorted_z.masked_fill(drop, float('-inf'))
     z = torch.empty_like(z).scatter_(-1, order, sorted_z)
     ids = torch.multinomial(z.softmax(-1), 1).squeeze(-1)
-    return ids, torch.log_softmax(s_logits.float() / T, -1).gather(-1, ids[:, None]).squeeze(-1)
+    logp = torch.log_softmax(s_logits.float() / T, -1).gather(-1, ids[:, None]).squeeze(-1)
+    return ids, logp
 
 
 sampler = {}
 for name, fn in [('ours', ours_sample), ('torch_sort', torch_sort_sample)]:
     ms, peak = measure(fn)
-    sampler[name] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
+    sampler[name] = summary(ms, peak)
     print(f'sampler {name:12s} {ms:9.3f} ms  peak {peak} MiB', flush=True)
 sampler['speedup_vs_sort'] = round(sampler['torch_sort']['ms'] / sampler['ours']['ms'], 2)
 
 
-# ----------------------------------------------------------------------------- packed-group attention
+# ----------------------------------------------------------------------------- packed attention
 def packed_attention():
     """Forward (and on GPU forward+backward) ms of one attention layer over a step's packed groups,
     three ways."""
     n_groups, P, G, C = (int(v) for v in args.attn_shape.split(','))
     nh, nkv, hd = 14, 2, 64
     T = P + G * (C - 1)  # pack_groups: the prompt, then each completion less its last token
-    seg = torch.cat([torch.zeros(P, dtype=torch.long)] + [torch.full((C - 1,), s) for s in range(1, G + 1)])
+    completions = [torch.full((C - 1,), s) for s in range(1, G + 1)]
+    seg = torch.cat([torch.zeros(P, dtype=torch.long)] + completions)
     seg = seg.repeat(n_groups, 1).to(device)
     adt = dtype if GPU else torch.float32
 
     def qkv(B, L):
-        return [(0.5 * torch.randn(B, h, L, hd, device=device, generator=g)).to(adt).requires_grad_(GPU)
-                for h in (nh, nkv, nkv)]
+        out = []
+        for h in (nh, nkv, nkv):
+            x = 0.5 * torch.randn(B, h, L, hd, device=device, generator=g)
+            out.append(x.to(adt).requires_grad_(GPU))
+        return out
 
-    res = {'groups': n_groups, 'prompt': P, 'G': G, 'completion': C, 'packed_T': T, 'heads': [nh, nkv, hd],
-           'dtype': str(adt).replace('torch.', '')}
+    res = {'groups': n_groups, 'prompt': P, 'G': G, 'completion': C, 'packed_T': T,
+           'heads': [nh, nkv, hd], 'dtype': str(adt).replace('torch.', '')}
     packed, rows = qkv(n_groups, T), qkv(n_groups * G, P + C - 1)
     dense = M.packed_mask(seg, 'sdpa')
     ms, _ = measure(lambda: M.packed_mask(seg, 'sdpa'))
     res['mask_sdpa_build_ms'] = round(ms, 3)
-    methods = {'sdpa_dense': (lambda q, k, v: F.scaled_dot_product_attention(
-        q, k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1), attn_mask=dense), packed),
-        'rows': (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), rows)}
+
+    def sdpa_dense(q, k, v):
+        k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+
+    def per_row(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    methods = {'sdpa_dense': (sdpa_dense, packed), 'rows': (per_row, rows)}
     if M.flex_attention is not None:
         t = time.perf_counter()
         bm = M.packed_mask(seg, 'flex')
-        res['mask_flex_first_build_s'] = round(time.perf_counter() - t, 2)  # (CUDA: includes compiling it)
+        # (CUDA: includes compiling it)
+        res['mask_flex_first_build_s'] = round(time.perf_counter() - t, 2)
         ms, _ = measure(lambda: M.packed_mask(seg, 'flex'))
         res['mask_flex_build_ms'] = round(ms, 3)
         res['flex_blocks_kept_frac'] = round(float(bm.to_dense().float().mean()), 4)
@@ -227,7 +258,10 @@ def packed_attention():
         with torch.no_grad():
             M.flex(*packed, bm, True)
         res['flex_first_call_s'] = round(time.perf_counter() - t, 2)  # compiling the kernel
-        methods = {'flex': (lambda q, k, v: M.flex(q, k, v, bm, True), packed), **methods}
+
+        def flex(q, k, v):
+            return M.flex(q, k, v, bm, True)
+        methods = {'flex': (flex, packed), **methods}
     else:
         res['flex'] = f'torch {torch.__version__} has no FlexAttention'
     for name, (fn, inputs) in methods.items():
@@ -235,20 +269,24 @@ def packed_attention():
             with torch.no_grad():
                 fn(*inputs)
         ms, peak = measure(fwd)
-        res[f'{name}_fwd'] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
+        res[f'{name}_fwd'] = summary(ms, peak)
         if GPU:
             def fwd_bwd():
                 for x in inputs:
                     x.grad = None
                 fn(*inputs).float().sum().backward()
             ms, peak = measure(fwd_bwd)
-            res[f'{name}_fwd_bwd'] = {'ms': round(ms, 3), 'peak_mib': None if peak is None else round(peak, 1)}
-        print(f"attention {name:10s} fwd {res[f'{name}_fwd']['ms']:9.3f} ms"
-              + (f"  fwd+bwd {res[f'{name}_fwd_bwd']['ms']:9.3f} ms" if GPU else ''), flush=True)
-    with torch.no_grad():  # the same outputs, flex vs dense (packed layout), as a check that both ran the same mask
+            res[f'{name}_fwd_bwd'] = summary(ms, peak)
+        line = f"attention {name:10s} fwd {res[f'{name}_fwd']['ms']:9.3f} ms"
+        if GPU:
+            line += f"  fwd+bwd {res[f'{name}_fwd_bwd']['ms']:9.3f} ms"
+        print(line, flush=True)
+    # the same outputs, flex vs dense (packed layout), as a check that both ran the same mask
+    with torch.no_grad():
         if 'flex' in methods:
             ref = methods['sdpa_dense'][0](*packed).float()
-            res['flex_vs_sdpa_max_abs_diff'] = (methods['flex'][0](*packed).float() - ref).abs().max().item()
+            diff = (methods['flex'][0](*packed).float() - ref).abs().max().item()
+            res['flex_vs_sdpa_max_abs_diff'] = diff
     return res
 
 
@@ -256,7 +294,8 @@ attention = packed_attention() if args.attention else None
 
 out = {
     'device': torch.cuda.get_device_name(0) if GPU else 'cpu',
-    'note': 'GPU: Triton kernels' if GPU else 'no GPU: torch paths only (ours = the torch reference path, not Triton)',
+    'note': ('GPU: Triton kernels' if GPU else
+             'no GPU: torch paths only (ours = the torch reference path, not Triton)'),
     'peak_mib_means': ('torch.cuda.max_memory_allocated above baseline' if GPU else
                        'process RSS high-water mark above baseline'),
     'logprob': {'tokens': N, 'vocab': V, 'dtype': args.dtype, 'temperature': T, **results},

@@ -11,17 +11,21 @@ and loaded into ours with hf.from_pretrained. Prompts are random bytes of differ
 takes them as they are (per-row lengths), transformers left-padded with an attention mask. The
 greedy tokens of the two are compared to show that the work is the same.
 
-  CPU: tiny Qwen2 (hidden 128, 4 layers, 4/2 heads, vocab 260) in fp32, batch 32 x 64 new tokens, 2 threads.
-  GPU: Qwen2.5-0.5B's exact shape, random init, bf16, batch 64 x 256 new tokens, and the fraction of the HBM
-       roofline: every forward reads all weights and the KV cache held at that step; bytes over time over peak.
+  CPU: tiny Qwen2 (hidden 128, 4 layers, 4/2 heads, vocab 260) in fp32, batch 32 x 64 new tokens,
+       2 threads.
+  GPU: Qwen2.5-0.5B's exact shape, random init, bf16, batch 64 x 256 new tokens, and the fraction
+       of the HBM roofline: every forward reads all weights and the KV cache held at that step;
+       bytes over time over peak.
 
 Ours runs twice: eager, and with compile=True (prefill and decode steps through torch.compile; its
 first call, the warm-up, compiles and is reported as compile_s). Timed runs alternate ours / ours
 compiled / transformers so a change in machine load hits all three. On CPU the process CPU time is
 reported next to wall time: on a shared machine it is the steadier of the two.
 
-Usage: python bench/bench_sample.py [--batch=B] [--new_tokens=N] [--prompt_len=L] [--reps=R] [--threads=T]
-                                   [--gen_kwargs='{"compact": false}']   (passed on to sample.generate)
+Usage: python bench/bench_sample.py [--batch=B] [--new_tokens=N] [--prompt_len=L] [--reps=R]
+                                   [--threads=T]
+                                   [--gen_kwargs='{"compact": false}']   (passed on to
+                                                                          sample.generate)
                                    [--compile=0]   (leave out the compiled run)
 The last line printed is JSON.
 """
@@ -43,20 +47,30 @@ from tokenizer import byte_tokenizer  # noqa: E402
 
 GPU = torch.cuda.is_available()
 parser = argparse.ArgumentParser()
-parser.add_argument('--shape', default='qwen25_05b' if GPU else 'tiny')  # 'tiny' or 'qwen25_05b' (exact shape)
-parser.add_argument('--dtype', default='bfloat16' if GPU else 'float32')  # weights and activations, both sides
+# 'tiny' or 'qwen25_05b' (exact shape)
+parser.add_argument('--shape', default='qwen25_05b' if GPU else 'tiny')
+# weights and activations, both sides
+parser.add_argument('--dtype', default='bfloat16' if GPU else 'float32')
 parser.add_argument('--batch', type=int, default=64 if GPU else 32)  # prompts decoded together
-parser.add_argument('--group_size', type=int, default=1)  # samples per prompt (GRPO's G): ours prefills each prompt
-# once and shares its cache; transformers gets every prompt repeated G times, as TRL feeds it
-parser.add_argument('--prompt_len', type=int, default=40)  # mean prompt length; each is within +-20% of it
-parser.add_argument('--new_tokens', type=int, default=256 if GPU else 64)  # generated per prompt, no early stop
-parser.add_argument('--reps', type=int, default=3 if GPU else 5)  # timed runs of each after one warm-up; median
-parser.add_argument('--match_tokens', type=int, default=8)  # a row matches when its first this-many tokens agree
-parser.add_argument('--init_std', type=float, default=0.05)  # noise added to every HF-initialised parameter
+# samples per prompt (GRPO's G): ours prefills each prompt once and shares its cache; transformers
+# gets every prompt repeated G times, as TRL feeds it
+parser.add_argument('--group_size', type=int, default=1)
+# mean prompt length; each is within +-20% of it
+parser.add_argument('--prompt_len', type=int, default=40)
+# generated per prompt, no early stop
+parser.add_argument('--new_tokens', type=int, default=256 if GPU else 64)
+# timed runs of each after one warm-up; median
+parser.add_argument('--reps', type=int, default=3 if GPU else 5)
+# a row matches when its first this-many tokens agree
+parser.add_argument('--match_tokens', type=int, default=8)
+# noise added to every HF-initialised parameter
+parser.add_argument('--init_std', type=float, default=0.05)
 parser.add_argument('--threads', type=int, default=2)  # CPU threads (torch.set_num_threads)
 parser.add_argument('--seed', type=int, default=0)  # weights and prompts
-parser.add_argument('--peak_bw', type=float, default=0.0)  # HBM bytes/s; 0 = look the GPU's name up in PEAK_BW
-parser.add_argument('--gen_kwargs', type=json.loads, default={})  # extra sample.generate kwargs, a JSON object
+# HBM bytes/s; 0 = look the GPU's name up in PEAK_BW
+parser.add_argument('--peak_bw', type=float, default=0.0)
+# extra sample.generate kwargs, a JSON object
+parser.add_argument('--gen_kwargs', type=json.loads, default={})
 parser.add_argument('--compile', type=int, default=1)  # also time ours with compile=True
 args = parser.parse_args()
 device = 'cuda' if GPU else 'cpu'
@@ -73,8 +87,9 @@ def hf_config():
     if args.shape == 'qwen25_05b':
         c = M.qwen25_05b_config()
     elif args.shape == 'tiny':
-        c = M.ModelConfig(arch='qwen2', vocab_size=260, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
-                          intermediate_size=384, max_seq_len=1024, tie_word_embeddings=True)
+        c = M.ModelConfig(arch='qwen2', vocab_size=260, n_layer=4, n_head=4, n_kv_head=2,
+                          n_embd=128, intermediate_size=384, max_seq_len=1024,
+                          tie_word_embeddings=True)
     else:
         raise ValueError(f"unknown --shape {args.shape!r}: expected 'tiny' or 'qwen25_05b'")
     # no bos/eos: transformers must neither stop early nor mask eos for min_new_tokens (ours gets
@@ -92,10 +107,12 @@ def build(path):
     import transformers
     transformers.logging.set_verbosity_error()
     torch.manual_seed(args.seed)
-    hf = transformers.Qwen2ForCausalLM(hf_config())  # built and perturbed on the CPU: same weights on any device
+    # built and perturbed on the CPU: same weights on any device
+    hf = transformers.Qwen2ForCausalLM(hf_config())
     g = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
-        for p in hf.parameters():  # HF zeroes biases and sets norms to 1: make every tensor random
+        # HF zeroes biases and sets norms to 1: make every tensor random
+        for p in hf.parameters():
             p.add_(torch.randn(p.shape, generator=g) * args.init_std)
     hf = hf.to(device=device, dtype=dtype).eval()
     tok = byte_tokenizer()
@@ -111,7 +128,8 @@ def make_prompts():
     g = torch.Generator().manual_seed(args.seed + 1)
     lo, hi = max(1, args.prompt_len * 4 // 5), max(1, args.prompt_len * 6 // 5)
     lens = torch.randint(lo, hi + 1, (args.batch,), generator=g).tolist()
-    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lens]  # byte ids: no special tokens
+    # byte ids: no special tokens
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lens]
 
 
 def left_pad(prompts, pad_id):
@@ -130,8 +148,8 @@ def sync():
 
 def run_timed(fns, reps):
     """Warm each fn up once, then time reps rounds, each round running every fn once in turn.
-    -> {name: dict(wall=[s], cpu=[s], extra_gb=peak GPU memory above what was allocated at the call, out=...,
-                   warmup=s)}"""
+    -> {name: dict(wall=[s], cpu=[s], extra_gb=peak GPU memory above what was allocated at the
+                   call, out=..., warmup=s)}"""
     res = {}
     for name, fn in fns.items():
         w = time.perf_counter()
@@ -150,7 +168,8 @@ def run_timed(fns, reps):
             res[name]['wall'].append(time.perf_counter() - w)
             res[name]['cpu'].append(time.process_time() - c)
             if GPU:
-                res[name]['extra_gb'] = max(res[name]['extra_gb'], (torch.cuda.max_memory_allocated() - base) / 1e9)
+                extra = (torch.cuda.max_memory_allocated() - base) / 1e9
+                res[name]['extra_gb'] = max(res[name]['extra_gb'], extra)
     return res
 
 
@@ -176,62 +195,80 @@ def main():
         dev_name = torch.cuda.get_device_name()
     else:
         load = os.getloadavg()[0]
-        dev_name = f'cpu ({torch.get_num_threads()} threads, load average {load:.1f} on {os.cpu_count()} cores)'
-    print(f"device {dev_name}; {args.shape} Qwen2 in {args.dtype}, {ours.num_params() / 1e6:.2f}M params; "
-          f"batch {args.batch} prompts x {G} samples, prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, {N} new tokens each")
+        dev_name = (f'cpu ({torch.get_num_threads()} threads, load average {load:.1f} on '
+                    f'{os.cpu_count()} cores)')
+    lens = f"{min(map(len, prompts))}-{max(map(len, prompts))}"
+    print(f"device {dev_name}; {args.shape} Qwen2 in {args.dtype}, "
+          f"{ours.num_params() / 1e6:.2f}M params; batch {args.batch} prompts x {G} samples, "
+          f"prompts of {lens} tokens, {N} new tokens each")
     if not GPU and load > os.cpu_count() - 0.5:
-        print(f"warning: the machine is busy (load average {load:.1f}, {os.cpu_count()} cores): wall times are "
-              f"inflated, and with more than one thread each op can wait a scheduler slice for its second thread "
-              f"(try --threads=1; the CPU-time ratio is the steadier number)")
+        print(f"warning: the machine is busy (load average {load:.1f}, {os.cpu_count()} cores): "
+              f"wall times are inflated, and with more than one thread each op can wait a "
+              f"scheduler slice for its second thread (try --threads=1; the CPU-time ratio is the "
+              f"steadier number)")
 
     def run_ours(**kw):
-        return generate(ours, tok, prompts, group_size=G, max_new_tokens=N, temperature=0.0, stop_ids=[],
-                        **{**args.gen_kwargs, **kw})
+        return generate(ours, tok, prompts, group_size=G, max_new_tokens=N, temperature=0.0,
+                        stop_ids=[], **{**args.gen_kwargs, **kw})
+
+    def run_ours_compiled():
+        return run_ours(compile=True)
 
     def run_hf():
         with torch.no_grad():
-            return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=N,
-                               min_new_tokens=N, pad_token_id=tok.pad_id, eos_token_id=None)
+            return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                               max_new_tokens=N, min_new_tokens=N, pad_token_id=tok.pad_id,
+                               eos_token_id=None)
 
-    fns = {'ours': run_ours, 'ours_compiled': lambda: run_ours(compile=True), 'hf': run_hf}
+    fns = {'ours': run_ours, 'ours_compiled': run_ours_compiled, 'hf': run_hf}
     if not args.compile:
         del fns['ours_compiled']
     res = run_timed(fns, args.reps)
     ours_ids = [r['ids'] for r in res['ours']['out']]
     hf_ids = res['hf']['out'][:, ids.shape[1]:].tolist()
-    assert all(len(r) == N for r in ours_ids), 'ours stopped early: the two did not do the same work'
+    assert all(len(r) == N for r in ours_ids), (
+        'ours stopped early: the two did not do the same work')
     if args.compile:
-        same = sum(r['ids'] == a for r, a in zip(res['ours_compiled']['out'], ours_ids)) / B
+        compiled_ids = [r['ids'] for r in res['ours_compiled']['out']]
+        same = sum(c == a for c, a in zip(compiled_ids, ours_ids)) / B
         print(f"compiled vs eager: {same:.1%} of rows generate the very same tokens")
-    assert all(len(r) == N for r in hf_ids), 'transformers stopped early: the two did not do the same work'
+    assert all(len(r) == N for r in hf_ids), (
+        'transformers stopped early: the two did not do the same work')
     k = min(args.match_tokens, N)
     match_frac = sum(a[:k] == b[:k] for a, b in zip(ours_ids, hf_ids)) / B
     match_all = sum(a == b for a, b in zip(ours_ids, hf_ids)) / B
-    agree = sum(sum(x == y for x, y in zip(a, b)) for a, b in zip(ours_ids, hf_ids)) / (B * N)
+    same_positions = sum(sum(x == y for x, y in zip(a, b)) for a, b in zip(ours_ids, hf_ids))
+    agree = same_positions / (B * N)
 
     med = {n: {t: statistics.median(r[t]) for t in ('wall', 'cpu')} for n, r in res.items()}
     ours_tps, hf_tps = B * N / med['ours']['wall'], B * N / med['hf']['wall']
-    for name, label in (('ours', 'ours'), ('ours_compiled', 'ours compiled'), ('hf', 'transformers')):
+    labels = (('ours', 'ours'), ('ours_compiled', 'ours compiled'), ('hf', 'transformers'))
+    for name, label in labels:
         if name not in res:
             continue
-        print(f"{label:13s} {B * N / med[name]['wall']:9.0f} tok/s  wall {[round(t, 3) for t in res[name]['wall']]} s, "
-              f"cpu {[round(t, 3) for t in res[name]['cpu']]} s")
-    print(f"ratio {ours_tps / hf_tps:.2f}x by wall time ({med['hf']['cpu'] / med['ours']['cpu']:.2f}x by CPU time); "
-          f"greedy tokens: the first {k} agree in {match_frac:.1%} of rows, all {N} in {match_all:.1%}, "
+        walls = [round(t, 3) for t in res[name]['wall']]
+        cpus = [round(t, 3) for t in res[name]['cpu']]
+        print(f"{label:13s} {B * N / med[name]['wall']:9.0f} tok/s  wall {walls} s, cpu {cpus} s")
+    print(f"ratio {ours_tps / hf_tps:.2f}x by wall time "
+          f"({med['hf']['cpu'] / med['ours']['cpu']:.2f}x by CPU time); greedy tokens: "
+          f"the first {k} agree in {match_frac:.1%} of rows, all {N} in {match_all:.1%}, "
           f"{agree:.1%} of positions")
-    out = dict(device=dev_name, config=dict(shape=args.shape, dtype=args.dtype, n_layer=ours.config.n_layer,
-                                            n_embd=ours.config.n_embd, n_head=ours.config.n_head,
-                                            n_kv_head=ours.config.n_kv_head, vocab_size=ours.config.vocab_size,
-                                            params=ours.num_params()),
-               batch=args.batch, group_size=G, prompt_len=args.prompt_len, new_tokens=N, ours_tok_s=round(ours_tps, 1),
-               hf_tok_s=round(hf_tps, 1), ratio=round(ours_tps / hf_tps, 3), match_frac=round(match_frac, 4),
-               match_frac_all_tokens=round(match_all, 4), ours_s=round(med['ours']['wall'], 4),
-               hf_s=round(med['hf']['wall'], 4), gen_kwargs=args.gen_kwargs)
+    mc = ours.config
+    config = dict(shape=args.shape, dtype=args.dtype, n_layer=mc.n_layer, n_embd=mc.n_embd,
+                  n_head=mc.n_head, n_kv_head=mc.n_kv_head, vocab_size=mc.vocab_size,
+                  params=ours.num_params())
+    out = dict(device=dev_name, config=config, batch=args.batch, group_size=G,
+               prompt_len=args.prompt_len, new_tokens=N, ours_tok_s=round(ours_tps, 1),
+               hf_tok_s=round(hf_tps, 1), ratio=round(ours_tps / hf_tps, 3),
+               match_frac=round(match_frac, 4), match_frac_all_tokens=round(match_all, 4),
+               ours_s=round(med['ours']['wall'], 4), hf_s=round(med['hf']['wall'], 4),
+               gen_kwargs=args.gen_kwargs)
     if args.compile:
         ctps = B * N / med['ours_compiled']['wall']
         cpu_ratio = med['hf']['cpu'] / med['ours_compiled']['cpu']
         print(f"ratio {ctps / hf_tps:.2f}x compiled, by wall time ({cpu_ratio:.2f}x "
-              f"by CPU time); compile (the warm-up call) took {res['ours_compiled']['warmup']:.1f} s")
+              f"by CPU time); compile (the warm-up call) took "
+              f"{res['ours_compiled']['warmup']:.1f} s")
         out.update(ours_compiled_tok_s=round(ctps, 1), ratio_compiled=round(ctps / hf_tps, 3),
                    ours_compiled_s=round(med['ours_compiled']['wall'], 4),
                    compile_s=round(res['ours_compiled']['warmup'], 1),
@@ -239,7 +276,8 @@ def main():
     if GPU:
         cfg = ours.config
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
-        best = min((n for n in ('ours', 'ours_compiled') if n in med), key=lambda n: med[n]['wall'])
+        timed = [n for n in ('ours', 'ours_compiled') if n in med]
+        best = min(timed, key=lambda n: med[n]['wall'])
         rows = [p for p in prompts for _ in range(G)]
         achieved = decode_bytes(cfg, weight_bytes, rows, N, dtype.itemsize) / med[best]['wall']
         peak_bw = args.peak_bw or next((bw for name, bw in PEAK_BW if name in dev_name), None)
@@ -248,15 +286,18 @@ def main():
         # before it (both models sit on the GPU together, so the raw high-water mark would count the
         # other's weights too)
         hf_weights = sum(p.numel() * p.element_size() for p in hf.parameters()) / 1e9
-        peak_ours, peak_hf = weight_bytes / 1e9 + res['ours']['extra_gb'], hf_weights + res['hf']['extra_gb']
-        print(f"{best} reads {achieved / 1e9:.0f} GB/s = {'?' if roofline is None else f'{roofline:.1%}'} of peak HBM "
-              f"bandwidth; peak memory ours {peak_ours:.2f} GB, transformers {peak_hf:.2f} GB")
-        out.update(roofline_of=best, roofline_frac=None if roofline is None else round(roofline, 4),
+        peak_ours = weight_bytes / 1e9 + res['ours']['extra_gb']
+        peak_hf = hf_weights + res['hf']['extra_gb']
+        frac = '?' if roofline is None else f'{roofline:.1%}'
+        print(f"{best} reads {achieved / 1e9:.0f} GB/s = {frac} of peak HBM bandwidth; "
+              f"peak memory ours {peak_ours:.2f} GB, transformers {peak_hf:.2f} GB")
+        out.update(roofline_of=best,
+                   roofline_frac=None if roofline is None else round(roofline, 4),
                    achieved_gb_s=round(achieved / 1e9, 1), peak_bw_gb_s=peak_bw and peak_bw / 1e9,
                    peak_mem_gb=round(peak_ours, 3), hf_peak_mem_gb=round(peak_hf, 3))
     else:
-        out.update(ratio_cpu_time=round(med['hf']['cpu'] / med['ours']['cpu'], 3), threads=torch.get_num_threads(),
-                   load_avg=round(load, 2))
+        out.update(ratio_cpu_time=round(med['hf']['cpu'] / med['ours']['cpu'], 3),
+                   threads=torch.get_num_threads(), load_avg=round(load, 2))
     print(json.dumps(out))
 
 

@@ -3,9 +3,9 @@ Training-state memory of full fine-tuning vs LoRA, as train_grpo.py holds it on 
 weights (parameters), fp32 gradients of what trains, AdamW's two fp32 moments per trained parameter,
 and the sampler's bf16 copy (dtype=bfloat16: with LoRA a plain copy of the merged weights). Models
 are built on the meta device (no memory, no download) from the real config shapes written below,
-LoRA applied by lora.apply exactly as a run does, and the sampler made by sample.sampler_model; only the
-AdamW line is arithmetic (2 x 4 bytes per trained parameter). Not counted: activations, the LM
-head's tiles, the KV cache (they depend on the batch, not on the method).
+LoRA applied by lora.apply exactly as a run does, and the sampler made by sample.sampler_model;
+only the AdamW line is arithmetic (2 x 4 bytes per trained parameter). Not counted: activations,
+the LM head's tiles, the KV cache (they depend on the batch, not on the method).
 
   python bench/lora_memory.py                  # rank 32, all linear layers of the blocks
   python bench/lora_memory.py --rank=16 --targets=q_proj,v_proj
@@ -28,12 +28,13 @@ from sample import sampler_model  # noqa: E402
 
 # config.json shapes of the published checkpoints (copied here: no download)
 MODELS = {
-    'Qwen2.5-0.5B': ModelConfig(arch='qwen2', vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
-                                intermediate_size=4864, tie_word_embeddings=True),
-    'Qwen3-1.7B': ModelConfig(arch='qwen3', vocab_size=151936, n_layer=28, n_head=16, n_kv_head=8, n_embd=2048,
-                              intermediate_size=6144, head_size=128, tie_word_embeddings=True),
-    'Qwen2.5-7B': ModelConfig(arch='qwen2', vocab_size=152064, n_layer=28, n_head=28, n_kv_head=4, n_embd=3584,
-                              intermediate_size=18944, tie_word_embeddings=False),
+    'Qwen2.5-0.5B': ModelConfig(arch='qwen2', vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2,
+                                n_embd=896, intermediate_size=4864, tie_word_embeddings=True),
+    'Qwen3-1.7B': ModelConfig(arch='qwen3', vocab_size=151936, n_layer=28, n_head=16, n_kv_head=8,
+                              n_embd=2048, intermediate_size=6144, head_size=128,
+                              tie_word_embeddings=True),
+    'Qwen2.5-7B': ModelConfig(arch='qwen2', vocab_size=152064, n_layer=28, n_head=28, n_kv_head=4,
+                              n_embd=3584, intermediate_size=18944, tie_word_embeddings=False),
 }
 
 
@@ -49,9 +50,10 @@ def measure(cfg, rank, alpha, targets):
             lora.apply(model, rank, alpha, 0.0, targets, seed=0)
     trained = [p for p in model.parameters() if p.requires_grad]
     gen, _ = sampler_model(model, torch.bfloat16, fsdp=False)
-    r = dict(params=nbytes(model.parameters()), grads=nbytes(trained), adamw=2 * 4 * sum(p.numel() for p in trained),
+    n_trained = sum(p.numel() for p in trained)
+    r = dict(params=nbytes(model.parameters()), grads=nbytes(trained), adamw=2 * 4 * n_trained,
              sampler=nbytes(gen.parameters()), n_params=sum(p.numel() for p in model.parameters()),
-             n_trained=sum(p.numel() for p in trained))
+             n_trained=n_trained)
     r['total'] = r['params'] + r['grads'] + r['adamw'] + r['sampler']
     return r
 
@@ -64,15 +66,17 @@ def main():
     a = ap.parse_args()
     gib = 2 ** 30
     rows = []
-    print(f"| model | method | trained parameters | parameters (fp32) | gradients | AdamW state | sampler copy (bf16) "
-          "| total |\n|---|---|---|---|---|---|---|---|")
+    print("| model | method | trained parameters | parameters (fp32) | gradients | AdamW state | "
+          "sampler copy (bf16) | total |\n|---|---|---|---|---|---|---|---|")
     for name, cfg in MODELS.items():
         for method, rank in (('full', 0), (f'LoRA r={a.rank}', a.rank)):
             r = measure(cfg, rank, a.alpha, a.targets)
             rows.append(dict(model=name, method=method, **r))
-            print(f"| {name} | {method} | {r['n_trained'] / 1e6:,.1f}M of {r['n_params'] / 1e6:,.1f}M "
-                  f"({100 * r['n_trained'] / r['n_params']:.2f}%) | " +
-                  ' | '.join(f"{r[k] / gib:.2f} GiB" for k in ('params', 'grads', 'adamw', 'sampler')) +
+            parts = ('params', 'grads', 'adamw', 'sampler')
+            sizes = ' | '.join(f"{r[k] / gib:.2f} GiB" for k in parts)
+            trained = f"{r['n_trained'] / 1e6:,.1f}M of {r['n_params'] / 1e6:,.1f}M"
+            print(f"| {name} | {method} | {trained} "
+                  f"({100 * r['n_trained'] / r['n_params']:.2f}%) | " + sizes +
                   f" | **{r['total'] / gib:.1f} GiB** |")
     print(json.dumps({'rank': a.rank, 'targets': a.targets, 'rows': rows}))
 

@@ -1,7 +1,8 @@
-# Evaluate the offline demo's model on the arithmetic task's held-out split. Its export carries the run's config, so
+# Evaluate the offline demo's model on the arithmetic task's held-out split. Its export carries the
+# run's config, so
 #   python sample.py --init_from=out/arith/hf
-# alone evaluates exactly as training did (its eval/pass@1); this file spells the same settings out, and overrides
-# the number of problems (all 200) and the output directory.
+# alone evaluates exactly as training did (its eval/pass@1); this file spells the same settings
+# out, and overrides the number of problems (all 200) and the output directory.
 task = 'arith'
 arith_difficulty = 'starter'
 split = 'test'

@@ -1,7 +1,9 @@
-# GRPO on GSM8K with Qwen2.5-0.5B-Instruct on one GPU (H100-class). The starting point for a real run:
+# GRPO on GSM8K with Qwen2.5-0.5B-Instruct on one GPU (H100-class). The starting point for a real
+# run:
 #   python train_grpo.py config/gsm8k.py --data_dir=../shared/gsm8k
-# The instruct model already answers most problems in some format; GRPO mostly teaches it to finish inside the
-# length budget and put the answer in \boxed{}. Watch reward/mean, eval/pass@1 and frac_zero_std, not loss.
+# The instruct model already answers most problems in some format; GRPO mostly teaches it to finish
+# inside the length budget and put the answer in \boxed{}. Watch reward/mean, eval/pass@1 and
+# frac_zero_std, not loss.
 out_dir = 'out/gsm8k'
 init_from = 'Qwen/Qwen2.5-0.5B-Instruct'  # or a local snapshot directory
 task = 'gsm8k'  # tasks/gsm8k.py: its prompts (system prompt, \\boxed{} instruction) and rewards
@@ -14,9 +16,11 @@ temperature = 1.0
 lr = 1e-6
 warmup_steps = 10
 max_steps = 300
-beta = 0.0  # no reference model: saves its memory and a forward pass; the small lr keeps steps small (with
+# no reference model: saves its memory and a forward pass; the small lr keeps steps small (with
 # num_iterations = 1 the ratio is 1 and nothing clips)
-rewards = [{'name': 'correct', 'weight': 1.0}, {'name': 'format', 'weight': 0.1, 'kwargs': {'pattern': 'boxed'}}]
+beta = 0.0
+rewards = [{'name': 'correct', 'weight': 1.0},
+           {'name': 'format', 'weight': 0.1, 'kwargs': {'pattern': 'boxed'}}]
 eval_every = 50
 eval_examples = 500
 save_every = 50

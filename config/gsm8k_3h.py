@@ -1,4 +1,5 @@
-# About three hours on one H100 (estimated, not yet measured): ~1.1 epochs of GSM8K train, full test-set eval.
+# About three hours on one H100 (estimated, not yet measured): ~1.1 epochs of GSM8K train, full
+# test-set eval.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'gsm8k.py')).read())  # start from config/gsm8k.py
 out_dir = 'out/gsm8k_3h'

@@ -1,4 +1,5 @@
-# The full recipe (many hours on one GPU; use torchrun on several): 3 epochs, 16 samples, long answers, KL anchor.
+# The full recipe (many hours on one GPU; use torchrun on several): 3 epochs, 16 samples, long
+# answers, KL anchor.
 import os
 exec(open(os.path.join(os.path.dirname(__file__), 'gsm8k.py')).read())  # start from config/gsm8k.py
 out_dir = 'out/gsm8k_full'

@@ -2,22 +2,28 @@
 Tasks: one file per task, each a plain module exposing the same few names, so that training, its
 evaluation and sample.py render the same prompts and grade the same way.
 
-    load(split, data_dir='', seed=0) -> [example dict]   split 'train' or 'test'; accept **_ if you need neither
-    messages(example, system_prompt=None, instruction=None) -> chat messages [{'role', 'content'}], or a str
-                                    (a raw prompt, no chat template). None: the task's default; '' leaves it out.
-    grade(completion, example) -> bool   what eval/pass@1 counts and the built-in 'correct' reward pays
+    load(split, data_dir='', seed=0) -> [example dict]
+        split 'train' or 'test'; accept **_ if you need neither
+    messages(example, system_prompt=None, instruction=None) -> chat messages [{'role', 'content'}]
+        or a str (a raw prompt, no chat template). None: the task's default; '' leaves it out.
+    grade(completion, example) -> bool
+        what eval/pass@1 counts and the built-in 'correct' reward pays
 Optional:
-    rewards = [...]                 the task's default reward config (reward.py's format); else [correct]
+    rewards = [...]                 the task's default reward config (reward.py's format);
+                                    else [correct]
     solution(example) -> str        the supervised warm start's target (sft_steps > 0)
     answer(completion) -> str|None  what maj@k votes on (default: reward.extract_answer)
-    metrics(completions, examples) -> {name: float}   the task's own eval numbers beside pass@1, on the greedy
-                                    completions (tasks/chess.py: legal_rate, ...): in evaluate()'s summary and
-                                    train_grpo's eval/<name> (names other than n, pass@1, truncated, seconds)
-The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict, None) are its
-knobs: config files and --key=value set them as they set train_grpo.py's own (tasks/arith.py: arith_difficulty, ...).
+    metrics(completions, examples) -> {name: float}
+        the task's own eval numbers beside pass@1, on the greedy completions (tasks/chess.py:
+        legal_rate, ...): in evaluate()'s summary and train_grpo's eval/<name> (names other than
+        n, pass@1, truncated, seconds)
+The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
+None) are its knobs: config files and --key=value set them as they set train_grpo.py's own
+(tasks/arith.py: arith_difficulty, ...).
 
---task=gsm8k picks tasks/gsm8k.py; --task=mymodule:my_task imports my_task from mymodule (a module, or any object
-with those names; mymodule must be importable); --task=path/to/task.py runs that file as a module.
+--task=gsm8k picks tasks/gsm8k.py; --task=mymodule:my_task imports my_task from mymodule (a
+module, or any object with those names; mymodule must be importable); --task=path/to/task.py runs
+that file as a module.
 """
 import importlib
 import importlib.util
@@ -30,7 +36,8 @@ BUILTIN = ('gsm8k', 'arith', 'chess')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
 
-_from_files = {}  # path -> module: a task file runs once per process, however often it is resolved
+# path -> module: a task file runs once per process, however often it is resolved
+_from_files = {}
 
 
 def resolve(spec):
@@ -41,7 +48,8 @@ def resolve(spec):
     elif spec.endswith('.py'):
         if not os.path.isfile(spec):
             raise ValueError(f"task {spec!r}: no such file")
-        mod_spec = importlib.util.spec_from_file_location(f"task_{os.path.basename(spec)[:-3]}", spec)
+        name = f"task_{os.path.basename(spec)[:-3]}"
+        mod_spec = importlib.util.spec_from_file_location(name, spec)
         task = importlib.util.module_from_spec(mod_spec)
         try:
             mod_spec.loader.exec_module(task)
@@ -57,18 +65,24 @@ def resolve(spec):
     elif spec in BUILTIN:
         task = importlib.import_module(f'tasks.{spec}')
     else:
-        raise ValueError(f"unknown task {spec!r}: expected one of {BUILTIN}, 'module:attr' or a path/to/task.py")
+        raise ValueError(f"unknown task {spec!r}: expected one of {BUILTIN}, 'module:attr' or a "
+                         "path/to/task.py")
     for name in REQUIRED:
         if not callable(getattr(task, name, None)):
-            raise ValueError(f"task {spec!r} has no {name}(): a task defines {', '.join(REQUIRED)} (tasks/__init__.py)")
+            raise ValueError(f"task {spec!r} has no {name}(): a task defines "
+                             f"{', '.join(REQUIRED)} (tasks/__init__.py)")
     return task
 
 
 def knobs(task):
     """{name: default} of the task's knobs: its public lowercase attributes of plain config
     types."""
-    return {k: getattr(task, k) for k in dir(task) if not k.startswith('_') and k == k.lower() and k not in INTERFACE
-            and isinstance(getattr(task, k), KNOB_TYPES) and not inspect.ismodule(getattr(task, k))}
+    def is_knob(k):
+        if k.startswith('_') or k != k.lower() or k in INTERFACE:
+            return False
+        value = getattr(task, k)
+        return isinstance(value, KNOB_TYPES) and not inspect.ismodule(value)
+    return {k: getattr(task, k) for k in dir(task) if is_knob(k)}
 
 
 def set_knobs(task, config):
@@ -82,7 +96,8 @@ def set_knobs(task, config):
 def messages(task, example, system_prompt=None, instruction=None):
     """The task's messages for example; only the prompt parts the config overrides (not None) are
     passed."""
-    given = {k: v for k, v in (('system_prompt', system_prompt), ('instruction', instruction)) if v is not None}
+    parts = (('system_prompt', system_prompt), ('instruction', instruction))
+    given = {k: v for k, v in parts if v is not None}
     return task.messages(example, **given)
 
 
@@ -108,4 +123,6 @@ def answer_fn(task):
 def eval_metrics(task, completions, examples):
     """The task's metrics() hook on the completions ({} without one), its values as floats."""
     hook = getattr(task, 'metrics', None)
-    return {k: float(v) for k, v in hook(completions, examples).items()} if callable(hook) else {}
+    if not callable(hook):
+        return {}
+    return {k: float(v) for k, v in hook(completions, examples).items()}

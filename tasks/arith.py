@@ -18,15 +18,20 @@ arith_steps = 0  # operations per problem (0 = the preset's)
 arith_operand_digits = 0  # max digits of the amounts added/removed (0 = the preset's)
 arith_n_train = 5000  # training problems
 arith_n_test = 200  # held-out problems (a fixed split: it comes first from the stream)
-arith_count_on = 0.0  # share of training solutions that count on, '46+7: 47(1) 48(2) ...' (count_on)
-arith_slips = 0.0  # share of the other training solutions whose one-digit sums drop the carry/borrow: '46+7=43' (slip)
+# share of training solutions that count on, '46+7: 47(1) 48(2) ...' (count_on)
+arith_count_on = 0.0
+# share of the other training solutions whose one-digit sums drop the carry/borrow: '46+7=43'
+# (slip)
+arith_slips = 0.0
 rewards = [{'name': 'correct', 'weight': 1.0}]
 
 
 def load(split, data_dir='', seed=0):
     """The train or test split for the knobs above and the run's seed (data_dir is not used)."""
-    train, test = _splits(arith_n_train, arith_n_test, seed, arith_difficulty, arith_digits or None, arith_ops or None,
-                          arith_steps or None, arith_operand_digits or None, arith_count_on, arith_slips)
+    train, test = _splits(arith_n_train, arith_n_test, seed, difficulty=arith_difficulty,
+                          digits=arith_digits or None, ops=arith_ops or None,
+                          steps=arith_steps or None, operand_digits=arith_operand_digits or None,
+                          count_on_frac=arith_count_on, slip_frac=arith_slips)
     return list(train if split == 'train' else test)
 
 
@@ -45,15 +50,16 @@ def solution(example):
 
 
 @lru_cache(maxsize=2)
-def _splits(*args):
-    train, test = arith_splits(*args[:2], seed=args[2], difficulty=args[3], digits=args[4], ops=args[5], steps=args[6],
-                               operand_digits=args[7], count_on_frac=args[8], slip_frac=args[9])
+def _splits(n_train, n_test, seed, **knobs):
+    train, test = arith_splits(n_train, n_test, seed, **knobs)
     return tuple(train), tuple(test)
 
 
-DIFFICULTY = {  # operand_digits: digits of the amount added/removed (None = digits)
-    'starter': dict(digits=2, ops='+-', steps=1, operand_digits=1),  # "Tom has 46 pens and gets 7 more." -> "46+7=53"
-    'easy': dict(digits=2, ops='+-', steps=1, operand_digits=None),  # "Tom has 12 apples and gets 79 more. ..."
+# operand_digits: digits of the amount added/removed (None = digits). starter: "Tom has 46 pens and
+# gets 7 more." -> "46+7=53"; easy: "Tom has 12 apples and gets 79 more. ..."
+DIFFICULTY = {
+    'starter': dict(digits=2, ops='+-', steps=1, operand_digits=1),
+    'easy': dict(digits=2, ops='+-', steps=1, operand_digits=None),
     'medium': dict(digits=2, ops='+-', steps=2, operand_digits=None),
     'hard': dict(digits=3, ops='+-*/', steps=3, operand_digits=None),
 }
@@ -76,9 +82,18 @@ def _arith_problem(rng, digits, ops, steps, operand_digits=None):
         divisors = [d for d in range(2, 10) if value % d == 0]
         allowed = [op for op in ops if (op != '-' or value > 1) and (op != '/' or divisors)]
         op = rng.choice(allowed or ['+'])
-        b = {'+': lambda: rng.randint(1, top_b), '-': lambda: rng.randint(1, min(top_b, value - 1)),
-             '*': lambda: rng.randint(2, 9), '/': lambda: rng.choice(divisors)}[op]()
-        new = {'+': value + b, '-': value - b, '*': value * b, '/': value // b}[op]
+        if op == '+':
+            b = rng.randint(1, top_b)
+            new = value + b
+        elif op == '-':
+            b = rng.randint(1, min(top_b, value - 1))
+            new = value - b
+        elif op == '*':
+            b = rng.randint(2, 9)
+            new = value * b
+        else:  # '/'
+            b = rng.choice(divisors)
+            new = value // b
         phrases.append(rng.choice(_PHRASES[op]).format(b=b))
         lines.append(f"{value}{op}{b}={new}")
         value = new
@@ -86,7 +101,8 @@ def _arith_problem(rng, digits, ops, steps, operand_digits=None):
     later = [f"then {p}" for p in phrases[1:]]
     story = f" and {phrases[0]}" if steps == 1 else ', ' + ', '.join([phrases[0]] + later)
     question = f"{name} has {start} {thing}{story}. How many {thing} does {name} have?"
-    return {'question': question, 'answer': str(value), 'solution': '\n'.join(lines) + f"\n#### {value}"}
+    solution = '\n'.join(lines) + f"\n#### {value}"
+    return {'question': question, 'answer': str(value), 'solution': solution}
 
 
 def _arith_stream(seed, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
@@ -94,24 +110,28 @@ def _arith_stream(seed, difficulty='easy', digits=None, ops=None, steps=None, op
         raise ValueError(f"difficulty must be one of {sorted(DIFFICULTY)}, got {difficulty!r}")
     given = dict(digits=digits, ops=ops, steps=steps, operand_digits=operand_digits)
     knobs = {**DIFFICULTY[difficulty], **{k: v for k, v in given.items() if v is not None}}
-    if not (knobs['digits'] >= 1 and knobs['steps'] >= 1 and knobs['ops'] and set(knobs['ops']) <= set('+-*/')
-            and (knobs['operand_digits'] or 1) >= 1):
-        raise ValueError(f"bad arithmetic difficulty {knobs}: need digits >= 1, operand_digits >= 1, steps >= 1, "
-                         "ops from '+-*/'")
+    if not (knobs['digits'] >= 1 and knobs['steps'] >= 1 and knobs['ops']
+            and set(knobs['ops']) <= set('+-*/') and (knobs['operand_digits'] or 1) >= 1):
+        raise ValueError(f"bad arithmetic difficulty {knobs}: need digits >= 1, "
+                         "operand_digits >= 1, steps >= 1, ops from '+-*/'")
     rng = random.Random(seed)
     while True:
-        yield _arith_problem(rng, knobs['digits'], knobs['ops'], knobs['steps'], knobs['operand_digits'])
+        yield _arith_problem(rng, knobs['digits'], knobs['ops'], knobs['steps'],
+                             knobs['operand_digits'])
 
 
-def make_arith(n, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None):
+def make_arith(n, seed=0, *, difficulty='easy', digits=None, ops=None, steps=None,
+               operand_digits=None):
     """n synthetic problems, a pure function of the arguments. digits: max digits of the numbers
     drawn; operand_digits: max digits of the amounts added/removed (default digits); ops: which of
     '+-*/' may appear; steps: operations per problem; None takes the `difficulty` preset."""
-    stream = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits)
+    stream = _arith_stream(seed, difficulty=difficulty, digits=digits, ops=ops, steps=steps,
+                           operand_digits=operand_digits)
     return [next(stream) for _ in range(n)]
 
 
-ONE_DIGIT_STEP = re.compile(r'(\d+)([+-])(\d)=\d+')  # a solution line adding or removing a one-digit amount
+# a solution line adding or removing a one-digit amount
+ONE_DIGIT_STEP = re.compile(r'(\d+)([+-])(\d)=\d+')
 
 
 def count_on(solution):
@@ -124,7 +144,8 @@ def count_on(solution):
         if not m:
             return s
         a, op, b = int(m[1]), m[2], int(m[3])
-        return f"{a}{op}{b}: " + ' '.join(f"{a + k if op == '+' else a - k}({k})" for k in range(1, b + 1))
+        counts = [f"{a + k if op == '+' else a - k}({k})" for k in range(1, b + 1)]
+        return f"{a}{op}{b}: " + ' '.join(counts)
     return '\n'.join(line(s) for s in solution.split('\n'))
 
 
@@ -148,19 +169,23 @@ def slip(solution):
     return '\n'.join(out)
 
 
-def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=None, steps=None, operand_digits=None,
-                 count_on_frac=0.0, slip_frac=0.0):
+def arith_splits(n_train, n_test, seed=0, *, difficulty='easy', digits=None, ops=None, steps=None,
+                 operand_digits=None, count_on_frac=0.0, slip_frac=0.0):
     """(train, test) with no arithmetic shared between them (keyed by the solution, so renaming Tom
     to Ann does not leak a test problem). The test split comes first from the stream, so it does not
     depend on n_train. count_on_frac: this fraction of the training solutions (a fixed random
     choice) is written by count_on(); slip_frac: this fraction of the others (their own fixed
     choice) by slip(). The test split is never rewritten: grading compares the answer, which slip()
     gets wrong whenever a carry or borrow is needed."""
-    stream, tries = _arith_stream(seed, difficulty, digits, ops, steps, operand_digits), 0
+    stream = _arith_stream(seed, difficulty=difficulty, digits=digits, ops=ops, steps=steps,
+                           operand_digits=operand_digits)
+    tries = 0
     test, seen, train = [], set(), []
     # bounded, so a problem space too small for the request ends in an error rather than a hang
-    while (len(test) < n_test or len(train) < n_train) and tries < 100 * (n_train + n_test) + 1000:
-        ex, tries = next(stream), tries + 1
+    max_tries = 100 * (n_train + n_test) + 1000
+    while (len(test) < n_test or len(train) < n_train) and tries < max_tries:
+        ex = next(stream)
+        tries += 1
         if len(test) < n_test:
             if ex['solution'] not in seen:
                 seen.add(ex['solution'])
@@ -168,11 +193,15 @@ def arith_splits(n_train, n_test, seed=0, difficulty='easy', digits=None, ops=No
         elif ex['solution'] not in seen:
             train.append(ex)
     if len(test) < n_test or len(train) < n_train:
-        raise ValueError(f"difficulty too small for {n_test} distinct test + {n_train} train problems; "
-                         f"allow more digits, ops or steps")
-    styles = random.Random(f'count_on {seed}')  # its own stream: the problems do not depend on count_on_frac
-    train = [{**ex, 'solution': count_on(ex['solution'])} if styles.random() < count_on_frac else ex for ex in train]
-    slips = random.Random(f'slip {seed}')  # drawn for every problem, so the choice does not depend on count_on_frac
-    train = [{**ex, 'solution': slip(ex['solution'])} if slips.random() < slip_frac and ':' not in ex['solution']
-             else ex for ex in train]
+        raise ValueError(f"difficulty too small for {n_test} distinct test + {n_train} train "
+                         f"problems; allow more digits, ops or steps")
+    # its own stream: the problems do not depend on count_on_frac
+    styles = random.Random(f'count_on {seed}')
+    train = [{**ex, 'solution': count_on(ex['solution'])} if styles.random() < count_on_frac else ex
+             for ex in train]
+    # drawn for every problem, so the choice does not depend on count_on_frac
+    slips = random.Random(f'slip {seed}')
+    train = [{**ex, 'solution': slip(ex['solution'])}
+             if slips.random() < slip_frac and ':' not in ex['solution'] else ex
+             for ex in train]
     return train, test

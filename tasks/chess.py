@@ -2,11 +2,14 @@
 Chess in the RookWorld text formats (jorahn/RookWorld), on python-chess: no engine runs per sample.
 Four sub-tasks:
 
-    policy       prompt 'P: <fen>'                 completion '<padding>M: <moves>  E: <evals>  B: <best move>'
+    policy       prompt 'P: <fen>'
+                 completion '<padding>M: <moves>  E: <evals>  B: <best move>'
     mate         the policy format, on positions with a mate in one: right when B: mates
-    environment  prompt 'A: <fen>+<move>+<history>+' completion '<new fen>+<reward>+<terminated>+<truncated>'
-    move         prompt 'P: <fen> B:'              completion ' <move>': right when the move is legal (the policy
-                 line's B: field alone, for small models from scratch: the CPU demo, config/chess_demo.py)
+    environment  prompt 'A: <fen>+<move>+<history>+'
+                 completion '<new fen>+<reward>+<terminated>+<truncated>'
+    move         prompt 'P: <fen> B:'
+                 completion ' <move>': right when the move is legal (the policy line's B: field
+                 alone, for small models from scratch: the CPU demo, config/chess_demo.py)
 
 Positions come from random legal play, a pure function of the seed, and every label a reward needs
 (legal moves, mating moves, next FEN, reward and flags) is computed into the example when it is
@@ -25,14 +28,19 @@ import chess
 
 from data import parse_rows, read_rows
 
-chess_subtask = 'environment'  # 'policy', 'mate', 'environment', 'move', or several joined by ',' (interleaved)
+# 'policy', 'mate', 'environment', 'move', or several joined by ',' (interleaved)
+chess_subtask = 'environment'
 chess_n_train = 5000  # training positions per sub-task
-chess_n_test = 200  # held-out positions per sub-task (made first from the stream, so n_train does not change them)
+# held-out positions per sub-task (made first from the stream, so n_train does not change them)
+chess_n_test = 200
 chess_min_plies = 0  # random plies played from the start position before a position is taken ...
 chess_max_plies = 80  # ... up to this many (drawn uniformly; a game that ends earlier is cut there)
-chess_illegal_frac = 0.0  # environment: share of moves that are illegal (reward -1, truncated 1, state unchanged)
-chess_history = 10  # environment: moves in the history field, the current one included (RookWorld: 10)
-skip_bad_rows = False  # --data_dir rows that do not parse: False = stop with file:line, True = skip them
+# environment: share of moves that are illegal (reward -1, truncated 1, state unchanged)
+chess_illegal_frac = 0.0
+# environment: moves in the history field, the current one included (RookWorld: 10)
+chess_history = 10
+# --data_dir rows that do not parse: False = stop with file:line, True = skip them
+skip_bad_rows = False
 
 SUBTASKS = ('policy', 'mate', 'environment', 'move')
 # the reward the environment writes for the mover: RookWorld's values
@@ -46,14 +54,22 @@ def load(split, data_dir='', seed=0):
     subtasks = [s.strip() for s in chess_subtask.split(',') if s.strip()]
     bad = [s for s in subtasks if s not in SUBTASKS]
     if bad or not subtasks:
-        raise ValueError(f"chess_subtask={chess_subtask!r}: expected one or more of {SUBTASKS} joined by ','")
+        raise ValueError(f"chess_subtask={chess_subtask!r}: expected one or more of {SUBTASKS} "
+                         "joined by ','")
     if data_dir and len(subtasks) > 1:
-        raise ValueError(f"chess_subtask={chess_subtask!r} with --data_dir={data_dir}: one sub-task per data directory")
+        raise ValueError(f"chess_subtask={chess_subtask!r} with --data_dir={data_dir}: "
+                         "one sub-task per data directory")
     if data_dir:
-        parts = [parse_rows(read_rows(data_dir, split), lambda row: from_row(row, subtasks[0]), skip_bad_rows, 'chess')]
+        def parse(row):
+            return from_row(row, subtasks[0])
+        parts = [parse_rows(read_rows(data_dir, split), parse, skip_bad_rows, 'chess')]
     else:
-        parts = [list(_splits(s, chess_n_train, chess_n_test, seed, chess_min_plies, chess_max_plies,
-                              chess_illegal_frac, chess_history)[split == 'test']) for s in subtasks]
+        parts = []
+        for s in subtasks:
+            train, test = _splits(s, chess_n_train, chess_n_test, seed, min_plies=chess_min_plies,
+                                  max_plies=chess_max_plies, illegal_frac=chess_illegal_frac,
+                                  history=chess_history)
+            parts.append(list(test if split == 'test' else train))
     return [p[i] for i in range(max(map(len, parts))) for p in parts if i < len(p)]  # round-robin
 
 
@@ -83,8 +99,9 @@ def solution(example):
     if example['subtask'] in ('environment', 'move'):
         return example['solution']
     if not example.get('moves'):
-        raise ValueError(f"chess {example['subtask']} example {example['fen']!r} has no engine labels "
-                         "('moves', 'evals', 'best') to warm start on; use the environment sub-task or labelled data")
+        raise ValueError(f"chess {example['subtask']} example {example['fen']!r} has no engine "
+                         "labels ('moves', 'evals', 'best') to warm start on; use the environment "
+                         "sub-task or labelled data")
     fen = example['fen']
     return (' ' * (90 - len(fen)) + 'M: ' + ' '.join(example['moves']).ljust(30) + 'E: '
             + ' '.join(map(str, example['evals'])).ljust(40) + 'B: ' + example['best'])
@@ -93,11 +110,15 @@ def solution(example):
 def answer(completion):
     """What maj@k votes on: the B: move, the move sub-task's move, or the predicted next state."""
     fields = _env_fields(completion)
-    return parse_policy(completion)['best'] or parse_move(completion) or ('+'.join(fields) if fields else None)
+    move = parse_policy(completion)['best'] or parse_move(completion)
+    if move:
+        return move
+    return '+'.join(fields) if fields else None
 
 
-# -------------------------------------------------------------------------------------------------------------
-# rewards: fn(completion, example) -> float in [0, 1], 0 on anything that does not parse; never raise
+# -----------------------------------------------------------------------------
+# rewards: fn(completion, example) -> float in [0, 1], 0 on anything that does not parse; never
+# raise
 
 
 def chess_format(completion, example):
@@ -108,24 +129,30 @@ def chess_format(completion, example):
         return float(parse_move(completion) is not None)
     if example['subtask'] != 'environment':
         p = parse_policy(completion)
-        ok = [bool(p['moves']) and len(p['moves']) <= 5, p['evals'] is not None and p['moves'] is not None
-              and len(p['evals']) == len(p['moves']), p['best'] is not None]
+        evals_match = (p['evals'] is not None and p['moves'] is not None
+                       and len(p['evals']) == len(p['moves']))
+        ok = [bool(p['moves']) and len(p['moves']) <= 5, evals_match, p['best'] is not None]
         return sum(ok) / len(ok)
     parts = [p.strip() for p in completion.strip().split('+')]
     fen, rew, term, trunc = (parts + [''] * 4)[:4]
-    ok = [len(parts) == 4, _board(fen) is not None, _number(rew) is not None, term in ('0', '1'), trunc in ('0', '1')]
+    ok = [len(parts) == 4, _board(fen) is not None, _number(rew) is not None,
+          term in ('0', '1'), trunc in ('0', '1')]
     return sum(ok) / len(ok)
 
 
 def chess_legal(completion, example):
     """1 when B: is a legal move in the position (as python-chess writes it: 'e1g1', never the
     'e1h1' it also accepts), else 0. Environment examples: 0."""
-    return float(example['subtask'] != 'environment' and _move_of(completion, example) in example['legal'])
+    if example['subtask'] == 'environment':
+        return 0.0
+    return float(_move_of(completion, example) in example['legal'])
 
 
 def chess_mate(completion, example):
     """1 when B: gives mate at once, else 0 (also where the position has no mate in one)."""
-    return float(example['subtask'] != 'environment' and _move_of(completion, example) in example['mates'])
+    if example['subtask'] == 'environment':
+        return 0.0
+    return float(_move_of(completion, example) in example['mates'])
 
 
 def chess_best(completion, example, best=1.0, candidate=0.5):
@@ -135,7 +162,11 @@ def chess_best(completion, example, best=1.0, candidate=0.5):
     if example['subtask'] == 'environment' or not example.get('best'):
         return 0.0
     move = _move_of(completion, example)
-    return best if move == example['best'] else candidate if move in (example.get('moves') or ()) else 0.0
+    if move == example['best']:
+        return best
+    if move in (example.get('moves') or ()):
+        return candidate
+    return 0.0
 
 
 def chess_transition(completion, example):
@@ -152,8 +183,10 @@ def chess_transition(completion, example):
     fen, ref = got[0].split(' '), want[0].split(' ')
     ranks, ref_ranks = fen[0].split('/'), ref[0].split('/')
     board = sum(a == b for a, b in zip(ranks, ref_ranks)) / 8 if len(ranks) == 8 else 0.0
-    fields = [board] + [float(a == b) for a, b in zip(fen[1:6], ref[1:6])] + [0.0] * (5 - len(fen[1:6]))
-    flags = [_number(got[1]) == _number(want[1]) and _number(got[1]) is not None, got[2] == want[2], got[3] == want[3]]
+    same = [float(a == b) for a, b in zip(fen[1:6], ref[1:6])]
+    fields = [board] + same + [0.0] * (5 - len(fen[1:6]))
+    reward_same = _number(got[1]) == _number(want[1]) and _number(got[1]) is not None
+    flags = [reward_same, got[2] == want[2], got[3] == want[3]]
     return 0.8 * sum(fields) / 6 + 0.2 * sum(flags) / 3
 
 
@@ -180,7 +213,7 @@ def metrics(completions, examples):
     return {k: v for k, v in out.items() if v is not None}
 
 
-# -------------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # parsing
 
 
@@ -212,7 +245,9 @@ def parse_move(text):
 
 def _move_of(completion, example):
     """The move a policy, mate or move completion names (None when it names none)."""
-    return parse_move(completion) if example['subtask'] == 'move' else parse_policy(completion)['best']
+    if example['subtask'] == 'move':
+        return parse_move(completion)
+    return parse_policy(completion)['best']
 
 
 def _env_fields(text):
@@ -234,12 +269,13 @@ def _board(fen):
     """chess.Board for a valid FEN, else None."""
     try:
         board = chess.Board(fen.strip())
-    except Exception:  # python-chess raises ValueError on a bad FEN; a reward must not raise on anything
+    except Exception:
+        # python-chess raises ValueError on a bad FEN; a reward must not raise on anything
         return None
     return board if board.is_valid() else None
 
 
-# -------------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # examples: labels computed once, here
 
 
@@ -262,11 +298,13 @@ def policy_example(fen, subtask='policy', moves=None, evals=None, best=None, tar
     if board is None:
         raise ValueError(f"invalid FEN {fen!r}")
     legal = sorted(board.uci(m) for m in board.legal_moves)
-    ex = {'subtask': subtask, 'fen': board.fen(), 'question': 'P: ' + board.fen() + ' B:' * (subtask == 'move'),
-          'legal': legal, 'mates': mating_moves(board)}
+    question = 'P: ' + board.fen() + ' B:' * (subtask == 'move')
+    ex = {'subtask': subtask, 'fen': board.fen(), 'question': question, 'legal': legal,
+          'mates': mating_moves(board)}
     if moves:
         if best not in moves or not evals or len(evals) != len(moves):
-            raise ValueError(f"engine labels of {fen!r}: need 'best' among 'moves' and one eval per move")
+            raise ValueError(f"engine labels of {fen!r}: need 'best' among 'moves' and one eval "
+                             "per move")
         ex.update(moves=list(moves), evals=[float(v) for v in evals], best=best)
     ex['answer'] = ex.get('best') or ' '.join(ex['mates'] if subtask == 'mate' else legal)
     if subtask == 'move':
@@ -280,13 +318,20 @@ def environment_example(fen, move, history):
     board = _board(fen)
     if board is None:
         raise ValueError(f"invalid FEN {fen!r}")
-    ex = {'subtask': 'environment', 'fen': board.fen(), 'move': move, 'legal': [], 'mates': []}  # policy labels
+    # 'legal' and 'mates': the policy labels, empty here
+    ex = {'subtask': 'environment', 'fen': board.fen(), 'move': move, 'legal': [], 'mates': []}
     history = (list(history) + [move])[-chess_history:]
     legal = {board.uci(m): m for m in board.legal_moves}
     if move in legal:
         board.push(legal[move])
-        over = board.is_game_over()  # automatic ends only: no claimed threefold or fifty-move draw
-        reward = WIN if board.is_checkmate() else DRAW if over else LEGAL
+        # automatic ends only: no claimed threefold or fifty-move draw
+        over = board.is_game_over()
+        if board.is_checkmate():
+            reward = WIN
+        elif over:
+            reward = DRAW
+        else:
+            reward = LEGAL
         state = (board.fen(), reward, str(int(over)), '0')
     else:
         state = (board.fen(), ILLEGAL, '0', '1')
@@ -303,7 +348,8 @@ def from_row(row, subtask):
         if not isinstance(row.get('move'), str):
             raise ValueError("environment rows need a 'move' (UCI)")
         return environment_example(row['fen'], row['move'], row.get('history') or [])
-    ex = policy_example(row['fen'], subtask, row.get('moves'), row.get('evals'), row.get('best'))
+    ex = policy_example(row['fen'], subtask, moves=row.get('moves'), evals=row.get('evals'),
+                        best=row.get('best'))
     if subtask == 'mate' and not ex['mates']:
         raise ValueError(f"mate row {row['fen']!r} has no mate in one")
     return ex
@@ -324,7 +370,8 @@ def _illegal_move(board, rng):
 def chess_stream(subtask, seed, min_plies=0, max_plies=80, illegal_frac=0.0):
     """Endless examples of one sub-task from random legal play, a pure function of the arguments."""
     rng = random.Random(f'chess {subtask} {seed}')
-    targets = random.Random(f'chess move targets {seed}')  # the move sub-task's warm-start moves: their own stream
+    # the move sub-task's warm-start moves: their own stream
+    targets = random.Random(f'chess move targets {seed}')
     while True:
         board, played = chess.Board(), []
         for _ in range(rng.randint(min_plies, max_plies)):
@@ -336,32 +383,45 @@ def chess_stream(subtask, seed, min_plies=0, max_plies=80, illegal_frac=0.0):
             continue
         if subtask == 'environment':
             illegal = rng.random() < illegal_frac
-            move = _illegal_move(board, rng) if illegal else board.uci(rng.choice(list(board.legal_moves)))
+            if illegal:
+                move = _illegal_move(board, rng)
+            else:
+                move = board.uci(rng.choice(list(board.legal_moves)))
             yield environment_example(board.fen(), move, played)
         elif subtask == 'policy':
             yield policy_example(board.fen(), subtask)
         elif subtask == 'move':
-            yield policy_example(board.fen(), subtask, target=board.uci(targets.choice(list(board.legal_moves))))
-        else:  # mate: play on to the first position with a mate in one (1 in ~60 random-play positions has one)
-            while not board.is_game_over() and board.ply() < max_plies + 200 and not mating_moves(board):
+            target = board.uci(targets.choice(list(board.legal_moves)))
+            yield policy_example(board.fen(), subtask, target=target)
+        else:
+            # mate: play on to the first position with a mate in one (1 in ~60 random-play
+            # positions has one)
+            while (not board.is_game_over() and board.ply() < max_plies + 200
+                   and not mating_moves(board)):
                 board.push(rng.choice(list(board.legal_moves)))
             if not board.is_game_over() and mating_moves(board):
                 yield policy_example(board.fen(), subtask)
 
 
 @lru_cache(maxsize=4)
-def _splits(subtask, n_train, n_test, seed, min_plies, max_plies, illegal_frac, history):
+def _splits(subtask, n_train, n_test, seed, *, min_plies, max_plies, illegal_frac, history):
     """(train, test) with no position (environment: position and move) in both; test first from the
     stream."""
-    if not (0 <= min_plies <= max_plies and n_train >= 0 and n_test >= 0 and 0 <= illegal_frac <= 1 and history >= 1):
-        raise ValueError(f"chess knobs: need 0 <= chess_min_plies <= chess_max_plies (got {min_plies}, {max_plies}), "
-                         f"0 <= chess_illegal_frac <= 1 (got {illegal_frac}), chess_history >= 1 (got {history})")
-    stream, seen, test, train, tries = chess_stream(subtask, seed, min_plies, max_plies, illegal_frac), set(), [], [], 0
+    if not (0 <= min_plies <= max_plies and n_train >= 0 and n_test >= 0
+            and 0 <= illegal_frac <= 1 and history >= 1):
+        raise ValueError("chess knobs: need 0 <= chess_min_plies <= chess_max_plies "
+                         f"(got {min_plies}, {max_plies}), 0 <= chess_illegal_frac <= 1 "
+                         f"(got {illegal_frac}), chess_history >= 1 (got {history})")
+    stream = chess_stream(subtask, seed, min_plies, max_plies, illegal_frac)
+    seen, test, train, tries = set(), [], [], 0
     while len(test) < n_test or len(train) < n_train:
-        ex, tries = next(stream), tries + 1
-        if tries > 50 * (n_train + n_test) + 1000:  # a space too small (max_plies=0) ends in an error, not a hang
-            raise ValueError(f"chess {subtask}: too few distinct positions for {n_test} test + {n_train} train "
-                             f"examples with plies {min_plies}..{max_plies}; raise chess_max_plies")
+        ex = next(stream)
+        tries += 1
+        # a space too small (max_plies=0) ends in an error, not a hang
+        if tries > 50 * (n_train + n_test) + 1000:
+            raise ValueError(f"chess {subtask}: too few distinct positions for {n_test} test + "
+                             f"{n_train} train examples with plies {min_plies}..{max_plies}; "
+                             "raise chess_max_plies")
         key = ex['question']
         if len(test) < n_test and key not in seen:
             seen.add(key)

@@ -9,7 +9,8 @@ from reward import is_correct
 skip_bad_rows = False  # malformed rows: False = stop with file:line, True = skip and count them
 SYSTEM_PROMPT = "You are a helpful assistant that solves math problems."
 INSTRUCTION = "Reason step by step, then put the final answer in \\boxed{}."
-rewards = [{'name': 'correct', 'weight': 1.0}, {'name': 'format', 'weight': 0.1}]  # format: a number in \boxed{}
+# format: a number in \boxed{}
+rewards = [{'name': 'correct', 'weight': 1.0}, {'name': 'format', 'weight': 0.1}]
 
 
 def parse_row(row):
@@ -42,8 +43,9 @@ def _hub_rows(split):
         import datasets
         ds = datasets.load_dataset('openai/gsm8k', 'main', split=split)
     except Exception as e:  # offline, no `datasets`, hub down: all end the same way for the user
-        raise RuntimeError(f"could not load openai/gsm8k ({type(e).__name__}: {e}). Offline? Point at a local "
-                           f"copy of train.jsonl/test.jsonl with --data_dir=../shared/gsm8k") from e
+        raise RuntimeError(f"could not load openai/gsm8k ({type(e).__name__}: {e}). Offline? "
+                           "Point at a local copy of train.jsonl/test.jsonl with "
+                           "--data_dir=../shared/gsm8k") from e
     for i, row in enumerate(ds):
         yield f'openai/gsm8k[{split}]:row {i}', row
 
@@ -62,8 +64,12 @@ def messages(example, system_prompt=SYSTEM_PROMPT, instruction=INSTRUCTION, few_
     another format teaches that."""
     *msgs, last = question_messages(example['question'], system_prompt, instruction)
     for shot in few_shot:
-        answer = boxed_solution(shot['solution']) if instruction and '\\boxed' in instruction else shot['solution']
-        msgs += question_messages(shot['question'], '', instruction) + [{'role': 'assistant', 'content': answer}]
+        if instruction and '\\boxed' in instruction:
+            answer = boxed_solution(shot['solution'])
+        else:
+            answer = shot['solution']
+        msgs += question_messages(shot['question'], '', instruction)
+        msgs += [{'role': 'assistant', 'content': answer}]
     return msgs + [last]
 
 

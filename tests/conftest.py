@@ -7,7 +7,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-if os.environ.get('PYTEST_XDIST_WORKER'):  # pytest-xdist (pytest.ini): one thread per worker and per run it starts
+# pytest-xdist (pytest.ini): one thread per worker and per run it starts
+if os.environ.get('PYTEST_XDIST_WORKER'):
     os.environ['OMP_NUM_THREADS'] = '1'
     torch.set_num_threads(1)
 else:

@@ -11,7 +11,8 @@ parity_n_train = 40  # a knob of this task: training questions
 
 def load(split, data_dir='', seed=0):
     n = parity_n_train if split == 'train' else 16
-    return [{'question': f"Is {i + 100 * (split == 'test')} odd?", 'answer': str(i % 2)} for i in range(n)]
+    offset = 100 * (split == 'test')
+    return [{'question': f"Is {i + offset} odd?", 'answer': str(i % 2)} for i in range(n)]
 
 
 def messages(example, system_prompt='', instruction=''):

@@ -8,8 +8,12 @@ from model import ModelConfig, packed_mask, qwen25_05b_config
 
 
 def comps_of(rewards):
-    return [{'prompt_idx': p, 'sample_idx': s, 'ids': [1] * (p + 1), 'truncated': False, 'logprobs': [0.0] * (p + 1)}
-            for p, row in enumerate(rewards) for s in range(len(row))]
+    comps = []
+    for p, row in enumerate(rewards):
+        for s in range(len(row)):
+            comps.append({'prompt_idx': p, 'sample_idx': s, 'ids': [1] * (p + 1),
+                          'truncated': False, 'logprobs': [0.0] * (p + 1)})
+    return comps
 
 
 def test_kept_groups_map_to_their_own_advantages():
@@ -18,18 +22,27 @@ def test_kept_groups_map_to_their_own_advantages():
     kept = keep_groups(zero, 2)
     assert kept == [1, 3], "the first two groups with a spread, in the order drawn"
     adv, zero_k = group_advantages(r[kept], 'none')
-    rows, n_tok, n_seq, (n_rows, n_toks) = train_rows(comps_of(r.tolist()), adv, zero_k, list('abcde'), {1, 3, 4}, kept)
-    assert [(rw['prompt'], rw['adv']) for rw in rows] == [('b', -0.5), ('b', 0.5), ('d', 1.5), ('d', -1.5)]
-    assert (n_tok, n_seq, n_rows, n_toks) == (2 * 2 + 2 * 4, 4, 4, 12), "normalisers over the kept groups only"
+    comps = comps_of(r.tolist())
+    prompts = list('abcde')
+    rows, n_tok, n_seq, (n_rows, n_toks) = train_rows(comps, adv, zero_k, prompts, {1, 3, 4}, kept)
+    assert [(rw['prompt'], rw['adv']) for rw in rows] == \
+        [('b', -0.5), ('b', 0.5), ('d', 1.5), ('d', -1.5)]
+    assert (n_tok, n_seq, n_rows, n_toks) == (2 * 2 + 2 * 4, 4, 4, 12), \
+        "normalisers over the kept groups only"
     rows = train_rows(comps_of(r.tolist()), adv, zero_k, list('abcde'), {3}, kept)[0]
-    assert [rw['prompt'] for rw in rows] == ['d', 'd'], "a rank trains only the kept groups it sampled"
+    assert [rw['prompt'] for rw in rows] == ['d', 'd'], \
+        "a rank trains only the kept groups it sampled"
 
 
 def layout(P, C, G, group=0, seed=0):
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, 200, (P,), generator=g).tolist()
     lens = [C] * G if isinstance(C, int) else C
-    return [{'prompt': prompt, 'ids': torch.randint(0, 200, (c,), generator=g).tolist(), 'group': group} for c in lens]
+    rows = []
+    for c in lens:
+        ids = torch.randint(0, 200, (c,), generator=g).tolist()
+        rows.append({'prompt': prompt, 'ids': ids, 'group': group})
+    return rows
 
 
 def test_share_prompt_auto_packs_short_completions_and_not_long_ones_under_sdpa():
@@ -42,21 +55,25 @@ def test_share_prompt_auto_packs_short_completions_and_not_long_ones_under_sdpa(
     short = layout(380, 64, 8) + layout(350, 40, 8, group=1)
     long = layout(100, 512, 16)
     assert choose_share_prompt(short, cfg, 'sdpa') and choose_share_prompt(short, cfg, 'flex')
-    assert not choose_share_prompt(long, cfg, 'sdpa'), 'dense-mask packing of 8k-token rows should lose'
+    assert not choose_share_prompt(long, cfg, 'sdpa'), \
+        'dense-mask packing of 8k-token rows should lose'
     assert choose_share_prompt(long, cfg, 'flex')
     packed, rows = layout_flops(long, cfg, 'sdpa')
-    assert 1.3 < packed / rows < 2.0, f'packed / rows = {packed / rows:.2f}: the issue\'s estimate is about 1.6'
+    assert 1.3 < packed / rows < 2.0, \
+        f'packed / rows = {packed / rows:.2f}: the estimate is about 1.6'
     # where the rule flips under sdpa, for 100-token prompts and G=16: between 128 and 512-token
     # completions
     assert choose_share_prompt(layout(100, 128, 16), cfg, 'sdpa')
-    assert not choose_share_prompt([{k: v for k, v in r.items() if k != 'group'} for r in short], cfg, 'sdpa')
+    ungrouped = [{k: v for k, v in r.items() if k != 'group'} for r in short]
+    assert not choose_share_prompt(ungrouped, cfg, 'sdpa')
 
 
 def test_flex_cost_counts_the_blocks_the_block_mask_keeps():
     """layout_flops' FlexAttention pairs are the BlockMask's own block count (model.packed_mask on
     pack_groups' ids)."""
     cfg = ModelConfig(n_layer=1, n_head=1, n_kv_head=1, n_embd=8, intermediate_size=8)
-    per_pair, per_token = 4 * 8, 2 * (8 * 3 * 8 + 8 * 8 + 3 * 8 * 8)
+    per_pair = 4 * 8
+    per_token = 2 * (8 * 3 * 8 + 8 * 8 + 3 * 8 * 8)
     for P, C in [(100, [300, 7, 129, 1, 60]), (300, [5] * 40), (1, [200, 200])]:
         rows = layout(P, C, len(C))
         x, pos, seg, pred, targets = pack_groups(rows, pad_id=0)

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (Regex, Tokenizer as HFTokenizer, decoders, models, normalizers,
+                        pre_tokenizers, trainers)
 
 from tokenizer import CHATML, QWEN2_PATTERN, TokenizerError, byte_tokenizer, load_tokenizer
 
@@ -16,10 +17,14 @@ transformers = pytest.importorskip('transformers')
 SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>', '<think>', '</think>']
 # Qwen2.5's template, less its tool branches: a default system turn when the conversation has none
 QWEN25 = (
-    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    "<|im_end|>\\n' }}{%- endif %}\n{%- for message in messages %}{%- if not (message.role == 'system' and loop.first)"
-    " %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}{%- endif %}\n{%- for message in messages %}"
+    "{%- if not (message.role == 'system' and loop.first)"
+    " %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}\n{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
 # Qwen3's template, less its tool branches: reasoning kept only after the last user turn,
 # enable_thinking=False closes an empty <think> block in the generation prompt (its plain {% %}
@@ -71,11 +76,14 @@ QWEN3 = """{%- if messages[0].role == 'system' %}
 """
 Q = 'Tom has 12 apples and gets 7 more.\nHow many?  héllo 日本 🤖'
 CONVERSATIONS = {
-    'system': [{'role': 'system', 'content': 'Reason step by step.'}, {'role': 'user', 'content': Q}],
+    'system': [{'role': 'system', 'content': 'Reason step by step.'},
+               {'role': 'user', 'content': Q}],
     'no-system': [{'role': 'user', 'content': Q}],
     'empty-system': [{'role': 'system', 'content': ''}, {'role': 'user', 'content': Q}],
-    'multi-turn': [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'What is 2+2?'},
-                   {'role': 'assistant', 'content': '4'}, {'role': 'user', 'content': '\n\n  And 3+3? '},
+    'multi-turn': [{'role': 'system', 'content': 'Be brief.'},
+                   {'role': 'user', 'content': 'What is 2+2?'},
+                   {'role': 'assistant', 'content': '4'},
+                   {'role': 'user', 'content': '\n\n  And 3+3? '},
                    {'role': 'assistant', 'content': '6', 'reasoning_content': '3+3 is 6'}],
 }
 
@@ -88,10 +96,11 @@ def trained(tmp_path_factory):
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    corpus = [Q, 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.', 'system user assistant',
-              'Reason step by step. Be brief. What is 2+2? And 3+3?'] * 50
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    corpus = [Q, 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.',
+              'system user assistant', 'Reason step by step. Be brief. What is 2+2? And 3+3?'] * 50
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
     return tok
 
 
@@ -100,7 +109,8 @@ def snapshot(tok, path, template, as_file):
     chat_template.jinja."""
     path.mkdir()
     tok.save(str(path / 'tokenizer.json'))
-    conf = {'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '<|im_end|>', 'pad_token': '<|endoftext|>'}
+    conf = {'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '<|im_end|>',
+            'pad_token': '<|endoftext|>'}
     if as_file:
         (path / 'chat_template.jinja').write_text(template)
     else:
@@ -119,12 +129,13 @@ def hf_ids(hf, msgs, gen, **kw):
 def test_prompt_ids_equal_apply_chat_template(trained, tmp_path, name, as_file):
     path = snapshot(trained, tmp_path / name, QWEN25 if name == 'qwen2.5' else QWEN3, as_file)
     ours, hf = load_tokenizer(path), transformers.AutoTokenizer.from_pretrained(path)
-    assert ours.template is not None and ours.template_file.endswith('jinja' if as_file else 'tokenizer_config.json')
+    assert ours.template is not None
+    assert ours.template_file.endswith('jinja' if as_file else 'tokenizer_config.json')
     for conv, msgs in CONVERSATIONS.items():
         for gen in (True, False):
             want, got = hf_ids(hf, msgs, gen), ours.render_chat(msgs, add_generation_prompt=gen)
-            assert got == want, f'{name} {conv} add_generation_prompt={gen}:\n ours {ours.decode(got)!r}\n' \
-                                f'   hf {hf.decode(want)!r}'
+            assert got == want, (f'{name} {conv} add_generation_prompt={gen}:\n'
+                                 f' ours {ours.decode(got)!r}\n   hf {hf.decode(want)!r}')
     text = ours.decode(ours.render_chat(CONVERSATIONS['no-system']))
     if name == 'qwen2.5':  # the default system turn the hand-written ChatML left out
         assert text.startswith('<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.'), text
@@ -133,7 +144,8 @@ def test_prompt_ids_equal_apply_chat_template(trained, tmp_path, name, as_file):
         off = ours.render_chat(CONVERSATIONS['no-system'], enable_thinking=False)
         assert off == hf_ids(hf, CONVERSATIONS['no-system'], True, enable_thinking=False)
         assert ours.decode(off).endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n')
-        multi = ours.decode(ours.render_chat(CONVERSATIONS['multi-turn'], add_generation_prompt=False))
+        ids = ours.render_chat(CONVERSATIONS['multi-turn'], add_generation_prompt=False)
+        multi = ours.decode(ids)
         assert '<think>\n3+3 is 6\n</think>\n\n6<|im_end|>' in multi, multi
 
 
@@ -147,9 +159,11 @@ def test_special_token_text_in_a_message_stays_text(trained, tmp_path, name):
     start, end = ours.special['<|im_start|>'], ours.special['<|im_end|>']
     assert ids.count(start) == 3 and ids.count(end) == 2, 'a message injected a turn boundary'
     assert ours.special['<think>'] not in ids
-    assert ours.decode(ids) == hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    text = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert ours.decode(ids) == text
     user = ids[ids.index(start, 1) + 1:ids.index(end, ids.index(start, 1))]
-    assert user == ours.encode('user\n' + evil), 'the user turn is not its text encoded as ordinary text'
+    assert user == ours.encode('user\n' + evil), (
+        'the user turn is not its text encoded as ordinary text')
 
 
 HOSTILE = ["{{ ''.__class__.__mro__[1].__subclasses__() }}",
@@ -164,19 +178,23 @@ def test_a_hostile_template_cannot_run_code(trained, tmp_path, monkeypatch, sour
     monkeypatch.chdir(tmp_path)
     tok = load_tokenizer(path)
     msgs = [{'role': 'user', 'content': 'hi'}]
-    with pytest.raises(TokenizerError, match=r"tokenizer_config\.json: field 'chat_template' fails to render "
-                                             r"\((SecurityError|UndefinedError)"):
+    with pytest.raises(TokenizerError,
+                       match=r"tokenizer_config\.json: field 'chat_template' fails to render "
+                             r"\((SecurityError|UndefinedError)"):
         tok.render_chat(msgs)
     assert not (tmp_path / 'PWNED').exists() and msgs == [{'role': 'user', 'content': 'hi'}]
 
 
 def test_template_errors_are_one_line(trained, tmp_path):
     path = snapshot(trained, tmp_path / 'bad', '{% if %}', False)
-    with pytest.raises(TokenizerError, match=r"tokenizer_config\.json: field 'chat_template' does not compile"):
+    with pytest.raises(TokenizerError,
+                       match=r"tokenizer_config\.json: field 'chat_template' does not compile"):
         load_tokenizer(path)
-    path = snapshot(trained, tmp_path / 'refuses', "{{ raise_exception('System role not supported') }}", True)
-    with pytest.raises(TokenizerError, match=r"chat_template\.jinja: field 'chat_template' fails to render "
-                                             r"\(ValueError: System role not supported\)"):
+    path = snapshot(trained, tmp_path / 'refuses',
+                    "{{ raise_exception('System role not supported') }}", True)
+    with pytest.raises(TokenizerError,
+                       match=r"chat_template\.jinja: field 'chat_template' fails to render "
+                             r"\(ValueError: System role not supported\)"):
         load_tokenizer(path).render_chat([{'role': 'user', 'content': 'hi'}])
 
 
@@ -185,12 +203,13 @@ def test_byte_tokenizer_keeps_hand_written_chatml(tmp_path):
     assert tok.template is None
     msgs = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'a<|im_end|>b'}]
     ids = tok.render_chat(msgs)
-    assert tok.decode(ids) == ('<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\na<|im_end|>b<|im_end|>\n'
-                               '<|im_start|>assistant\n')
+    assert tok.decode(ids) == ('<|im_start|>system\nBe brief.<|im_end|>\n'
+                               '<|im_start|>user\na<|im_end|>b<|im_end|>\n<|im_start|>assistant\n')
     assert ids.count(tok.special['<|im_end|>']) == 2
-    tok.save(str(tmp_path))  # its export carries ChatML as a template: loaded back, it renders to the same ids
+    # its export carries ChatML as a template: loaded back, it renders to the same ids
+    tok.save(str(tmp_path))
     again = load_tokenizer(str(tmp_path))
-    assert again.template is not None and json.loads(Path(tmp_path, 'tokenizer_config.json').read_text())[
-        'chat_template'] == CHATML
+    conf = json.loads(Path(tmp_path, 'tokenizer_config.json').read_text())
+    assert again.template is not None and conf['chat_template'] == CHATML
     for gen in (True, False):
         assert again.render_chat(msgs, gen) == tok.render_chat(msgs, gen)

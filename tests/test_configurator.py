@@ -18,7 +18,8 @@ def run(argv, g=None):
 
 
 def test_overrides_parse_and_apply():
-    cfg, g = run(['--lr=3e-4', '--steps=5', '--name=my run', '--compile=True', "--rewards=[('format', 0.5)]"])
+    cfg, g = run(['--lr=3e-4', '--steps=5', '--name=my run', '--compile=True',
+                  "--rewards=[('format', 0.5)]"])
     assert cfg == {'lr': 3e-4, 'steps': 5, 'name': 'my run', 'compile': True, 'init_from': None,
                    'rewards': [('format', 0.5)]}
     assert g['lr'] == 3e-4, "the script's globals must change, nanoGPT style"
@@ -31,7 +32,8 @@ def test_int_for_float_and_string_that_looks_like_a_number():
 
 
 def test_none_default_accepts_anything():
-    assert run(['--init_from=Qwen/Qwen2.5-0.5B-Instruct'])[0]['init_from'] == 'Qwen/Qwen2.5-0.5B-Instruct'
+    cfg, _ = run(['--init_from=Qwen/Qwen2.5-0.5B-Instruct'])
+    assert cfg['init_from'] == 'Qwen/Qwen2.5-0.5B-Instruct'
     assert run(['--init_from=3'])[0]['init_from'] == 3
 
 
@@ -39,7 +41,10 @@ def test_auto_default_also_takes_true_or_false(tmp_path):
     """share_prompt = 'auto' also takes True/False, on the command line and in a config file (a
     choice, not a change of type); other words stay strings, for safety.bad_knob to refuse with the
     allowed values."""
-    g = lambda: {**defaults(), 'share_prompt': 'auto'}  # noqa: E731
+
+    def g():
+        return {**defaults(), 'share_prompt': 'auto'}
+
     assert run(['--share_prompt=False'], g())[0]['share_prompt'] is False
     assert run(['--share_prompt=True'], g())[0]['share_prompt'] is True
     assert run(['--share_prompt=auto'], g())[0]['share_prompt'] == 'auto'
@@ -55,7 +60,7 @@ def test_value_containing_equals():
 
 def test_config_file_then_override(tmp_path):
     f = tmp_path / 'c.py'
-    f.write_text("import math\nlr = 2e-5  # a comment\nsteps = 100\ndef helper(): pass\n")
+    f.write_text("import math\nlr = 2e-5  # a comment\nsteps = 100\ndef util(): pass\n")
     cfg, _ = run([str(f), '--steps=7'])
     assert cfg['lr'] == 2e-5 and cfg['steps'] == 7
 
@@ -73,7 +78,8 @@ def test_bad_input_exits_2_with_one_clear_line(argv, needle, capsys):
         run(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert needle in err and err.count('\n') == 1, f"expected one line containing {needle!r}, got {err!r}"
+    assert needle in err and err.count('\n') == 1, \
+        f"expected one line containing {needle!r}, got {err!r}"
 
 
 def test_config_file_errors_name_the_file(tmp_path, capsys):

@@ -1,8 +1,8 @@
 """The CPU suites' specifications on a CUDA device: the Triton kernels compiled for real (not the
 interpreter) against the fp64 oracles of test_kernels.py / test_lmhead.py, the model and sampler on
 CUDA in bf16 and fp32, the compiled decode. Skipped without CUDA; bench/gpu_check.py runs them (with
-TRITON_INTERPRET=0). Data are built on the CPU by the CPU suites' own helpers (same seeds) and moved
-over, so both suites check the same cases.
+TRITON_INTERPRET=0). Data are built on the CPU by the CPU suites' own functions (same seeds) and
+moved over, so both suites check the same cases.
 """
 import os
 
@@ -12,7 +12,8 @@ import torch
 # GRPO_CUDA_TESTS_DEVICE=cpu: a dry run of these tests' own code on the CPU (kernels then take their
 # torch paths)
 DEV = os.environ.get('GRPO_CUDA_TESTS_DEVICE', 'cuda')
-pytestmark = [pytest.mark.skipif(DEV == 'cuda' and not torch.cuda.is_available(), reason='no CUDA device'),
+pytestmark = [pytest.mark.skipif(DEV == 'cuda' and not torch.cuda.is_available(),
+                                 reason='no CUDA device'),
               pytest.mark.filterwarnings('ignore::RuntimeWarning')]
 
 
@@ -27,7 +28,7 @@ def compiled_triton():
         pytest.skip('TRITON_INTERPRET is on: run with TRITON_INTERPRET=0 (bench/gpu_check.py does)')
 
 
-# ----------------------------------------------------------------------------- fused log-prob + entropy
+# ------------------------------------------------------------------------- fused log-prob + entropy
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
@@ -69,7 +70,8 @@ def test_lm_head_kernel_matches_fp64(dtype):
     from kernels import lm_head_logprobs
     from test_lmhead import TILES, close, data, oracle, run
     hidden, weight, targets, mask, a, b = cuda(*data(dtype))
-    got = run(lm_head_logprobs, hidden, weight, targets, 0.9, mask, a, b, tiles=TILES, head_fp32=True)
+    got = run(lm_head_logprobs, hidden, weight, targets, 0.9, mask, a, b, tiles=TILES,
+              head_fp32=True)
     ref = run(oracle, hidden.double(), weight.double(), targets, 0.9, mask, a, b)
     close(got[0], ref[0], 'log p(target)')
     close(got[1], ref[1], 'entropy')
@@ -95,19 +97,21 @@ def test_lm_head_default_tiles_at_qwen_shape():
 # ----------------------------------------------------------------------------- sampler
 
 
-@pytest.mark.parametrize('cfg', [dict(temperature=1.0), dict(top_p=0.7), dict(top_k=10, top_p=0.8, temperature=0.8),
-                                 dict(min_p=0.2), dict(temperature=0.0)], ids=str)
+@pytest.mark.parametrize('cfg', [dict(temperature=1.0), dict(top_p=0.7),
+                                 dict(top_k=10, top_p=0.8, temperature=0.8), dict(min_p=0.2),
+                                 dict(temperature=0.0)], ids=str)
 def test_sampler_kernel_draws_the_torch_reference_ids(cfg):
     from sample_kernels import sample_tokens, sample_tokens_ref
     from test_kernels import close, random_rows
     logits, seeds = random_rows()
     ref_ids, ref_lp = sample_tokens_ref(logits, seeds, 3, **cfg)
     ids, lp = sample_tokens(logits.to(DEV), seeds.to(DEV), 3, **cfg)
-    assert torch.equal(ids.cpu(), ref_ids), f'{(ids.cpu() != ref_ids).sum()} of {len(ids)} ids differ'
+    assert torch.equal(ids.cpu(), ref_ids), \
+        f'{(ids.cpu() != ref_ids).sum()} of {len(ids)} ids differ'
     close(lp.cpu(), ref_lp, 'sampled log p')
 
 
-# ----------------------------------------------------------------------------- model and sampler on CUDA
+# ------------------------------------------------------------------------ model and sampler on CUDA
 
 
 def test_model_bf16_on_cuda_is_close_to_fp32_and_cached_decode_agrees():
@@ -122,9 +126,10 @@ def test_model_bf16_on_cuda_is_close_to_fp32_and_cached_decode_agrees():
         scale = ref.abs().max().item()
         assert (out - ref).abs().max() <= 0.05 * scale, 'bf16 CUDA logits far from fp32 CPU'
         cache = KVCache(low.config, 3, 21, torch.bfloat16, DEV)
-        steps = [low(idx[:, :13].to(DEV), kv_cache=cache)] + [low(idx[:, t:t + 1].to(DEV), kv_cache=cache)
-                                                            for t in range(13, 21)]
-        assert (torch.cat(steps, 1).float().cpu() - ref).abs().max() <= 0.05 * scale, 'bf16 cached decode differs'
+        steps = [low(idx[:, :13].to(DEV), kv_cache=cache)]
+        steps += [low(idx[:, t:t + 1].to(DEV), kv_cache=cache) for t in range(13, 21)]
+        cached = torch.cat(steps, 1).float().cpu()
+        assert (cached - ref).abs().max() <= 0.05 * scale, 'bf16 cached decode differs'
 
 
 def test_greedy_generation_on_cuda_equals_uncached_fp32():
@@ -133,7 +138,8 @@ def test_greedy_generation_on_cuda_equals_uncached_fp32():
     out = generate(tiny().to(DEV), TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[])
     cpu_model = tiny()  # the same seed: the same weights
     for p, o in zip(PROMPTS, out):
-        assert o['ids'] == naive_greedy(cpu_model, p, 20)[0], 'CUDA cached greedy differs from CPU uncached'
+        assert o['ids'] == naive_greedy(cpu_model, p, 20)[0], \
+            'CUDA cached greedy differs from CPU uncached'
 
 
 def test_compiled_decode_on_cuda_generates_as_eager():
@@ -143,7 +149,8 @@ def test_compiled_decode_on_cuda_generates_as_eager():
     stops = [ord(c) for c in 'aeiou ']
     a = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops)
     b = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops, compile=True)
-    assert [x['ids'] for x in a] == [x['ids'] for x in b], 'the compiled forward changed the completions on CUDA'
+    assert [x['ids'] for x in a] == [x['ids'] for x in b], \
+        'the compiled forward changed the completions on CUDA'
 
 
 def test_bf16_generation_on_cuda_runs_and_stops():

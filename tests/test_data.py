@@ -25,8 +25,10 @@ def load_gsm8k(split, data_dir=None, skip_bad_rows=False, stats=None):
 
 GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k'
 needs_gsm8k = pytest.mark.skipif(not (GSM8K / 'train.jsonl').exists(),
-                                 reason=f'GSM8K not found at {GSM8K} (CI keeps it beside the clone)')
-GOOD = {'question': 'Tom has 2 apples and gets 3 more. How many?', 'answer': 'Tom has 2+3=<<2+3=5>>5.\n#### 5'}
+                                 reason=f'GSM8K not found at {GSM8K} '
+                                        '(CI keeps it beside the clone)')
+GOOD = {'question': 'Tom has 2 apples and gets 3 more. How many?',
+        'answer': 'Tom has 2+3=<<2+3=5>>5.\n#### 5'}
 
 
 @needs_gsm8k
@@ -38,7 +40,8 @@ def test_load_local_gsm8k(split, n):
     for row, r in zip(rows, raw):
         assert set(row) == {'question', 'answer', 'solution'}
         assert row['solution'] == r['answer'].strip() and row['question'] == r['question'].strip()
-        assert re.fullmatch(r'-?[0-9]+', row['answer']), f'final answer {row["answer"]!r} is not a plain integer'
+        assert re.fullmatch(r'-?[0-9]+', row['answer']), \
+            f'final answer {row["answer"]!r} is not a plain integer'
     if split == 'train':  # the first row, read by hand: "... #### 72"
         assert rows[0]['answer'] == '72'
 
@@ -83,7 +86,8 @@ def test_answer_is_the_text_after_the_marker_without_commas(tmp_path):
 def test_parquet_directory_reads_like_jsonl(tmp_path):
     pa, pq = pytest.importorskip('pyarrow'), pytest.importorskip('pyarrow.parquet')
     (tmp_path / 'main').mkdir()
-    pq.write_table(pa.Table.from_pylist([GOOD, GOOD]), tmp_path / 'main' / 'test-00000-of-00001.parquet')
+    table = pa.Table.from_pylist([GOOD, GOOD])
+    pq.write_table(table, tmp_path / 'main' / 'test-00000-of-00001.parquet')
     rows = load_gsm8k('test', data_dir=tmp_path)
     assert rows == [{'question': GOOD['question'], 'answer': '5', 'solution': GOOD['answer']}] * 2
 
@@ -102,7 +106,7 @@ def test_offline_hub_failure_says_to_pass_data_dir(monkeypatch):
         load_gsm8k('train')
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # order
 
 def test_epoch_order_is_a_deterministic_permutation():
@@ -115,20 +119,23 @@ def test_epoch_order_is_a_deterministic_permutation():
 
 def test_batch_at_resumes_mid_stream_across_epochs():
     examples = [{'i': i} for i in range(10)]
-    stream = [examples[i] for e in range(3) for i in epoch_order(10, 7, e)]   # independent reference
-    cursor, served = 0, []
+    # independent reference
+    stream = [examples[i] for e in range(3) for i in epoch_order(10, 7, e)]
+    cursor = 0
+    served = []
     for _ in range(7):   # batches of 4 straddle the epoch boundaries at 10 and 20
         batch, cursor = batch_at(examples, 7, cursor, 4)
         served += batch
     assert served == stream[:28] and cursor == 28
-    assert batch_at(examples, 7, 12, 4)[0] == stream[12:16], 'resuming from a cursor must give the same batch'
+    assert batch_at(examples, 7, 12, 4)[0] == stream[12:16], \
+        'resuming from a cursor must give the same batch'
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # prompts
 
-EX = {'question': 'Tom has 12 apples and gets 7 more. How many apples does Tom have?', 'answer': '19',
-      'solution': '12+7=19\n#### 19'}
+EX = {'question': 'Tom has 12 apples and gets 7 more. How many apples does Tom have?',
+      'answer': '19', 'solution': '12+7=19\n#### 19'}
 
 
 def test_default_prompt_asks_for_steps_and_a_box():
@@ -142,7 +149,8 @@ def test_prompt_parts_are_configurable_and_omittable():
     msgs = build_messages(EX, system_prompt='Be terse.', instruction='End with #### n.')
     assert msgs == [{'role': 'system', 'content': 'Be terse.'},
                     {'role': 'user', 'content': EX['question'] + '\nEnd with #### n.'}]
-    assert build_messages(EX, system_prompt=None, instruction='') == [{'role': 'user', 'content': EX['question']}]
+    assert build_messages(EX, system_prompt=None, instruction='') == \
+        [{'role': 'user', 'content': EX['question']}]
 
 
 def test_few_shot_turns_come_first_in_the_asked_format():
@@ -155,35 +163,41 @@ def test_few_shot_turns_come_first_in_the_asked_format():
     assert plain[1] == {'role': 'assistant', 'content': '5-2=3\n#### 3'}
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # synthetic arithmetic
 
 def _check_solution(ex):
     """Recompute the chain of equations independently of the generator."""
     lines = ex['solution'].split('\n')
     assert lines[-1] == f"#### {ex['answer']}"
-    value, operands = None, []
+    value = None
+    operands = []
     for line in lines[:-1]:
         a, op, b, c = re.fullmatch(r'(\d+)([-+*/])(\d+)=(\d+)', line).groups()
         operands += [a, b] if value is None else [b]
         assert value is None or int(a) == value, f'step does not continue the chain: {ex}'
-        value = {'+': int(a) + int(b), '-': int(a) - int(b), '*': int(a) * int(b), '/': int(a) / int(b)}[op]
+        results = {'+': int(a) + int(b), '-': int(a) - int(b), '*': int(a) * int(b),
+                   '/': int(a) / int(b)}
+        value = results[op]
         assert value == int(c) and value > 0, f'wrong or non-positive step {line!r} in {ex}'
     assert value == int(ex['answer'])
-    assert re.findall(r'\d+', ex['question']) == operands, f'question and solution use different numbers: {ex}'
+    assert re.findall(r'\d+', ex['question']) == operands, \
+        f'question and solution use different numbers: {ex}'
 
 
 @pytest.mark.parametrize('difficulty', sorted(DIFFICULTY))
 def test_arith_solutions_are_right_and_grade_correct(difficulty):
     for ex in make_arith(300, seed=3, difficulty=difficulty):
         _check_solution(ex)
-        assert is_correct(ex['solution'], ex['answer']) and is_correct(f"\\boxed{{{ex['answer']}}}", ex['answer'])
+        assert is_correct(ex['solution'], ex['answer'])
+        assert is_correct(f"\\boxed{{{ex['answer']}}}", ex['answer'])
 
 
 def test_arith_is_deterministic_from_its_seed():
     assert make_arith(50, seed=5) == make_arith(50, seed=5)
     assert make_arith(50, seed=5) != make_arith(50, seed=6)
-    assert make_arith(20, seed=5) == make_arith(50, seed=5)[:20], 'asking for more must not change the first ones'
+    assert make_arith(20, seed=5) == make_arith(50, seed=5)[:20], \
+        'asking for more must not change the first ones'
 
 
 def test_easy_arith_is_short_enough_for_a_byte_model():
@@ -197,7 +211,8 @@ def test_easy_arith_is_short_enough_for_a_byte_model():
     (dict(digits=3, steps=1), lambda ex: True),
     (dict(ops='+'), lambda ex: '-' not in ex['solution'] and '+' in ex['solution']),
     (dict(ops='*', steps=2), lambda ex: ex['solution'].count('*') == 2),
-    (dict(ops='/', digits=3), lambda ex: '/' in ex['solution'] or '+' in ex['solution']),  # '+' when no divisor
+    # '+' when no divisor
+    (dict(ops='/', digits=3), lambda ex: '/' in ex['solution'] or '+' in ex['solution']),
     (dict(steps=3), lambda ex: ex['solution'].count('\n') == 3),
 ])
 def test_difficulty_knobs_shape_the_problems(knobs, check):
@@ -233,16 +248,19 @@ def test_arith_splits_too_small_a_space_is_an_error():
 
 
 def test_count_on_works_the_sum_one_step_at_a_time():
-    assert count_on('46+7=53\n#### 53') == '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6) 53(7)\n#### 53'
+    assert count_on('46+7=53\n#### 53') == \
+        '46+7: 47(1) 48(2) 49(3) 50(4) 51(5) 52(6) 53(7)\n#### 53'
     assert count_on('12-3=9\n#### 9') == '12-3: 11(1) 10(2) 9(3)\n#### 9'
-    assert count_on('12+30=42\n#### 42') == '12+30=42\n#### 42', 'two-digit amounts are left as they were'
+    assert count_on('12+30=42\n#### 42') == '12+30=42\n#### 42', \
+        'two-digit amounts are left as they were'
     assert count_on('6*3=18\n#### 18') == '6*3=18\n#### 18'
     for ex in make_arith(300, seed=4, difficulty='starter'):
         worked = count_on(ex['solution'])
         assert is_correct(worked, ex['answer']), worked
         steps = re.findall(r'(\d+)\((\d)\)', worked)
         a, op, b = re.match(r'(\d+)([+-])(\d)', worked).groups()
-        assert [int(n) for n, _ in steps] == [int(a) + (k if op == '+' else -k) for k in range(1, int(b) + 1)]
+        sign = 1 if op == '+' else -1
+        assert [int(n) for n, _ in steps] == [int(a) + sign * k for k in range(1, int(b) + 1)]
         assert [int(k) for _, k in steps] == list(range(1, int(b) + 1)), worked
 
 
@@ -250,10 +268,12 @@ def test_count_on_frac_rewrites_that_share_of_training_solutions_only():
     plain_train, plain_test = arith_splits(2000, 200, seed=0, difficulty='starter')
     train, test = arith_splits(2000, 200, seed=0, difficulty='starter', count_on_frac=0.3)
     assert test == plain_test, 'the held-out split must not change'
-    assert [ex['question'] for ex in train] == [ex['question'] for ex in plain_train], 'the same problems'
+    assert [ex['question'] for ex in train] == [ex['question'] for ex in plain_train], \
+        'the same problems'
     worked = sum(ex['solution'] != p['solution'] for ex, p in zip(train, plain_train))
     assert 0.25 < worked / len(train) < 0.35, worked
-    assert all(ex['solution'] in (p['solution'], count_on(p['solution'])) for ex, p in zip(train, plain_train))
+    pairs = zip(train, plain_train)
+    assert all(ex['solution'] in (p['solution'], count_on(p['solution'])) for ex, p in pairs)
 
 
 def test_slip_drops_the_carry_and_is_right_exactly_without_one():
@@ -263,7 +283,8 @@ def test_slip_drops_the_carry_and_is_right_exactly_without_one():
     assert slip('80-7=73\n#### 73') == '80-7=83\n#### 83'
     assert slip('95+7=102\n#### 102') == '95+7=92\n#### 92'
     assert slip('42+5=47\n#### 47') == '42+5=47\n#### 47', 'no carry: already right'
-    assert slip('12+30=42\n#### 42') == '12+30=42\n#### 42', 'two-digit amounts are left as they were'
+    assert slip('12+30=42\n#### 42') == '12+30=42\n#### 42', \
+        'two-digit amounts are left as they were'
     for ex in make_arith(300, seed=5, difficulty='starter'):
         a, op, b = re.match(r'(\d+)([+-])(\d)', ex['solution']).groups()
         carries = int(a) % 10 + int(b) > 9 if op == '+' else int(a) % 10 < int(b)
@@ -271,11 +292,13 @@ def test_slip_drops_the_carry_and_is_right_exactly_without_one():
 
 
 def test_slip_frac_rewrites_direct_training_solutions_only():
-    plain_train, plain_test = arith_splits(2000, 200, seed=0, difficulty='starter', count_on_frac=0.4)
-    train, test = arith_splits(2000, 200, seed=0, difficulty='starter', count_on_frac=0.4, slip_frac=1.0)
+    knobs = dict(seed=0, difficulty='starter', count_on_frac=0.4)
+    plain_train, plain_test = arith_splits(2000, 200, **knobs)
+    train, test = arith_splits(2000, 200, **knobs, slip_frac=1.0)
     assert test == plain_test, 'the held-out split (and its answers) must not change'
     assert [ex['question'] for ex in train] == [ex['question'] for ex in plain_train]
-    assert [':' in ex['solution'] for ex in train] == [':' in p['solution'] for p in plain_train], 'counting kept'
+    assert [':' in ex['solution'] for ex in train] == [':' in p['solution'] for p in plain_train], \
+        'counting kept'
     direct = [(ex, p) for ex, p in zip(train, plain_train) if ':' not in p['solution']]
     assert all(ex['solution'] == slip(p['solution']) for ex, p in direct)
     right = sum(is_correct(ex['solution'], ex['answer']) for ex, _ in direct) / len(direct)

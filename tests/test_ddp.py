@@ -17,28 +17,37 @@ ROOT = Path(__file__).resolve().parents[1]
 # tiny model, 4 prompts x 4 samples per step; micro-batches of 4 rows so each rank accumulates over
 # several (and, when filter_zero_std drops a group on one rank only, the ranks have different
 # numbers of them)
-TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
-        '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4', '--batch_prompts=4',
-        '--micro_batch_size=4', '--max_new_tokens=8', '--arith_n_train=200', '--arith_n_test=8', '--eval_examples=4',
-        '--eval_every=0', '--device=cpu', '--dtype=float32', '--plot_every=0', '--export_hf=False', '--lr=1e-3',
-        '--warmup_steps=1', '--watchdog_s=0', "--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}]",
+TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instruction=', '--n_layer=1',
+        '--n_embd=32', '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4',
+        '--batch_prompts=4', '--micro_batch_size=4', '--max_new_tokens=8', '--arith_n_train=200',
+        '--arith_n_test=8', '--eval_examples=4', '--eval_every=0', '--device=cpu',
+        '--dtype=float32', '--plot_every=0', '--export_hf=False', '--lr=1e-3', '--warmup_steps=1',
+        '--watchdog_s=0', "--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}]",
         '--max_steps=3', '--save_every=1', '--keep_last=10']
-SAME = ['reward/mean', 'reward/std', 'frac_zero_std', 'rows_trained', 'tokens_trained', 'response_len/mean']
-CLOSE = ['loss', 'grad_norm', 'entropy', 'logprob/mean']  # sums over ranks: equal up to float rounding
-ENV = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': '1'}
+SAME = ['reward/mean', 'reward/std', 'frac_zero_std', 'rows_trained', 'tokens_trained',
+        'response_len/mean']
+# sums over ranks: equal up to float rounding
+CLOSE = ['loss', 'grad_norm', 'entropy', 'logprob/mean']
+ENV = {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1',
+       'OMP_NUM_THREADS': '1'}
 
 
 def cmd(out_dir, nproc, *args):
-    launch = [sys.executable] if nproc == 0 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                                                   f'--nproc_per_node={nproc}']
+    if nproc == 0:
+        launch = [sys.executable]
+    else:
+        launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                  f'--nproc_per_node={nproc}']
     return [*launch, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}', *args]
 
 
 def run(out_dir, nproc, *args, check=True):
     """nproc=0: a plain one-process run; otherwise torchrun with nproc ranks."""
-    p = subprocess.run(cmd(out_dir, nproc, *args), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    p = subprocess.run(cmd(out_dir, nproc, *args), cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=180)
     if check and p.returncode != 0:
-        raise AssertionError(f"exit {p.returncode}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-5000:]}")
+        raise AssertionError(f"exit {p.returncode}\n--- stdout\n{p.stdout[-3000:]}"
+                             f"\n--- stderr\n{p.stderr[-5000:]}")
     return p
 
 
@@ -51,20 +60,26 @@ def weights(out_dir, step):
 
 
 def assert_same_run(ref_dir, out_dir, what):
-    ra, rb = metrics(ref_dir), metrics(out_dir)
-    assert [r['step'] for r in rb] == [0, 1, 2, 3], f"{what}: metrics.jsonl steps {[r['step'] for r in rb]}, each once"
-    for a, b in zip(ra[1:], rb[1:]):  # same prompts, same seeds per (prompt, sample): the very same completions
+    ra = metrics(ref_dir)
+    rb = metrics(out_dir)
+    steps = [r['step'] for r in rb]
+    assert steps == [0, 1, 2, 3], f"{what}: metrics.jsonl steps {steps}, each once"
+    # same prompts, same seeds per (prompt, sample): the very same completions
+    for a, b in zip(ra[1:], rb[1:]):
         for k in SAME:
             assert a[k] == b[k], f"{what}: step {a['step']} {k} = {b[k]}, one process got {a[k]}"
         for k in CLOSE:
             assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-7), \
                 f"{what}: step {a['step']} {k} = {b[k]}, one process got {a[k]}"
-    wa, wb = weights(ref_dir, 3), weights(out_dir, 3)
+    wa = weights(ref_dir, 3)
+    wb = weights(out_dir, 3)
     assert wa.keys() == wb.keys(), f"{what}: checkpoint holds {sorted(wb)}, expected {sorted(wa)}"
     for k in wa:
         err = (wa[k] - wb[k]).abs().max().item()
-        assert torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5), f"{what}: {k} differs from one process by {err:.2e}"
-    key = 'wte.weight' if 'wte.weight' in wb else 'h.0.mlp.c_fc.lora_B.up_proj'  # LoRA: adapters only
+        assert torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5), \
+            f"{what}: {k} differs from one process by {err:.2e}"
+    # LoRA: adapters only
+    key = 'wte.weight' if 'wte.weight' in wb else 'h.0.mlp.c_fc.lora_B.up_proj'
     assert not torch.equal(weights(out_dir, 0)[key], wb[key]), f"{what}: nothing was trained"
 
 
@@ -86,7 +101,8 @@ def test_two_fsdp_ranks_match_one_process(one_process, tmp_path):
     assert_same_run(one_process, tmp_path, 'FSDP2, 2 ranks')
 
 
-LORA = ['--lora_rank=4', '--lora_alpha=8', '--lr=2e-2', '--beta=0.05']  # beta: the reference is the adapters-off model
+# beta: the reference is the adapters-off model
+LORA = ['--lora_rank=4', '--lora_alpha=8', '--lr=2e-2', '--beta=0.05']
 
 
 @pytest.fixture(scope='module')
@@ -110,20 +126,23 @@ def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):
     """Refill rounds split each round's prompts between the ranks, and a kept group trains on the
     rank that sampled it (it holds the sampler's log-probs): the same prompts, completions and
     weights as one process."""
-    args = ['--group_size=2', '--dynamic_sampling=4', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
+    args = ['--group_size=2', '--dynamic_sampling=4',
+            "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
     run(tmp_path / 'one', 0, *args)
     run(tmp_path / 'two', 2, *args)
     assert_same_run(tmp_path / 'one', tmp_path / 'two', 'DDP, 2 ranks, dynamic sampling')
-    assert any(r.get('dynamic/rounds', 0) > 1 for r in metrics(tmp_path / 'two')), "no refill happened"
+    assert any(r.get('dynamic/rounds', 0) > 1 for r in metrics(tmp_path / 'two')), \
+        "no refill happened"
 
 
 def worker_pids(pid):
-    """torchrun's workers: its children (each in a session of its own, so not in torchrun's process
+    """torchrun's workers: its children (each started by setsid, so not in torchrun's process
     group)."""
     kids = []
     for stat in Path('/proc').glob('[0-9]*/stat'):
         try:
-            if int(stat.read_text().rsplit(')', 1)[1].split()[1]) == pid:  # the field after the state is the parent
+            # the field after the state is the parent
+            if int(stat.read_text().rsplit(')', 1)[1].split()[1]) == pid:
                 kids.append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue  # a process that ended while we looked
@@ -132,7 +151,8 @@ def worker_pids(pid):
 
 def alive(pid):
     try:
-        return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'  # a zombie is dead
+        state = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+        return state != 'Z'  # a zombie is dead
     except FileNotFoundError:
         return False
 
@@ -141,8 +161,9 @@ def test_sigkill_of_all_ranks_then_resume(one_process, tmp_path):
     """Every process of a 2-rank run SIGKILLed after its step-2 checkpoint (stalled in step 3, so
     the kill cannot come too late); the same command, minus the stall, resumes and ends where one
     uninterrupted process does."""
-    proc = subprocess.Popen(cmd(tmp_path, 2, '--fault_stall_step=3', '--fault_stall_s=120'), cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd(tmp_path, 2, '--fault_stall_step=3', '--fault_stall_s=120'),
+                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while not (tmp_path / 'ckpt_0000002.pt').exists():
         assert time.time() < deadline and proc.poll() is None, "the 2-rank run never reached step 2"
@@ -165,8 +186,9 @@ def test_sigterm_to_torchrun_saves_on_every_rank_then_resumes(one_process, tmp_p
     """SIGTERM to torchrun reaches both ranks; they finish the step, save it, exit with 128+15 and
     no abort at teardown (gloo); the same command, minus the stall, resumes and ends where one
     uninterrupted process does."""
-    proc = subprocess.Popen(cmd(tmp_path, 2, '--fault_stall_step=2', '--fault_stall_s=3'), cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd(tmp_path, 2, '--fault_stall_step=2', '--fault_stall_s=3'),
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     deadline = time.time() + 120
     while not (tmp_path / 'ckpt_0000001.pt').exists():
         assert time.time() < deadline and proc.poll() is None, "the 2-rank run never reached step 1"
@@ -184,4 +206,5 @@ def test_sigterm_to_torchrun_saves_on_every_rank_then_resumes(one_process, tmp_p
 
 def test_batch_not_divisible_by_ranks_is_a_clear_error(tmp_path):
     p = run(tmp_path, 2, '--batch_prompts=3', check=False)
-    assert p.returncode != 0 and 'batch_prompts=3' in p.stderr and 'divisible' in p.stderr, p.stderr[-2000:]
+    assert p.returncode != 0, p.stderr[-2000:]
+    assert 'batch_prompts=3' in p.stderr and 'divisible' in p.stderr, p.stderr[-2000:]

@@ -17,15 +17,18 @@ from batch import completion_logprobs, pack_groups
 from model import ModelConfig, packed_backend, packed_mask
 
 DEVICE = torch.device(os.environ.get('GRPO_TEST_DEVICE', 'cpu'))
-pytestmark = pytest.mark.skipif(M.flex_attention is None, reason=f'torch {torch.__version__} has no FlexAttention')
+pytestmark = pytest.mark.skipif(M.flex_attention is None,
+                                reason=f'torch {torch.__version__} has no FlexAttention')
 
 
 def tiny(arch='qwen2', seed=0):
-    cfg = ModelConfig(arch=arch, vocab_size=97, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4, n_embd=64,
-                      intermediate_size=96, max_seq_len=512, tie_word_embeddings=arch == 'gpt2')
+    cfg = ModelConfig(arch=arch, vocab_size=97, n_layer=2, n_head=4,
+                      n_kv_head=2 if arch == 'qwen2' else 4, n_embd=64, intermediate_size=96,
+                      max_seq_len=512, tie_word_embeddings=arch == 'gpt2')
     torch.manual_seed(seed)
     m = M.GPT(cfg)
-    for p in m.parameters():  # every weight and bias nonzero, so a misplaced position or mask shows
+    # every weight and bias nonzero, so a misplaced position or mask shows
+    for p in m.parameters():
         torch.nn.init.normal_(p, std=0.15)
     return m.to(DEVICE)
 
@@ -40,7 +43,8 @@ def group_rows(plens=(60, 9, 1), G=(8, 5, 3), seed=1):
         prompt = torch.randint(0, 97, (plen,), generator=g).tolist()
         for _ in range(n):
             k = int(torch.randint(1, 61, (1,), generator=g))
-            rows.append({'prompt': prompt, 'ids': torch.randint(0, 97, (k,), generator=g).tolist(), 'group': group})
+            ids = torch.randint(0, 97, (k,), generator=g).tolist()
+            rows.append({'prompt': prompt, 'ids': ids, 'group': group})
     return rows
 
 
@@ -67,20 +71,25 @@ def oracle_mask(rows, T):
 def test_masks_from_segments_are_the_layout():
     rows = group_rows()
     x, pos, seg, pred, targets = pack_groups(rows, pad_id=0, device=DEVICE)
-    assert seg.shape == x.shape and seg.dtype == torch.int64, 'pack_groups hands over (B, T) segment ids, not T x T'
+    assert seg.shape == x.shape and seg.dtype == torch.int64, \
+        'pack_groups hands over (B, T) segment ids, not T x T'
     T = x.shape[1]
     want = oracle_mask(rows, T).to(DEVICE)
     dense = packed_mask(seg, 'sdpa')
     assert dense.shape == (3, 1, T, T) and dense.device.type == DEVICE.type
     assert torch.equal(dense[:, 0], want), 'the SDPA mask is not the packed layout'
     bm = packed_mask(seg, 'flex')
-    assert isinstance(bm, M.BlockMask) and bm.kv_indices.device.type == DEVICE.type, 'a BlockMask, on the device'
-    flex_dense = torch.stack([bm.mask_mod(torch.tensor(b, device=DEVICE), torch.tensor(0, device=DEVICE),
-                                          torch.arange(T, device=DEVICE)[:, None], torch.arange(T, device=DEVICE)[None])
-                              for b in range(3)])
+    assert isinstance(bm, M.BlockMask) and bm.kv_indices.device.type == DEVICE.type, \
+        'a BlockMask, on the device'
+    head = torch.tensor(0, device=DEVICE)
+    q_idx = torch.arange(T, device=DEVICE)[:, None]
+    kv_idx = torch.arange(T, device=DEVICE)[None]
+    per_row = [bm.mask_mod(torch.tensor(b, device=DEVICE), head, q_idx, kv_idx) for b in range(3)]
+    flex_dense = torch.stack(per_row)
     assert torch.equal(flex_dense, want), "the block mask's mask_mod is not the packed layout"
     blocks = bm.to_dense()  # (B, 1, T/128, T/128): which blocks the kernel computes at all
-    assert blocks.shape[-1] >= 3 and (blocks == 0).any(), 'the test layout should leave whole blocks out'
+    assert blocks.shape[-1] >= 3 and (blocks == 0).any(), \
+        'the test layout should leave whole blocks out'
 
 
 def test_backend_choice():
@@ -95,7 +104,11 @@ def eager_flex_with_grad(monkeypatch):
     import torch.nn.attention.flex_attention as FA
     monkeypatch.setattr(FA, '_validate_device', lambda *a: None)
     monkeypatch.setattr(FA, '_warn_once', lambda *a, **k: None, raising=False)
-    monkeypatch.setattr(M, 'flex', lambda q, k, v, bm, gqa: FA.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa))
+
+    def flex(q, k, v, bm, gqa):
+        return FA.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa)
+
+    monkeypatch.setattr(M, 'flex', flex)
 
 
 def logprobs(net, rows, backend, grad):
@@ -109,9 +122,11 @@ def test_flex_logprobs_and_gradients_equal_sdpa(arch, monkeypatch):
     """fp32, GQA (qwen2: 4 query heads on 2 kv heads) and plain heads (gpt2), three groups of
     different prompt lengths and sizes, completions of 1-60 tokens, padding: log-probs, entropies
     and every parameter's gradient <= 1e-5."""
-    net, rows = tiny(arch), group_rows()
+    net = tiny(arch)
+    rows = group_rows()
     ref_lp, ref_ent = logprobs(net, rows, 'sdpa', grad=False)
-    lp, ent = logprobs(net, rows, 'flex', grad=False)  # the compiled kernel (CPU: static shapes, one compile)
+    # the compiled kernel (CPU: static shapes, one compile)
+    lp, ent = logprobs(net, rows, 'flex', grad=False)
     torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
     if DEVICE.type == 'cpu':
@@ -124,4 +139,5 @@ def test_flex_logprobs_and_gradients_equal_sdpa(arch, monkeypatch):
         (w * lp + 0.1 * ent).sum().backward()
         grads[backend] = {n: p.grad.clone() for n, p in net.named_parameters()}
     for n, g in grads['sdpa'].items():
-        torch.testing.assert_close(grads['flex'][n], g, rtol=0, atol=1e-5, msg=lambda m: f'{n}: {m}')
+        torch.testing.assert_close(grads['flex'][n], g, rtol=0, atol=1e-5,
+                                   msg=lambda m: f'{n}: {m}')

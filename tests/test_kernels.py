@@ -1,8 +1,9 @@
-"""Specification of the fused log-prob/entropy kernel (kernels.py) and the sampler (sample_kernels.py); the LM head:
-test_lmhead.py.
+"""Specification of the fused log-prob/entropy kernel (kernels.py) and the sampler
+(sample_kernels.py); the LM head: test_lmhead.py.
 
-Every log-prob test runs twice: through the Triton kernels (forced, under TRITON_INTERPRET=1) and through the
-torch path that CPU training uses. The oracle is an fp64 log_softmax written here, independent of kernels.py.
+Every log-prob test runs twice: through the Triton kernels (forced, under TRITON_INTERPRET=1) and
+through the torch path that CPU training uses. The oracle is an fp64 log_softmax written here,
+independent of kernels.py.
 """
 import os
 import subprocess
@@ -15,8 +16,8 @@ import torch
 from kernels import token_logprobs
 from sample_kernels import sample_tokens, sample_tokens_ref
 
-# padding rows and -inf lanes compute inf/nan in branches that tl.where then discards; numpy (the interpreter)
-# warns about them, the GPU does not
+# padding rows and -inf lanes compute inf/nan in branches that tl.where then discards; numpy (the
+# interpreter) warns about them, the GPU does not
 pytestmark = pytest.mark.filterwarnings('ignore::RuntimeWarning:triton.runtime.interpreter')
 
 # block 128 with V = 300: three blocks per row, the last one ragged
@@ -50,7 +51,8 @@ def data(shape=(3, 5), dtype=torch.float32, seed=0, scale=3.0):
 
 
 def close(actual, expected, what, tol=1e-5):
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol, msg=lambda m: f'{what}: {m}')
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol,
+                               msg=lambda m: f'{what}: {m}')
 
 
 # ----------------------------------------------------------------------------- log-prob + entropy
@@ -71,11 +73,11 @@ def test_logprob_and_entropy_match_fp64(kw, temperature):
 def test_gradients_of_both_outputs_match_fp64(kw, temperature):
     logits, targets, a, b = data()
     g = grads(token_logprobs, logits, targets, a, b, temperature, **kw)
-    ref = grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b, temperature)
+    ref = grads(oracle, logits.double(), targets, a, b, temperature)
     assert g.dtype == logits.dtype
     close(g, ref, 'd(a*logp + b*entropy)/dlogits')
     g_lp = grads(token_logprobs, logits, targets, a, 0 * b, temperature, **kw)  # one output only
-    close(g_lp, grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, 0 * b, temperature), 'dlogp alone')
+    close(g_lp, grads(oracle, logits.double(), targets, a, 0 * b, temperature), 'dlogp alone')
 
 
 @pytest.mark.parametrize('kw', IMPLS)
@@ -88,13 +90,15 @@ def test_bf16_input(kw):
     close(ent, ref_ent, 'bf16 entropy')
     g = grads(token_logprobs, logits, targets, a, b, 0.8, **kw)
     assert g.dtype == torch.bfloat16, 'dlogits must be written in the input dtype'
-    ref = grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b, 0.8)
-    torch.testing.assert_close(g.double(), ref, rtol=2e-2, atol=1e-4, msg=lambda m: f'bf16 dlogits: {m}')
+    ref = grads(oracle, logits.double(), targets, a, b, 0.8)
+    torch.testing.assert_close(g.double(), ref, rtol=2e-2, atol=1e-4,
+                               msg=lambda m: f'bf16 dlogits: {m}')
 
 
 @pytest.mark.parametrize('kw', IMPLS)
 def test_minus_inf_logits(kw):
-    """Banned tokens (logit -inf) have p = 0: entropy stays finite and they get exactly zero gradient."""
+    """Banned tokens (logit -inf) have p = 0: entropy stays finite and they get exactly zero
+    gradient."""
     logits, targets, a, b = data()
     banned = torch.rand(logits.shape, generator=torch.Generator().manual_seed(1)) < 0.3
     banned.scatter_(-1, targets.unsqueeze(-1), False)
@@ -108,21 +112,23 @@ def test_minus_inf_logits(kw):
     g = grads(token_logprobs, logits, targets, a, b, **kw)
     assert torch.isfinite(g).all(), 'gradient has NaN/inf where logits are -inf'
     assert (g[banned] == 0).all(), 'tokens with logit -inf must get zero gradient'
-    close(g, grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b), 'dlogits with -inf logits')
+    close(g, grads(oracle, logits.double(), targets, a, b), 'dlogits with -inf logits')
 
 
 @pytest.mark.parametrize('kw', IMPLS)
 def test_logits_of_1e4(kw):
-    """Logits of +-1e4 with near-ties at the top: fp32 needs the max subtracted before anything else."""
+    """Logits of +-1e4 with near-ties at the top: fp32 needs the max subtracted before anything
+    else."""
     logits, targets, a, b = data(scale=1.0)
-    sign = torch.where(torch.rand(logits.shape, generator=torch.Generator().manual_seed(2)) < 0.5, -1.0, 1.0)
+    coin = torch.rand(logits.shape, generator=torch.Generator().manual_seed(2))
+    sign = torch.where(coin < 0.5, -1.0, 1.0)
     logits = (1e4 * sign + logits).float()
     lp, ent = token_logprobs(logits, targets, 1.0, **kw)
     ref_lp, ref_ent = oracle(logits, targets)
     close(lp, ref_lp, 'log p at +-1e4')
     close(ent, ref_ent, 'entropy at +-1e4')
     close(grads(token_logprobs, logits, targets, a, b, **kw),
-          grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b), 'dlogits at +-1e4')
+          grads(oracle, logits.double(), targets, a, b), 'dlogits at +-1e4')
 
 
 @pytest.mark.parametrize('kw', IMPLS)
@@ -134,7 +140,7 @@ def test_single_row(kw):
     close(lp, ref_lp, 'single-row log p')
     close(ent, ref_ent, 'single-row entropy')
     close(grads(token_logprobs, logits, targets, a, b, 1.3, **kw),
-          grads(lambda x, t, T: oracle(x, t, T), logits.double(), targets, a, b, 1.3), 'single-row dlogits')
+          grads(oracle, logits.double(), targets, a, b, 1.3), 'single-row dlogits')
 
 
 @pytest.mark.parametrize('kw', IMPLS)
@@ -150,12 +156,13 @@ def test_masked_rows_are_zero_and_get_zero_gradient(kw):
     close(ent[mask], ref_ent, 'unmasked entropy')
     g = grads(token_logprobs, logits, targets, a, b, 0.9, mask=mask, **kw)
     assert (g[~mask] == 0).all(), 'masked rows must get exactly zero gradient'
-    ref = grads(lambda x, t, T: oracle(x, t, T), logits[mask].double(), targets[mask], a[mask], b[mask], 0.9)
+    ref = grads(oracle, logits[mask].double(), targets[mask], a[mask], b[mask], 0.9)
     close(g[mask], ref, 'unmasked dlogits')
 
 
 def test_sliced_logits_are_read_in_place():
-    """logits[:, :-1] (the usual next-token shift) is a strided view; the kernel reads it without a copy."""
+    """logits[:, :-1] (the usual next-token shift) is a strided view; the kernel reads it without a
+    copy."""
     logits, targets, a, b = data(shape=(2, 6))
     full = logits.clone().requires_grad_()
     lp, ent = token_logprobs(full[:, :-1], targets[:, :-1], 1.0, use_triton=True, block_size=128)
@@ -163,7 +170,7 @@ def test_sliced_logits_are_read_in_place():
     close(lp, ref_lp, 'sliced log p')
     close(ent, ref_ent, 'sliced entropy')
     (a[:, :-1] * lp + b[:, :-1] * ent).sum().backward()
-    ref = grads(lambda x, t, T: oracle(x, t, T), logits[:, :-1].double(), targets[:, :-1], a[:, :-1], b[:, :-1])
+    ref = grads(oracle, logits[:, :-1].double(), targets[:, :-1], a[:, :-1], b[:, :-1])
     close(full.grad[:, :-1], ref, 'sliced dlogits')
     assert (full.grad[:, -1] == 0).all()
 
@@ -171,8 +178,9 @@ def test_sliced_logits_are_read_in_place():
 # ----------------------------------------------------------------------------- sampler
 
 def exact_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-    """fp64 sampling distribution of one row, written out the textbook way: top-k, then top-p on the
-    renormalised top-k distribution (a token is kept if the mass before it is < top_p), then min-p."""
+    """fp64 sampling distribution of one row, written out the textbook way: top-k, then top-p on
+    the renormalised top-k distribution (a token is kept if the mass before it is < top_p), then
+    min-p."""
     p = torch.softmax(logits.double() / (temperature or 1.0), -1)
     order = torch.argsort(p, descending=True).tolist()
     keep = torch.ones_like(p, dtype=torch.bool)
@@ -188,17 +196,19 @@ def exact_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     return p * keep / (p * keep).sum()
 
 
-SAMPLER_CONFIGS = [dict(temperature=1.0), dict(temperature=0.6), dict(top_k=5, temperature=1.3), dict(top_p=0.7),
-                   dict(top_k=10, top_p=0.8, temperature=0.8), dict(min_p=0.2)]
+SAMPLER_CONFIGS = [dict(temperature=1.0), dict(temperature=0.6), dict(top_k=5, temperature=1.3),
+                   dict(top_p=0.7), dict(top_k=10, top_p=0.8, temperature=0.8), dict(min_p=0.2)]
 
 
 @pytest.mark.parametrize('cfg', SAMPLER_CONFIGS, ids=str)
 def test_sampler_distribution_matches_exact(cfg):
-    """20,000 draws (one row per draw, each with its own seed) from the torch sampler against the exact
-    renormalised distribution: Pearson chi-square. A correct sampler fails with probability 1e-6 over the
-    choice of seeds (the seeds are fixed, so the test is deterministic). Tokens outside the kept set: never."""
+    """20,000 draws (one row per draw, each with its own seed) from the torch sampler against the
+    exact renormalised distribution: Pearson chi-square. A correct sampler fails with probability
+    1e-6 over the choice of seeds (the seeds are fixed, so the test is deterministic). Tokens
+    outside the kept set: never."""
     n, vocab = 20_000, 16
-    row = torch.linspace(-1.5, 1.5, vocab)[torch.randperm(vocab, generator=torch.Generator().manual_seed(5))]
+    order = torch.randperm(vocab, generator=torch.Generator().manual_seed(5))
+    row = torch.linspace(-1.5, 1.5, vocab)[order]
     ids, _ = sample_tokens_ref(row.expand(n, vocab), torch.arange(n) + 1000, 7, **cfg)
     counts = torch.bincount(ids, minlength=vocab).double()
     p = exact_probs(row, **cfg)
@@ -207,28 +217,32 @@ def test_sampler_distribution_matches_exact(cfg):
     chi2 = ((counts[p > 0] - expected) ** 2 / expected).sum()
     dof = (p > 0).sum() - 1
     p_value = torch.special.gammaincc(dof / 2, chi2 / 2).item() if dof > 0 else 1.0
-    assert p_value > 1e-6, f'draws do not follow the exact distribution: chi2={chi2:.1f}, dof={dof}, p={p_value:.2e}'
+    assert p_value > 1e-6, (f'draws do not follow the exact distribution: chi2={chi2:.1f}, '
+                            f'dof={dof}, p={p_value:.2e}')
 
 
 def random_rows(B=32, vocab=37, seed=6):
     g = torch.Generator().manual_seed(seed)
     logits = 2 * torch.randn(B, vocab, generator=g)
-    logits[torch.rand(B, vocab, generator=g) < 0.1] = float('-inf')  # banned tokens must never be drawn
+    # banned tokens must never be drawn
+    logits[torch.rand(B, vocab, generator=g) < 0.1] = float('-inf')
     logits[:, 0] = logits[:, 0].clamp(min=0)  # every row keeps at least one finite logit
     return logits, torch.randint(0, 2 ** 40, (B,), generator=g)
 
 
 @pytest.mark.parametrize('cfg', SAMPLER_CONFIGS + [dict(temperature=0.0)], ids=str)
 def test_triton_sampler_draws_the_same_ids_as_torch(cfg):
-    """Same counter-based hash in both: the kernel (vocab split in 1 or 2 tiles) equals the torch reference id
-    for id, so the 20,000-draw distribution test above transfers to it. Ids lie in the kept set, and logp is
-    the log-prob under the full softmax at that temperature (1 for greedy)."""
+    """Same counter-based hash in both: the kernel (vocab split in 1 or 2 tiles) equals the torch
+    reference id for id, so the 20,000-draw distribution test above transfers to it. Ids lie in the
+    kept set, and logp is the log-prob under the full softmax at that temperature (1 for greedy)."""
     logits, seeds = random_rows()
     ref_ids, ref_lp = sample_tokens_ref(logits, seeds, 3, **cfg)
     for n_split in (1, 2):
-        ids, lp = sample_tokens(logits, seeds, 3, **cfg, use_triton=True, n_split=n_split, block_size=32)
+        ids, lp = sample_tokens(logits, seeds, 3, **cfg, use_triton=True, n_split=n_split,
+                                block_size=32)
         assert ids.dtype == torch.int64 and lp.dtype == torch.float32
-        assert torch.equal(ids, ref_ids), f'n_split={n_split}: {(ids != ref_ids).sum()} of {len(ids)} ids differ'
+        n_diff = (ids != ref_ids).sum()
+        assert torch.equal(ids, ref_ids), f'n_split={n_split}: {n_diff} of {len(ids)} ids differ'
         close(lp, ref_lp, 'sampled log p (triton vs torch)')
     for row, i in zip(logits, ids):
         assert exact_probs(row, **cfg)[i] > 0, 'drew a token outside the kept set'
@@ -247,7 +261,12 @@ def test_greedy_is_argmax(use_triton, cfg):
 @pytest.mark.parametrize('use_triton', [True, False])
 def test_same_seed_same_draws_new_step_new_draws(use_triton):
     logits, seeds = random_rows(B=16)
-    draw = lambda step: sample_tokens(logits, seeds, step, top_p=0.95, use_triton=use_triton, block_size=32)[0]
+
+    def draw(step):
+        ids, _ = sample_tokens(logits, seeds, step, top_p=0.95, use_triton=use_triton,
+                               block_size=32)
+        return ids
+
     assert torch.equal(draw(4), draw(4)), 'same (seed, step) must give the same ids'
     assert not torch.equal(draw(4), draw(5)), 'a new step must give new draws'
 
@@ -257,19 +276,22 @@ def test_row_draw_does_not_depend_on_batch(use_triton):
     logits, seeds = random_rows(B=8)
     cfg = dict(top_k=6, top_p=0.9, temperature=1.1, use_triton=use_triton, block_size=32)
     batch_ids, _ = sample_tokens(logits, seeds, 2, **cfg)
-    flipped, _ = sample_tokens(logits.flip(0), seeds.flip(0), torch.full((8,), 2), **cfg)  # step as a tensor
+    # step as a tensor
+    flipped, _ = sample_tokens(logits.flip(0), seeds.flip(0), torch.full((8,), 2), **cfg)
     assert torch.equal(flipped.flip(0), batch_ids), 'reordering the batch changed some rows\' draws'
     for b in (0, 5):
         alone, _ = sample_tokens(logits[b:b + 1], seeds[b:b + 1], 2, **cfg)
-        assert alone.item() == batch_ids[b].item(), f'row {b} drew differently alone than inside the batch'
+        assert alone.item() == batch_ids[b].item(), (
+            f'row {b} drew differently alone than inside the batch')
 
 
-# ----------------------------------------------------------------------------- GPU lowering, without a GPU
+# ---------------------------------------------------------------- GPU lowering, without a GPU
 
 def test_kernels_compile_for_hopper_and_ampere():
-    """The interpreter runs kernels as numpy and forgives what the compiler will not (loop-carried type
-    changes, unsupported ops). Compile every kernel variant the code launches (each logits dtype, each constexpr
-    combination, pointers passed as None) to sm_90a and sm_80 machine code, in a process without TRITON_INTERPRET."""
+    """The interpreter runs kernels as numpy and forgives what the compiler will not (loop-carried
+    type changes, unsupported ops). Compile every kernel variant the code launches (each logits
+    dtype, each constexpr combination, pointers passed as None) to sm_90a and sm_80 machine code, in
+    a process without TRITON_INTERPRET."""
     script = textwrap.dedent('''
         import itertools, triton, kernels as K, sample_kernels as S
         from triton.compiler import ASTSource
@@ -279,45 +301,54 @@ def test_kernels_compile_for_hopper_and_ampere():
             sig = {k: 'constexpr' if k in consts else v for k, v in sig.items()}
             for arch in (90, 80):
                 try:
-                    triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget('cuda', arch, 32),
+                    triton.compile(ASTSource(fn, sig, constexprs=consts),
+                                   target=GPUTarget('cuda', arch, 32),
                                    options=dict(num_warps=warps))
                 except Exception as e:
-                    raise SystemExit(f'{fn.__name__} {consts} {sig} on sm_{arch}: {type(e).__name__}: {e}')
+                    where = f'{fn.__name__} {consts} {sig} on sm_{arch}'
+                    raise SystemExit(f'{where}: {type(e).__name__}: {e}')
 
         for dt, has_mask in itertools.product(('*fp32', '*bf16'), (True, False)):
+            # no mask: the targets stand in
             rows = dict(x_ptr=dt, stride_b='i64', stride_t='i64', T1='i32', tgt_ptr='*i64',
-                        mask_ptr='*i8' if has_mask else '*i64')  # no mask: the targets stand in
-            fwd = dict(rows, logp_ptr='*fp32', ent_ptr='*fp32', m_ptr='*fp32', logs_ptr='*fp32', V='i32',
-                       inv_temp='fp32', HAS_MASK=0, BLOCK=0)
-            bwd = dict(rows, m_ptr='*fp32', logs_ptr='*fp32', ent_ptr='*fp32', g_lp_ptr='*fp32', g_ent_ptr='*fp32',
-                       dx_ptr=dt, V='i32', inv_temp='fp32', HAS_MASK=0, BLOCK=0)
+                        mask_ptr='*i8' if has_mask else '*i64')
+            fwd = dict(rows, logp_ptr='*fp32', ent_ptr='*fp32', m_ptr='*fp32', logs_ptr='*fp32',
+                       V='i32', inv_temp='fp32', HAS_MASK=0, BLOCK=0)
+            bwd = dict(rows, m_ptr='*fp32', logs_ptr='*fp32', ent_ptr='*fp32', g_lp_ptr='*fp32',
+                       g_ent_ptr='*fp32', dx_ptr=dt, V='i32', inv_temp='fp32', HAS_MASK=0, BLOCK=0)
             build(K._logprob_fwd_kernel, fwd, HAS_MASK=has_mask, BLOCK=4096)
             build(K._logprob_bwd_kernel, bwd, HAS_MASK=has_mask, BLOCK=4096)
-        for dt, block in itertools.product(('*fp32', '*bf16'), (4096, 512)):  # 512: the byte tokenizer's vocab
-            hf = dict(x_ptr=dt, stride='i32', n_cols='i32', col0='i32', tgt_ptr='*i64', m_ptr='*fp32', s_ptr='*fp32',
-                      w_ptr='*fp32', xt_ptr='*fp32', inv_temp='fp32', BLOCK=0)
-            hb = dict(x_ptr=dt, stride='i32', n_cols='i32', col0='i32', tgt_ptr='*i64', lse_ptr='*fp32',
-                      a_ptr='*fp32', b_ptr='*fp32', g_lp_ptr='*fp32', inv_temp='fp32', BLOCK=0)
+        # 512: the byte tokenizer's vocab
+        for dt, block in itertools.product(('*fp32', '*bf16'), (4096, 512)):
+            tile = dict(x_ptr=dt, stride='i32', n_cols='i32', col0='i32', tgt_ptr='*i64')
+            hf = dict(tile, m_ptr='*fp32', s_ptr='*fp32', w_ptr='*fp32', xt_ptr='*fp32',
+                      inv_temp='fp32', BLOCK=0)
+            hb = dict(tile, lse_ptr='*fp32', a_ptr='*fp32', b_ptr='*fp32', g_lp_ptr='*fp32',
+                      inv_temp='fp32', BLOCK=0)
             build(K._head_fwd_kernel, hf, K.num_warps(block), BLOCK=block)
             build(K._head_bwd_kernel, hb, K.num_warps(block), BLOCK=block)
-        # sample_tokens: a first pass without a threshold (t_ptr None) for top-k/top-p/min-p, then the draw with or
-        # without one, greedy or not
-        for dt, (thresh, draw, greedy) in itertools.product(
-                ('*fp32', '*bf16'), [(False, False, False), (True, True, False), (False, True, False),
-                                     (False, True, True)]):
-            sp = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', tile='i32', t_ptr='*fp32',
-                      r1_ptr='*i64', r2_ptr='*i64', m_ptr='*fp32', s_ptr='*fp32', bv_ptr='*fp32', bi_ptr='*i32',
-                      HAS_THRESH=0, DRAW=0, GREEDY=0, BLOCK=0)
+        # sample_tokens: a first pass without a threshold (t_ptr None) for top-k/top-p/min-p, then
+        # the draw with or without one, greedy or not
+        passes = [(False, False, False), (True, True, False), (False, True, False),
+                  (False, True, True)]
+        for dt, (thresh, draw, greedy) in itertools.product(('*fp32', '*bf16'), passes):
+            sp = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', tile='i32',
+                      t_ptr='*fp32', r1_ptr='*i64', r2_ptr='*i64', m_ptr='*fp32', s_ptr='*fp32',
+                      bv_ptr='*fp32', bi_ptr='*i32', HAS_THRESH=0, DRAW=0, GREEDY=0, BLOCK=0)
             t_ptr = {} if thresh else dict(t_ptr=None)
-            build(S._sample_pass_kernel, sp, HAS_THRESH=thresh, DRAW=draw, GREEDY=greedy, BLOCK=4096, **t_ptr)
-        for dt, (topk, topp) in itertools.product(('*fp32', '*bf16'), [(True, True), (True, False), (False, True)]):
-            th = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', m_ptr='*fp32', s_ptr='*fp32',
-                      t_ptr='*fp32', top_k='i32', top_p='fp32', KEY_NEG_INF=0, DO_TOPK=0, DO_TOPP=0, NC=0, NPASS=0,
-                      BLOCK=0)
-            build(S._threshold_kernel, th, KEY_NEG_INF=S._KEY_NEG_INF, DO_TOPK=topk, DO_TOPP=topp, NC=S._NC,
-                  NPASS=S._NPASS, BLOCK=1024)
+            build(S._sample_pass_kernel, sp, HAS_THRESH=thresh, DRAW=draw, GREEDY=greedy,
+                  BLOCK=4096, **t_ptr)
+        searches = [(True, True), (True, False), (False, True)]
+        for dt, (topk, topp) in itertools.product(('*fp32', '*bf16'), searches):
+            th = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', m_ptr='*fp32',
+                      s_ptr='*fp32', t_ptr='*fp32', top_k='i32', top_p='fp32', KEY_NEG_INF=0,
+                      DO_TOPK=0, DO_TOPP=0, NC=0, NPASS=0, BLOCK=0)
+            build(S._threshold_kernel, th, KEY_NEG_INF=S._KEY_NEG_INF, DO_TOPK=topk,
+                  DO_TOPP=topp, NC=S._NC, NPASS=S._NPASS, BLOCK=1024)
     ''')
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, '-c', script], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, f'a kernel does not compile for sm_90a / sm_80:\n{out.stderr[-3000:]}'
+    out = subprocess.run([sys.executable, '-c', script], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, (
+        f'a kernel does not compile for sm_90a / sm_80:\n{out.stderr[-3000:]}')

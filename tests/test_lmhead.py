@@ -22,13 +22,15 @@ IMPLS = [pytest.param(True, id='triton'), pytest.param(False, id='torch')]
 def data(dtype=torch.float32, seed=0, masked=True, V=133, D=16):
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(3, 9, D, generator=g, dtype=torch.float64).to(dtype)
-    weight = (torch.randn(V, D, generator=g, dtype=torch.float64) / 2).to(dtype)  # logits of std ~2
+    # logits of std ~2
+    weight = (torch.randn(V, D, generator=g, dtype=torch.float64) / 2).to(dtype)
     targets = torch.randint(0, V, (3, 9), generator=g)
     mask = torch.rand(3, 9, generator=g) < 0.7 if masked else None
     if masked:
         mask[0, 0], mask[0, 1] = True, False
         targets = targets.masked_fill(~mask, -100)  # padding ids may be anything, even out of range
-    a, b = torch.randn(3, 9, generator=g, dtype=torch.float64), torch.randn(3, 9, generator=g, dtype=torch.float64)
+    a = torch.randn(3, 9, generator=g, dtype=torch.float64)
+    b = torch.randn(3, 9, generator=g, dtype=torch.float64)
     return hidden, weight, targets, mask, a, b
 
 
@@ -42,7 +44,7 @@ def oracle(hidden, weight, targets, temperature=1.0, mask=None):
     return logp, entropy
 
 
-def run(fn, hidden, weight, targets, temperature, mask, a, b, **kw):
+def run(fn, hidden, weight, targets, temperature, mask, *, a, b, **kw):
     """Outputs and the gradients of sum(a * logp + b * entropy) w.r.t. hidden and weight."""
     h, w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
     logp, ent = fn(h, w, targets, temperature, mask, **kw)
@@ -51,15 +53,17 @@ def run(fn, hidden, weight, targets, temperature, mask, a, b, **kw):
 
 
 def close(actual, expected, what, tol=1e-5):
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol, msg=lambda m: f'{what}: {m}')
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol,
+                               msg=lambda m: f'{what}: {m}')
 
 
 @pytest.mark.parametrize('use_triton', IMPLS)
 @pytest.mark.parametrize('temperature', [1.0, 0.7])
 def test_outputs_and_gradients_match_fp64(use_triton, temperature):
     hidden, weight, targets, mask, a, b = data()
-    got = run(lm_head_logprobs, hidden, weight, targets, temperature, mask, a, b, tiles=TILES, use_triton=use_triton)
-    ref = run(oracle, hidden, weight, targets, temperature, mask, a, b)
+    got = run(lm_head_logprobs, hidden, weight, targets, temperature, mask, a=a, b=b, tiles=TILES,
+              use_triton=use_triton)
+    ref = run(oracle, hidden, weight, targets, temperature, mask, a=a, b=b)
     assert got[0].dtype == got[1].dtype == torch.float32 and got[0].shape == targets.shape
     for name, x, y in zip(('log p(target)', 'entropy', 'dhidden', 'dweight'), got, ref):
         close(x, y, f'T={temperature} {name}')
@@ -76,7 +80,7 @@ def test_one_output_alone(use_triton):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         logp, ent = lm_head_logprobs(h, w, targets, 0.9, tiles=TILES, use_triton=use_triton)
         ((wa * logp).sum() if what == 'log p alone' else (wb * ent).sum()).backward()
-        ref = run(oracle, hidden, weight, targets, 0.9, None, wa, wb)
+        ref = run(oracle, hidden, weight, targets, 0.9, None, a=wa, b=wb)
         close(h.grad, ref[2], f'{what}: dhidden')
         close(w.grad, ref[3], f'{what}: dweight')
 
@@ -87,17 +91,21 @@ def test_bf16_projection(use_triton):
     softmax of the logits rounded to bf16; the softmax math itself is fp32. Gradients come back in
     bf16."""
     hidden, weight, targets, mask, a, b = data(torch.bfloat16)
-    got = run(lm_head_logprobs, hidden, weight, targets, 0.8, mask, a, b, tiles=TILES, use_triton=use_triton)
+    got = run(lm_head_logprobs, hidden, weight, targets, 0.8, mask, a=a, b=b, tiles=TILES,
+              use_triton=use_triton)
     logits = (hidden.float() @ weight.float().t()).bfloat16().double().requires_grad_()
     logq = torch.log_softmax(logits / 0.8, -1)
     lp = logq.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
     ent = -(logq.exp() * logq).sum(-1) * mask
     close(got[0], lp, 'bf16 log p(target)', tol=1e-4)
     close(got[1], ent, 'bf16 entropy', tol=1e-4)
-    assert got[2].dtype == got[3].dtype == torch.bfloat16, 'gradients must come back in the inputs\' dtype'
-    ref = run(oracle, hidden.double(), weight.double(), targets, 0.8, mask, a, b)
-    torch.testing.assert_close(got[2].double(), ref[2], rtol=3e-2, atol=3e-2, msg=lambda m: f'bf16 dhidden: {m}')
-    torch.testing.assert_close(got[3].double(), ref[3], rtol=3e-2, atol=3e-2, msg=lambda m: f'bf16 dweight: {m}')
+    assert got[2].dtype == got[3].dtype == torch.bfloat16, (
+        'gradients must come back in the inputs\' dtype')
+    ref = run(oracle, hidden.double(), weight.double(), targets, 0.8, mask, a=a, b=b)
+    torch.testing.assert_close(got[2].double(), ref[2], rtol=3e-2, atol=3e-2,
+                               msg=lambda m: f'bf16 dhidden: {m}')
+    torch.testing.assert_close(got[3].double(), ref[3], rtol=3e-2, atol=3e-2,
+                               msg=lambda m: f'bf16 dweight: {m}')
 
 
 @pytest.mark.parametrize('use_triton', IMPLS)
@@ -106,13 +114,15 @@ def test_bf16_inputs_with_fp32_head(use_triton):
     fp32 inputs (against the fp64 oracle of the bf16 values), under bf16 autocast too."""
     hidden, weight, targets, mask, a, b = data(torch.bfloat16)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        got = run(lm_head_logprobs, hidden, weight, targets, 1.3, mask, a, b, tiles=TILES, use_triton=use_triton,
-                  head_fp32=True)
-    ref = run(oracle, hidden.double(), weight.double(), targets, 1.3, mask, a, b)
+        got = run(lm_head_logprobs, hidden, weight, targets, 1.3, mask, a=a, b=b, tiles=TILES,
+                  use_triton=use_triton, head_fp32=True)
+    ref = run(oracle, hidden.double(), weight.double(), targets, 1.3, mask, a=a, b=b)
     close(got[0], ref[0], 'fp32 head log p(target)')
     close(got[1], ref[1], 'fp32 head entropy')
-    torch.testing.assert_close(got[2].double(), ref[2], rtol=1e-2, atol=1e-2, msg=lambda m: f'dhidden: {m}')
-    torch.testing.assert_close(got[3].double(), ref[3], rtol=1e-2, atol=1e-2, msg=lambda m: f'dweight: {m}')
+    torch.testing.assert_close(got[2].double(), ref[2], rtol=1e-2, atol=1e-2,
+                               msg=lambda m: f'dhidden: {m}')
+    torch.testing.assert_close(got[3].double(), ref[3], rtol=1e-2, atol=1e-2,
+                               msg=lambda m: f'dweight: {m}')
 
 
 class MaxNumel(TorchDispatchMode):
@@ -138,8 +148,10 @@ def test_never_holds_tokens_by_vocabulary():
     with MaxNumel() as mode:
         logp, ent = lm_head_logprobs(h, w, targets, 1.0, tiles=TILES)
         (logp + ent).sum().backward()
-    assert mode.max >= TILES[0] * TILES[1], 'the op tracker saw no tile: it is not observing the computation'
-    assert mode.max < targets.numel() * weight.shape[0], f'a tensor of {mode.max} elements: logits-sized'
+    assert mode.max >= TILES[0] * TILES[1], (
+        'the op tracker saw no tile: it is not observing the computation')
+    assert mode.max < targets.numel() * weight.shape[0], (
+        f'a tensor of {mode.max} elements: logits-sized')
 
 
 class BigTensors(TorchDispatchMode):
@@ -165,17 +177,20 @@ def test_accumulates_into_existing_grad(use_triton):
     hidden, weight, targets, mask, a, b = data(V=400, D=8)
     w = weight.clone().requires_grad_()
     for i in range(2):
-        logp, ent = lm_head_logprobs(hidden, w, targets, 0.8, mask, tiles=(16, 128), use_triton=use_triton)
+        logp, ent = lm_head_logprobs(hidden, w, targets, 0.8, mask, tiles=(16, 128),
+                                     use_triton=use_triton)
         with BigTensors(w.nbytes) as mode:
             (a * logp + b * ent).sum().backward()
-        assert len(mode.storages) == (1 if i == 0 else 0), \
-            f'micro-batch {i}: backward made {len(mode.storages)} weight-sized buffers (a second one beside .grad)'
+        assert len(mode.storages) == (1 if i == 0 else 0), (
+            f'micro-batch {i}: backward made {len(mode.storages)} weight-sized buffers '
+            '(a second one beside .grad)')
     ids = torch.randint(0, weight.shape[0], (3, 9), generator=torch.Generator().manual_seed(9))
     w = weight.clone().requires_grad_()
     wd = weight.double().requires_grad_()
-    for hid in (hidden, 2 * hidden):  # hidden depends on the tied weight through an embedding lookup, as in the model
-        logp, ent = lm_head_logprobs(hid + F.embedding(ids, w), w, targets, 0.8, mask, tiles=(16, 128),
-                                     use_triton=use_triton)
+    # hidden depends on the tied weight through an embedding lookup, as in the model
+    for hid in (hidden, 2 * hidden):
+        logp, ent = lm_head_logprobs(hid + F.embedding(ids, w), w, targets, 0.8, mask,
+                                     tiles=(16, 128), use_triton=use_triton)
         (a * logp + b * ent).sum().backward()
         lp, ent = oracle(hid.double() + F.embedding(ids, wd), wd, targets, 0.8, mask)
         (a * lp + b * ent).sum().backward()
@@ -186,7 +201,7 @@ def test_leaves_grad_alone_under_autograd_grad_and_hooks():
     """torch.autograd.grad must not touch .grad, and a tensor hook on the weight must see the whole
     gradient: both rule out adding into .grad directly."""
     hidden, weight, targets, mask, a, b = data()
-    ref = run(oracle, hidden, weight, targets, 1.0, mask, a, b)[3]
+    ref = run(oracle, hidden, weight, targets, 1.0, mask, a=a, b=b)[3]
     w = weight.clone().requires_grad_()
     w.grad = torch.ones_like(w)
     logp, ent = lm_head_logprobs(hidden, w, targets, 1.0, mask, tiles=TILES)
@@ -206,8 +221,8 @@ def test_grpo_step_gradient_equals_full_logits_path(monkeypatch):
     so do the no-grad log-probs."""
     import batch
     from model import GPT, ModelConfig
-    cfg = ModelConfig(vocab_size=300, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
-                      max_seq_len=64)
+    cfg = ModelConfig(vocab_size=300, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                      intermediate_size=64, max_seq_len=64)
     torch.manual_seed(0)
     model = GPT(cfg)
     g = torch.Generator().manual_seed(1)
@@ -215,11 +230,13 @@ def test_grpo_step_gradient_equals_full_logits_path(monkeypatch):
     for mb in range(2):
         rows = []
         for group in range(2):
-            prompt = torch.randint(0, 300, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g).tolist()
+            n_prompt = int(torch.randint(2, 8, (1,), generator=g))
+            prompt = torch.randint(0, 300, (n_prompt,), generator=g).tolist()
             for _ in range(3):
                 n = int(torch.randint(1, 9, (1,), generator=g))
-                rows.append({'prompt': prompt, 'ids': torch.randint(0, 300, (n,), generator=g).tolist(),
-                             'group': 2 * mb + group, 'adv': float(torch.randn(1, generator=g))})
+                ids = torch.randint(0, 300, (n,), generator=g).tolist()
+                rows.append({'prompt': prompt, 'ids': ids, 'group': 2 * mb + group,
+                             'adv': float(torch.randn(1, generator=g))})
         micro.append(rows)
 
     current = {}  # the micro-batch being scored, for the reference head
@@ -238,7 +255,8 @@ def test_grpo_step_gradient_equals_full_logits_path(monkeypatch):
             (-(adv * logp).sum() / len(adv) - 0.01 * ent.mean()).backward()
         return [p.grad.clone() for p in model.parameters()], nograd
 
-    def full_logits_head(h, w, *args, **kwargs):  # the old path; its own targets (row-major) and temperature
+    # the old path; its own targets (row-major) and temperature
+    def full_logits_head(h, w, *args, **kwargs):
         targets = torch.tensor([t for r in current['rows'] for t in r['ids']])
         return token_logprobs(F.linear(h.float(), w.float()), targets, 0.7)
 
@@ -247,6 +265,7 @@ def test_grpo_step_gradient_equals_full_logits_path(monkeypatch):
     ref, ref_lp = grads_and_logps()
     for (name, _), x, y in zip(model.named_parameters(), got, ref):
         rel = ((x - y).norm() / y.norm()).item()
-        assert rel <= 1e-6, f'{name}: gradient differs from the full-logits path by {rel:.1e} (relative)'
+        assert rel <= 1e-6, (
+            f'{name}: gradient differs from the full-logits path by {rel:.1e} (relative)')
     for x, y in zip(got_lp, ref_lp):
         close(x, y, 'no-grad log-probs vs the full-logits path', tol=1e-6)

@@ -1,4 +1,4 @@
-"""LoRA (lora.py, issue 19) on tiny random Qwen2 / Qwen3 / Llama 3 / GPT-2 snapshots written here by
+"""LoRA (lora.py) on tiny random Qwen2 / Qwen3 / Llama 3 / GPT-2 snapshots written here by
 transformers: identity at init, adapters off = the base exactly, merged export = the adapter
 forward, peft loads out_dir/lora on the base snapshot, and GRPO runs with LoRA that learn, touch
 only the adapters and resume exactly."""
@@ -21,7 +21,8 @@ peft = pytest.importorskip('peft')
 V = 300
 CONFIGS = {'qwen2': MODEL_CONFIGS['qwen2_gqa_tied'], 'qwen3': FAMILY_CONFIGS['qwen3'],
            'llama3': FAMILY_CONFIGS['llama3'], 'gpt2': MODEL_CONFIGS['gpt2']}
-RANK, ALPHA = 4, 8.0  # scale 2: a wrong scale shows
+RANK = 4
+ALPHA = 8.0  # scale 2: a wrong scale shows
 
 
 @pytest.fixture(scope='module', params=list(CONFIGS))
@@ -61,11 +62,14 @@ def test_identity_at_init(snapshot):
     base, _ = H.from_pretrained(path)
     model = with_lora(path, perturb=False)
     x = ids()
-    assert torch.equal(model(x), base.eval()(x)), "a fresh adapter (B = 0) must not change the logits"
+    assert torch.equal(model(x), base.eval()(x)), \
+        "a fresh adapter (B = 0) must not change the logits"
     A = [p for n, p in model.named_parameters() if '.lora_A.' in n]
     B = [p for n, p in model.named_parameters() if '.lora_B.' in n]
-    assert A and all(a.abs().sum() > 0 for a in A) and all(torch.equal(b, torch.zeros_like(b)) for b in B)
-    bound = 1 / math.sqrt(A[0].shape[1])  # kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert A and all(a.abs().sum() > 0 for a in A)
+    assert all(torch.equal(b, torch.zeros_like(b)) for b in B)
+    # kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    bound = 1 / math.sqrt(A[0].shape[1])
     assert all(a.abs().max() <= bound for a in A) and A[0].abs().max() > 0.8 * bound
 
 
@@ -73,7 +77,8 @@ def test_identity_at_init(snapshot):
 def test_adapters_disabled_is_the_base_exactly(snapshot):
     path, _ = snapshot
     base, _ = H.from_pretrained(path)
-    model, x = with_lora(path), ids()
+    model = with_lora(path)
+    x = ids()
     on = model(x)
     assert maxdiff(on, base.eval()(x)) > 1e-3, "the perturbed adapters must change the logits"
     with L.disabled(model):
@@ -82,14 +87,17 @@ def test_adapters_disabled_is_the_base_exactly(snapshot):
     with pytest.raises(RuntimeError):
         with L.disabled(model):
             raise RuntimeError
-    assert torch.equal(model(x), on), "an exception inside disabled() must still turn the adapters back on"
+    assert torch.equal(model(x), on), \
+        "an exception inside disabled() must still turn the adapters back on"
 
 
 @torch.no_grad()
 def test_merged_export_equals_the_adapter_forward(snapshot, tmp_path):
     path, _ = snapshot
-    model, x = with_lora(path), ids()
-    H.save_pretrained(model, None, tmp_path / 'hf', state_dict=L.merged_state(model, model.state_dict()))
+    model = with_lora(path)
+    x = ids()
+    merged_sd = L.merged_state(model, model.state_dict())
+    H.save_pretrained(model, None, tmp_path / 'hf', state_dict=merged_sd)
     merged, _ = H.from_pretrained(tmp_path / 'hf')
     d = maxdiff(merged.eval()(x), model(x))
     print(f'{model.config.arch}: merged export vs adapter forward max |diff| {d:.2e}')
@@ -101,7 +109,8 @@ def test_peft_loads_the_adapter_directory(snapshot, tmp_path):
     """peft.PeftModel.from_pretrained(the base snapshot in transformers, out/lora) computes our
     merged model's logits."""
     path, _ = snapshot
-    model, x = with_lora(path), ids()
+    model = with_lora(path)
+    x = ids()
     sd = model.state_dict()
     L.save_peft(model, L.adapter_state(model, sd), tmp_path / 'lora', str(path))
     H.save_pretrained(model, None, tmp_path / 'hf', state_dict=L.merged_state(model, sd))
@@ -109,14 +118,16 @@ def test_peft_loads_the_adapter_directory(snapshot, tmp_path):
     pm = peft.PeftModel.from_pretrained(base, tmp_path / 'lora').eval()
     n_pairs = sum(len(m.lora_A) for _, m in L.adapters(model))
     loaded = {k: v for k, v in peft.get_peft_model_state_dict(pm).items()}
-    assert len(loaded) == 2 * n_pairs, f"peft holds {len(loaded)} adapter tensors, we wrote {2 * n_pairs}"
+    assert len(loaded) == 2 * n_pairs, \
+        f"peft holds {len(loaded)} adapter tensors, we wrote {2 * n_pairs}"
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').eval()
     d = maxdiff(pm(x).logits, merged(x).logits)
     print(f'{model.config.arch}: peft on the base vs our merged export max |diff| {d:.2e}')
     assert d <= 1e-4, f"peft's adapter model differs from our merged export by {d:.2e}"
     assert maxdiff(pm(x).logits, model(x)) <= 1e-4
     cfg = json.load(open(tmp_path / 'lora' / 'adapter_config.json'))
-    assert cfg['r'] == RANK and cfg['lora_alpha'] == ALPHA and cfg['base_model_name_or_path'] == str(path)
+    assert cfg['r'] == RANK and cfg['lora_alpha'] == ALPHA
+    assert cfg['base_model_name_or_path'] == str(path)
 
 
 @torch.no_grad()
@@ -125,11 +136,14 @@ def test_some_targets_only(tmp_path):
     exact."""
     path = tmp_path / 'snap'
     perturbed_hf(*CONFIGS['qwen3']).save_pretrained(path)
-    model, x = with_lora(path, 'q_proj,v_proj'), ids()
-    assert sorted(k.rsplit('.', 1)[1] for k in L.adapter_state(model, model.state_dict())) == sorted(['q_proj', 'v_proj'] * 4)
+    model = with_lora(path, 'q_proj,v_proj')
+    x = ids()
+    adapted = [k.rsplit('.', 1)[1] for k in L.adapter_state(model, model.state_dict())]
+    assert sorted(adapted) == sorted(['q_proj', 'v_proj'] * 4)
     sd = model.state_dict()
     L.save_peft(model, L.adapter_state(model, sd), tmp_path / 'lora', str(path))
-    pm = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(path), tmp_path / 'lora')
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(path)
+    pm = peft.PeftModel.from_pretrained(hf_base, tmp_path / 'lora')
     assert maxdiff(pm.eval()(x).logits, model(x)) <= 1e-4
     with pytest.raises(ValueError, match='c_attn'):
         L.apply(H.from_pretrained(path)[0], RANK, ALPHA, 0.0, 'q_proj,c_attn', seed=0)
@@ -154,17 +168,19 @@ def test_only_adapters_train_and_the_sampler_copy_is_merged(tmp_path):
         opt.zero_grad()
     sd = model.state_dict()
     assert all(torch.equal(sd[k], v) for k, v in base.items()), "a base weight changed"
-    assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in sd.items() if '.lora_B.' in k), "nothing trained"
+    Bs = [v for k, v in sd.items() if '.lora_B.' in k]
+    assert any(not torch.equal(v, torch.zeros_like(v)) for v in Bs), "nothing trained"
     sync()
     want = {k: v.to(torch.bfloat16) for k, v in L.merged_state(model, sd).items()}
-    assert all(torch.equal(gen.state_dict()[k], v) for k, v in want.items()), "the sampler is not the merged model"
+    assert all(torch.equal(gen.state_dict()[k], v) for k, v in want.items()), \
+        "the sampler is not the merged model"
 
 
-# ----------------------------------------------------------------------------- GRPO runs (test_train.py's tiny runs)
+# ------------------------------------------------------ GRPO runs (test_train.py's tiny runs)
 LORA = ['--lora_rank=4', '--lora_alpha=8']
-TINY_QWEN2 = ('Qwen2Config', dict(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                                  tie_word_embeddings=True))
+TINY_QWEN2 = ('Qwen2Config', dict(vocab_size=260, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                  max_position_embeddings=256, tie_word_embeddings=True))
 
 
 def write_base(path, seed=0):
@@ -188,29 +204,38 @@ def base(tmp_path_factory):
 
 
 def test_grpo_learns_with_lora_and_touches_only_the_adapters(base, tmp_path):
-    run(tmp_path, base[1], *LORA, '--max_steps=12', '--lr=5e-2', '--group_size=8', '--batch_prompts=8',
-        '--micro_batch_size=64', '--max_new_tokens=12', '--save_every=100', '--export_hf=True', '--lora_dropout=0.05',
-        timeout=300)
+    run(tmp_path, base[1], *LORA, '--max_steps=12', '--lr=5e-2', '--group_size=8',
+        '--batch_prompts=8', '--micro_batch_size=64', '--max_new_tokens=12', '--save_every=100',
+        '--export_hf=True', '--lora_dropout=0.05', timeout=300)
     r = [m['reward/mean'] for m in metrics(tmp_path) if 'reward/mean' in m]
-    first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
-    assert last > first + 0.2, f"mean reward did not rise with LoRA: first 3 steps {first:.3f}, last 3 {last:.3f}: {r}"
+    first = sum(r[:3]) / 3
+    last = sum(r[-3:]) / 3
+    assert last > first + 0.2, \
+        f"mean reward did not rise with LoRA: first 3 steps {first:.3f}, last 3 {last:.3f}: {r}"
     ckpt = torch.load(tmp_path / 'ckpt_0000012.pt', weights_only=False)
-    model = L.apply(H.from_pretrained(base[0])[0], 4, 8.0, 0.0, 'all-linear', 1337)  # the run's model at its start
-    assert set(ckpt['model']) == set(L.adapter_state(model, model.state_dict())), "a checkpoint holds adapters only"
-    assert len(ckpt['optimizer']['state']) == len(ckpt['model']), "AdamW state for the adapters only"
+    # the run's model at its start
+    model = L.apply(H.from_pretrained(base[0])[0], rank=4, alpha=8.0, dropout=0.0,
+                    targets='all-linear', seed=1337)
+    assert set(ckpt['model']) == set(L.adapter_state(model, model.state_dict())), \
+        "a checkpoint holds adapters only"
+    assert len(ckpt['optimizer']['state']) == len(ckpt['model']), \
+        "AdamW state for the adapters only"
     # out/hf == the snapshot's weights + the checkpoint's adapters, bit for bit: the base never
     # moved
     model.load_state_dict(ckpt['model'], strict=False)
     merged = L.merged_state(model, model.state_dict())
     exported = H.from_pretrained(tmp_path / 'hf')[0].state_dict()
     assert exported.keys() == merged.keys()
-    assert all(torch.equal(exported[k], merged[k]) for k in merged), "the export is not base + adapters"
+    assert all(torch.equal(exported[k], merged[k]) for k in merged), \
+        "the export is not base + adapters"
     assert (tmp_path / 'lora' / 'adapter_model.safetensors').exists()
-    from sample import load_run_checkpoint  # sample.py --init_from=OUT/ckpt_N.pt: base + the checkpoint's adapters
+    # sample.py --init_from=OUT/ckpt_N.pt: base + the checkpoint's adapters
+    from sample import load_run_checkpoint
     x = torch.randint(0, 260, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        d = maxdiff(load_run_checkpoint(tmp_path / 'ckpt_0000012.pt')[0].eval()(x),
-                    H.from_pretrained(tmp_path / 'hf')[0].eval()(x))
+        from_ckpt = load_run_checkpoint(tmp_path / 'ckpt_0000012.pt')[0].eval()(x)
+        from_export = H.from_pretrained(tmp_path / 'hf')[0].eval()(x)
+        d = maxdiff(from_ckpt, from_export)
     assert d <= 1e-4, f"the checkpoint evaluated by sample.py differs from the export by {d:.2e}"
 
 
@@ -221,15 +246,21 @@ def test_exact_resume_with_lora(base, tmp_path):
     policy itself."""
     args = [base[1], *LORA, '--save_every=1', '--keep_last=10', '--beta=0.05', '--lr=5e-2']
     run_together([tmp_path / 'a', *args, '--max_steps=3'], [tmp_path / 'b', *args, '--max_steps=2'])
-    p = run(tmp_path / 'b', *args, '--max_steps=3', '--resume_changed=True')  # the same LR at every step here
+    # resume_changed: the same LR at every step here
+    p = run(tmp_path / 'b', *args, '--max_steps=3', '--resume_changed=True')
     assert 'resume:' in p.stdout
-    ra, rb = metrics(tmp_path / 'a'), metrics(tmp_path / 'b')
+    ra = metrics(tmp_path / 'a')
+    rb = metrics(tmp_path / 'b')
     assert [r['step'] for r in rb] == [0, 1, 2, 3]
-    assert ra[1]['kl'] == 0.0 and ra[3]['kl'] > 1e-6, "step 1's policy is the reference (B = 0); it moves after"
+    assert ra[1]['kl'] == 0.0 and ra[3]['kl'] > 1e-6, \
+        "step 1's policy is the reference (B = 0); it moves after"
     for x, y in zip(ra, rb):
-        assert stable(x) == stable(y), f"step {x['step']} differs after resume:\n{stable(x)}\n{stable(y)}"
-    wa, wb = weights(tmp_path / 'a', 3), weights(tmp_path / 'b', 3)
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "adapters differ after resume"
+        assert stable(x) == stable(y), \
+            f"step {x['step']} differs after resume:\n{stable(x)}\n{stable(y)}"
+    wa = weights(tmp_path / 'a', 3)
+    wb = weights(tmp_path / 'b', 3)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), \
+        "adapters differ after resume"
     key = 'h.0.attn.c_attn.lora_B.q_proj'
     assert not torch.equal(wa[key], weights(tmp_path / 'a', 2)[key]), "step 3 trained nothing"
 
@@ -240,7 +271,8 @@ def test_resume_refuses_another_base(base, tmp_path):
     run(tmp_path, base[1], *LORA, '--max_steps=1')
     other = write_base(tmp_path / 'other', seed=1)
     p = run(tmp_path, other, *LORA, '--max_steps=2', '--resume_changed=True', check=False)
-    assert p.returncode == 2 and 'base weights' in p.stderr and 'init_from' in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert 'base weights' in p.stderr and 'init_from' in p.stderr, p.stderr[-2000:]
     p = run(tmp_path, base[1], '--max_steps=2', '--resume_changed=True', check=False)
     assert p.returncode == 2 and 'LoRA checkpoint and a full one' in p.stderr, p.stderr[-2000:]
 

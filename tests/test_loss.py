@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from batch import micro_batches
-from loss import group_advantages, kl_estimate, policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights
+from loss import (group_advantages, kl_estimate, policy_loss, reverse_cumsum, segment_sum,
+                  tis_weights, token_weights)
 
 CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
 SYMMETRIC = dict(eps_low=0.2, eps_high=0.2)
@@ -20,15 +21,18 @@ def test_advantages_grpo_and_dr_grpo():
     std = math.sqrt((4 * 0.25) / 3)  # unbiased std of [1,0,0,1]
     assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / std), adv
     assert torch.equal(adv[1], torch.zeros(4)), "zero-std groups get zero advantage, not NaN"
-    adv, _ = group_advantages(r, scale='batch', eps=0.0)  # one std for the whole batch: that of all 8 rewards
+    # one std for the whole batch: that of all 8 rewards
+    adv, _ = group_advantages(r, scale='batch', eps=0.0)
     batch_std = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0]).std().item()
-    assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / batch_std) and torch.equal(adv[1], torch.zeros(4))
+    assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / batch_std), adv
+    assert torch.equal(adv[1], torch.zeros(4)), "zero-std groups get zero advantage, not NaN"
     with pytest.raises(ValueError, match='scale_rewards'):
         group_advantages(r, scale='std')
 
 
 def test_token_weights_each_mode():
-    lens = torch.tensor([2, 3])  # one micro-batch of 2 sequences; the step has n_tok=10 tokens in n_seq=4 sequences
+    # one micro-batch of 2 sequences; the step has n_tok=10 tokens in n_seq=4 sequences
+    lens = torch.tensor([2, 3])
     assert torch.allclose(token_weights(lens, 'token_mean', 10, 4, 8), torch.full((5,), 0.1))
     assert torch.allclose(token_weights(lens, 'seq_mean_token_mean', 10, 4, 8),
                           torch.tensor([1 / 8, 1 / 8, 1 / 12, 1 / 12, 1 / 12]))
@@ -49,7 +53,8 @@ def test_clipping_both_sides():
     # A=+1, r=0.5: max(-0.5, -0.8)  = -0.5  (not clipped)
     # A=-1, r=0.5: max(0.5, 0.8)    = 0.8   (clipped below)
     assert torch.allclose(st['pg'], torch.tensor([-1.28, 1.5, -0.5, 0.8])), st['pg']
-    assert st['clip_high'].tolist() == [True, False, False, False] and st['clip_low'].tolist() == [False, False, False, True]
+    assert st['clip_high'].tolist() == [True, False, False, False], st['clip_high']
+    assert st['clip_low'].tolist() == [False, False, False, True], st['clip_low']
     assert abs(loss.item() - (-1.28 + 1.5 - 0.5 + 0.8)) < 1e-6
     # a clipped token passes no gradient; an unclipped one passes -A * r
     logp = logp.clone().requires_grad_(True)
@@ -74,24 +79,29 @@ def test_kl_estimators():
     lr = torch.tensor([-0.5, 1.0])  # ref - logp
     assert torch.allclose(kl_estimate(logp, ref, 'k3'), torch.exp(lr) - lr - 1)
     assert torch.allclose(kl_estimate(logp, ref, 'k2'), 0.5 * lr ** 2)
-    assert (kl_estimate(torch.randn(100), torch.randn(100), 'k3') >= 0).all(), "k3 is never negative"
+    k3 = kl_estimate(torch.randn(100), torch.randn(100), 'k3')
+    assert (k3 >= 0).all(), "k3 is never negative"
     big = kl_estimate(torch.tensor([0.0]), torch.tensor([-100.0]), 'k3', clamp=10.0)
-    assert torch.allclose(big, torch.exp(torch.tensor(-10.0)) + 10 - 1), "log ratios are clamped before exp"
+    want = torch.exp(torch.tensor(-10.0)) + 10 - 1
+    assert torch.allclose(big, want), "log ratios are clamped before exp"
 
 
 def test_kl_and_entropy_terms_enter_the_loss():
-    logp, ref, ent, one = torch.tensor([-1.0]), torch.tensor([-1.5]), torch.tensor([2.0]), torch.ones(1, dtype=torch.long)
-    base, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC)
+    logp, ref, ent = torch.tensor([-1.0]), torch.tensor([-1.5]), torch.tensor([2.0])
+    adv, w, one = torch.zeros(1), torch.ones(1), torch.ones(1, dtype=torch.long)
+    base, _ = policy_loss(logp, logp, adv, w, one, **SYMMETRIC)
     for est, kl in (('k2', 0.5 * 0.5 ** 2), ('k3', math.exp(-0.5) + 0.5 - 1)):
-        with_kl, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC, ref_logp=ref, beta=0.1,
+        with_kl, st = policy_loss(logp, logp, adv, w, one, **SYMMETRIC, ref_logp=ref, beta=0.1,
                                   kl_estimator=est)
-        assert abs(with_kl.item() - (base.item() + 0.1 * kl)) < 1e-6 and abs(st['kl'].item() - kl) < 1e-6
-    # k1 is a detached penalty in the advantage: A' = 0 - 0.1 * 0.5, so the loss is -A' * ratio =
-    # +0.05
-    with_k1, st = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC, ref_logp=ref, beta=0.1,
+        assert abs(with_kl.item() - (base.item() + 0.1 * kl)) < 1e-6, est
+        assert abs(st['kl'].item() - kl) < 1e-6, est
+    # k1 is a detached penalty in the advantage: A' = 0 - 0.1 * 0.5,
+    # so the loss is -A' * ratio = +0.05
+    with_k1, st = policy_loss(logp, logp, adv, w, one, **SYMMETRIC, ref_logp=ref, beta=0.1,
                               kl_estimator='k1')
-    assert abs(with_k1.item() - 0.05) < 1e-6 and abs(st['kl'].item() - 0.5) < 1e-6
-    with_ent, _ = policy_loss(logp, logp, torch.zeros(1), torch.ones(1), one, **SYMMETRIC, entropy=ent, entropy_coef=0.01)
+    assert abs(with_k1.item() - 0.05) < 1e-6
+    assert abs(st['kl'].item() - 0.5) < 1e-6
+    with_ent, _ = policy_loss(logp, logp, adv, w, one, **SYMMETRIC, entropy=ent, entropy_coef=0.01)
     assert abs(with_ent.item() - (base.item() - 0.02)) < 1e-6
 
 
@@ -101,7 +111,8 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
     micro-batch 1 and all."""
     torch.manual_seed(0)
     lens = torch.tensor([3, 1, 5, 2, 4])
-    theta = torch.randn(int(lens.sum()), requires_grad=True)  # stands in for the parameters behind logp
+    # stands in for the parameters behind logp
+    theta = torch.randn(int(lens.sum()), requires_grad=True)
     adv_seq = torch.randn(5)
     n_tok, n_seq = int(lens.sum()), len(lens)
 
@@ -110,7 +121,8 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
         starts = torch.cumsum(lens, 0) - lens
         for i in range(0, n_seq, mb_size):
             mb = slice(i, min(i + mb_size, n_seq))
-            idx = torch.cat([torch.arange(int(s), int(s + l)) for s, l in zip(starts[mb], lens[mb])])
+            idx = torch.cat([torch.arange(int(s), int(s + n))
+                             for s, n in zip(starts[mb], lens[mb])])
             logp = torch.log_softmax(theta, 0)[idx]
             A = torch.repeat_interleave(adv_seq[mb], lens[mb])
             w = token_weights(lens[mb], loss_agg, n_tok, n_seq, 8)
@@ -118,10 +130,12 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
         return theta.grad.clone()
 
     g1, gall = grad_with(1), grad_with(n_seq)
-    assert torch.allclose(g1, gall, atol=1e-7), f"{loss_agg}: micro-batch 1 vs all differ by {(g1 - gall).abs().max()}"
+    assert torch.allclose(g1, gall, atol=1e-7), \
+        f"{loss_agg}: micro-batch 1 vs all differ by {(g1 - gall).abs().max()}"
 
 
-@pytest.mark.parametrize('estimator, direction', [('k1', 'forward'), ('k2', 'forward'), ('k3', 'reverse')])
+@pytest.mark.parametrize('estimator, direction',
+                         [('k1', 'forward'), ('k2', 'forward'), ('k3', 'reverse')])
 def test_kl_estimators_expected_gradient_is_the_kl_gradient(estimator, direction):
     """On a categorical policy softmax(theta) over 6 tokens, each token a one-token completion: the
     exact expected gradient of the penalty (sum over tokens of pi(a) * grad loss(a), pi(a) a fixed
@@ -133,14 +147,16 @@ def test_kl_estimators_expected_gradient_is_the_kl_gradient(estimator, direction
     logp = torch.log_softmax(theta, 0)
     pi = logp.exp().detach()
     ones = torch.ones(6, dtype=torch.long)
-    loss, _ = policy_loss(logp, logp.detach(), torch.zeros(6, dtype=torch.float64), pi, ones, **CLIP,
+    adv = torch.zeros(6, dtype=torch.float64)
+    loss, _ = policy_loss(logp, logp.detach(), adv, pi, ones, **CLIP,
                           ref_logp=ref, beta=1.0, kl_estimator=estimator, kl_clamp=100.0)
     got, = torch.autograd.grad(loss, theta)
     p = torch.softmax(theta, 0)
     kl = (p * (torch.log_softmax(theta, 0) - ref)).sum() if direction == 'forward' else \
         (ref.exp() * (ref - torch.log_softmax(theta, 0))).sum()
     want, = torch.autograd.grad(kl, theta)
-    assert torch.allclose(got, want, atol=1e-10), f"{estimator}: {got} vs grad KL ({direction}) {want}"
+    assert torch.allclose(got, want, atol=1e-10), \
+        f"{estimator}: {got} vs grad KL ({direction}) {want}"
 
 
 def test_k1_penalty_is_the_kl_still_to_come_in_its_sequence():
@@ -150,10 +166,12 @@ def test_k1_penalty_is_the_kl_still_to_come_in_its_sequence():
     ref = torch.tensor([-1.5, -1.0, -0.5])  # k1 = logp - ref = 0.5, -1.0, 0.0
     assert torch.allclose(reverse_cumsum(torch.tensor([0.5, -1.0, 0.0]), torch.tensor([2, 1])),
                           torch.tensor([-0.5, -1.0, 0.0]))
-    _, st = policy_loss(logp, logp, torch.zeros(3), torch.ones(3), torch.tensor([2, 1]), **CLIP, ref_logp=ref,
-                        beta=0.1, kl_estimator='k1')
-    assert torch.allclose(st['pg'], torch.tensor([-0.05, -0.1, 0.0])), st['pg']  # -A' with A' = -0.1 * to-come
-    assert torch.allclose(segment_sum(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([2, 1])), torch.tensor([3.0, 4.0]))
+    _, st = policy_loss(logp, logp, torch.zeros(3), torch.ones(3), torch.tensor([2, 1]), **CLIP,
+                        ref_logp=ref, beta=0.1, kl_estimator='k1')
+    # -A' with A' = -0.1 * to-come
+    assert torch.allclose(st['pg'], torch.tensor([-0.05, -0.1, 0.0])), st['pg']
+    sums = segment_sum(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([2, 1]))
+    assert torch.allclose(sums, torch.tensor([3.0, 4.0]))
 
 
 def test_gspo_ratio_is_the_sequences_geometric_mean_clipped_per_sequence():
@@ -167,8 +185,8 @@ def test_gspo_ratio_is_the_sequences_geometric_mean_clipped_per_sequence():
     assert torch.allclose(st['ratio'], torch.tensor([1.0, 1.0, 1.5, 1.5]))
     assert st['clip_high'].tolist() == [False, False, True, True]
     loss.backward()
-    # each of the sequence's 2 tokens (weight 1) carries -A s, and ds/dlogp_t = s / |y|: 2 * (-1 *
-    # 1/2) = -1
+    # each of the sequence's 2 tokens (weight 1) carries -A s, and ds/dlogp_t = s / |y|:
+    # 2 * (-1 * 1/2) = -1
     assert torch.allclose(logp.grad, torch.tensor([-1.0, -1.0, 0.0, 0.0])), logp.grad
     tok, _ = policy_loss(logp.detach(), old, adv, torch.ones(4), lens, **CLIP, loss_type='grpo')
     assert tok.item() != loss.item(), "token-level clipping treats these tokens differently"
@@ -181,24 +199,30 @@ def test_cispo_clips_the_weight_not_the_gradient():
     old = torch.zeros(2)
     logp = torch.log(torch.tensor([1.5, 1.0])).requires_grad_(True)
     adv = torch.tensor([1.0, -2.0])
-    loss, st = policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), **CLIP, loss_type='cispo')
+    lens = torch.ones(2, dtype=torch.long)
+    loss, st = policy_loss(logp, old, adv, torch.ones(2), lens, **CLIP, loss_type='cispo')
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([-1.28, 2.0])), logp.grad
     assert st['clip_high'].tolist() == [True, False]
     with pytest.raises(ValueError, match='loss_type'):
-        policy_loss(logp, old, adv, torch.ones(2), torch.ones(2, dtype=torch.long), **CLIP, loss_type='ppo')
+        policy_loss(logp, old, adv, torch.ones(2), lens, **CLIP, loss_type='ppo')
 
 
 def test_tis_weights_each_mode():
-    """rho = pi_train / pi_sampler: tokens 4, 0.5 (sequence 1: product 2) and 1 (sequence 2), cap
-    3."""
-    train, gen, lens = torch.log(torch.tensor([4.0, 0.5, 1.0])), torch.zeros(3), torch.tensor([2, 1])
-    cases = {'token_truncate': ([3.0, 0.5, 1.0], [True, False, False]), 'token_mask': ([0.0, 0.5, 1.0], [True, False, False]),
-             'sequence_truncate': ([2.0, 2.0, 1.0], [False] * 3), 'sequence_mask': ([2.0, 2.0, 1.0], [False] * 3)}
+    """rho = pi_train / pi_sampler: tokens 4, 0.5 (sequence 1: product 2) and 1 (sequence 2),
+    cap 3."""
+    train, gen = torch.log(torch.tensor([4.0, 0.5, 1.0])), torch.zeros(3)
+    lens = torch.tensor([2, 1])
+    cases = {'token_truncate': ([3.0, 0.5, 1.0], [True, False, False]),
+             'token_mask': ([0.0, 0.5, 1.0], [True, False, False]),
+             'sequence_truncate': ([2.0, 2.0, 1.0], [False] * 3),
+             'sequence_mask': ([2.0, 2.0, 1.0], [False] * 3)}
     for mode, (want, above) in cases.items():
         w, capped = tis_weights(train, gen, lens, mode, 3.0)
-        assert torch.allclose(w, torch.tensor(want)) and capped.tolist() == above, (mode, w, capped)
-    w, capped = tis_weights(train, gen, lens, 'sequence_mask', 1.5)  # sequence 1's product 2 > 1.5: all of it masked
+        assert torch.allclose(w, torch.tensor(want)), (mode, w, capped)
+        assert capped.tolist() == above, (mode, w, capped)
+    # sequence 1's product 2 > 1.5: all of it masked
+    w, capped = tis_weights(train, gen, lens, 'sequence_mask', 1.5)
     assert w.tolist() == [0.0, 0.0, 1.0] and capped.tolist() == [True, True, False]
     with pytest.raises(ValueError, match='tis'):
         tis_weights(train, gen, lens, 'token', 3.0)
@@ -208,7 +232,8 @@ def test_is_weight_scales_the_policy_gradient_only():
     logp, ref = torch.tensor([-1.0, -2.0], requires_grad=True), torch.tensor([-1.5, -1.0])
     adv, w, lens = torch.tensor([1.0, -1.0]), torch.ones(2), torch.ones(2, dtype=torch.long)
     isw = torch.tensor([0.5, 2.0])
-    loss, st = policy_loss(logp, logp.detach(), adv, w, lens, **CLIP, ref_logp=ref, beta=0.1, is_weight=isw)
+    loss, st = policy_loss(logp, logp.detach(), adv, w, lens, **CLIP, ref_logp=ref, beta=0.1,
+                           is_weight=isw)
     loss.backward()
     k3_grad = 1 - torch.exp(ref - logp.detach())  # d k3 / d logp
     assert torch.allclose(logp.grad, -adv * isw + 0.1 * k3_grad), logp.grad
@@ -216,7 +241,8 @@ def test_is_weight_scales_the_policy_gradient_only():
 
 def test_micro_batches_sizes_and_whole_groups():
     # group g has 3 rows; its total length grows with g, row lengths differ inside a group
-    rows = [{'prompt': [0] * 5, 'ids': [0] * (10 * g + k), 'group': g} for g in (2, 0, 1) for k in range(3)]
+    rows = [{'prompt': [0] * 5, 'ids': [0] * (10 * g + k), 'group': g}
+            for g in (2, 0, 1) for k in range(3)]
     plain = micro_batches(rows, 4, whole_groups=False)
     assert [len(mb) for mb in plain] == [4, 4, 1], "at most `size` rows per micro-batch"
     flat = [len(r['ids']) for mb in plain for r in mb]
@@ -236,7 +262,8 @@ def test_token_mean_weights_every_token_equally():
     w = token_weights(lens, 'token_mean', 10, 2, 16)
     assert torch.allclose(w, torch.full((10,), 0.1))
     w = token_weights(lens, 'seq_mean_token_mean', 10, 2, 16)
-    assert abs(w[0].item() - 0.5) < 1e-7 and abs(w[1].item() - 0.5 / 9) < 1e-7, "GRPO: sequences count equally instead"
+    assert abs(w[0].item() - 0.5) < 1e-7, "GRPO: sequences count equally instead"
+    assert abs(w[1].item() - 0.5 / 9) < 1e-7, "GRPO: sequences count equally instead"
 
 
 @pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
@@ -246,11 +273,13 @@ def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch
     order, and the same gradient."""
     from batch import pack, pack_groups
     from model import GPT, ModelConfig
-    cfg = ModelConfig(arch=arch, vocab_size=50, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4,
-                      n_embd=32, intermediate_size=64, max_seq_len=64, tie_word_embeddings=arch == 'gpt2')
+    cfg = ModelConfig(arch=arch, vocab_size=50, n_layer=2, n_head=4,
+                      n_kv_head=2 if arch == 'qwen2' else 4, n_embd=32, intermediate_size=64,
+                      max_seq_len=64, tie_word_embeddings=arch == 'gpt2')
     torch.manual_seed(0)
     model = GPT(cfg).double()
-    for p in model.parameters():  # every weight and bias nonzero, so a misplaced position or mask shows
+    # every weight and bias nonzero, so a misplaced position or mask shows
+    for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
     g = torch.Generator().manual_seed(1)
     rows = []
@@ -258,7 +287,8 @@ def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch
         prompt = torch.randint(0, 50, (plen,), generator=g).tolist()
         for _ in range(3):
             n = int(torch.randint(1, 7, (1,), generator=g))  # completions of 1 to 6 tokens
-            rows.append({'prompt': prompt, 'ids': torch.randint(0, 50, (n,), generator=g).tolist(), 'group': group})
+            ids = torch.randint(0, 50, (n,), generator=g).tolist()
+            rows.append({'prompt': prompt, 'ids': ids, 'group': group})
 
     def logprobs(x, targets, **kw):
         h = model(x, **kw)
@@ -267,14 +297,17 @@ def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch
     x, sel = pack(rows, pad_id=0)
     ref = logprobs(x[:, :-1], x[:, 1:][sel], select=sel)
     x, pos, mask, pred, targets = pack_groups(rows, pad_id=0)
-    assert targets.tolist() == [t for r in rows for t in r['ids']], 'targets must be the completions, row-major'
-    assert x.shape[1] < sum(len(r['prompt']) + len(r['ids']) for r in rows[:3]), 'a group packs shorter than its rows'
+    assert targets.tolist() == [t for r in rows for t in r['ids']], \
+        'targets must be the completions, row-major'
+    separate = sum(len(r['prompt']) + len(r['ids']) for r in rows[:3])
+    assert x.shape[1] < separate, 'a group packs shorter than its rows'
     got = logprobs(x, targets, pos=pos, attn_mask=mask, select=pred)
     assert torch.allclose(got, ref, atol=1e-10, rtol=0), f'max diff {(got - ref).abs().max():.2e}'
     w = torch.rand(len(ref), generator=g, dtype=torch.float64)
     grad_ref = torch.autograd.grad((ref * w).sum(), list(model.parameters()))
     grad_got = torch.autograd.grad((got * w).sum(), list(model.parameters()))
     for (name, _), a, b in zip(model.named_parameters(), grad_ref, grad_got):
-        # the norms compute in fp32 even here, so summation order shows at ~1e-8; a mask or position
-        # error is ~1e-2
-        assert torch.allclose(a, b, atol=1e-6, rtol=0), f"{name}: gradients differ by {(a - b).abs().max():.2e}"
+        # the norms compute in fp32 even here, so summation order shows at ~1e-8;
+        # a mask or position error is ~1e-2
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), \
+            f"{name}: gradients differ by {(a - b).abs().max():.2e}"

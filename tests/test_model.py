@@ -17,12 +17,15 @@ TOL = 1e-4  # fp32 logit parity with transformers (max abs difference)
 V = 300  # vocab of the tiny configs
 
 HF_CONFIGS = {  # name -> (config class, kwargs)
-    'qwen2_gqa_tied': ('Qwen2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    'qwen2_gqa_tied': ('Qwen2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=160,
+                                           num_hidden_layers=2, num_attention_heads=4,
+                                           num_key_value_heads=2, tie_word_embeddings=True,
                                            max_position_embeddings=256)),
-    'qwen2_untied_theta': ('Qwen2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                               num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
-                                               rope_theta=500.0, rms_norm_eps=1e-5, max_position_embeddings=256)),
+    'qwen2_untied_theta': ('Qwen2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                               num_hidden_layers=3, num_attention_heads=8,
+                                               num_key_value_heads=2, tie_word_embeddings=False,
+                                               rope_theta=500.0, rms_norm_eps=1e-5,
+                                               max_position_embeddings=256)),
     'gpt2': ('GPT2Config', dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                 bos_token_id=0, eos_token_id=0)),
 }
@@ -97,18 +100,24 @@ def test_right_padded_batch_prefill_and_decode_equal_each_row_alone(snapshot):
     torch.manual_seed(3)
     lens = [3, 9, 6]
     seqs = [torch.randint(0, V, (n + 8,)) for n in lens]  # prompt, then 8 decoded tokens per row
-    idx = torch.randint(0, V, (3, 9))  # padding is random junk: it must not leak into real positions
+    # padding is random junk: it must not leak into real positions
+    idx = torch.randint(0, V, (3, 9))
     for b, n in enumerate(lens):
         idx[b, :n] = seqs[b][:n]
     cache = M.KVCache(ours.config, 3, 20, torch.float32, 'cpu')
     pre = ours(idx, kv_cache=cache, input_lengths=torch.tensor(lens))
-    steps = [ours(torch.stack([s[n + t] for s, n in zip(seqs, lens)])[:, None], kv_cache=cache) for t in range(8)]
+    steps = []
+    for t in range(8):
+        tokens = torch.stack([s[n + t] for s, n in zip(seqs, lens)])
+        steps.append(ours(tokens[:, None], kv_cache=cache))
     for b, n in enumerate(lens):
         ref = hf_logits(hf, seqs[b])[0]
         d = maxdiff(pre[b, :n], ref[:n])
-        assert d <= TOL, f'row {b} (prompt length {n} of 9): prefill logits differ from the row alone by {d:.2e}'
+        assert d <= TOL, \
+            f'row {b} (prompt length {n} of 9): prefill logits differ from the row alone by {d:.2e}'
         d = maxdiff(torch.cat([s[b] for s in steps]), ref[n:n + 8])
-        assert d <= TOL, f'row {b} (prompt length {n} of 9): decode logits differ from the row alone by {d:.2e}'
+        assert d <= TOL, \
+            f'row {b} (prompt length {n} of 9): decode logits differ from the row alone by {d:.2e}'
     assert cache.lengths.tolist() == [n + 8 for n in lens]
 
 
@@ -116,18 +125,23 @@ def test_right_padded_batch_prefill_and_decode_equal_each_row_alone(snapshot):
 def test_last_only_returns_each_rows_last_real_token(snapshot):
     _, _, ours = snapshot
     torch.manual_seed(4)
-    idx, lens = torch.randint(0, V, (3, 7)), torch.tensor([2, 7, 4])
-    full = ours(idx, kv_cache=M.KVCache(ours.config, 3, 8, torch.float32, 'cpu'), input_lengths=lens)
-    last = ours(idx, kv_cache=M.KVCache(ours.config, 3, 8, torch.float32, 'cpu'), input_lengths=lens, last_only=True)
+    idx = torch.randint(0, V, (3, 7))
+    lens = torch.tensor([2, 7, 4])
+    cache = M.KVCache(ours.config, 3, 8, torch.float32, 'cpu')
+    full = ours(idx, kv_cache=cache, input_lengths=lens)
+    cache = M.KVCache(ours.config, 3, 8, torch.float32, 'cpu')
+    last = ours(idx, kv_cache=cache, input_lengths=lens, last_only=True)
     assert last.shape == (3, 1, V)
-    assert torch.allclose(last[:, 0], full[torch.arange(3), lens - 1], atol=1e-6), 'last_only picked the wrong position'
+    assert torch.allclose(last[:, 0], full[torch.arange(3), lens - 1], atol=1e-6), \
+        'last_only picked the wrong position'
 
 
 @torch.no_grad()
 def test_repeat_interleave_shares_a_prefill_between_samples(snapshot):
     _, hf, ours = snapshot
     torch.manual_seed(5)
-    lens, G = [4, 6], 3
+    lens = [4, 6]
+    G = 3
     prompts = [torch.randint(0, V, (n,)) for n in lens]
     idx = torch.zeros(2, 6, dtype=torch.long)
     for b, p in enumerate(prompts):
@@ -142,14 +156,16 @@ def test_repeat_interleave_shares_a_prefill_between_samples(snapshot):
         p = prompts[r // G]
         ref = hf_logits(hf, torch.cat([p, conts[r]]))[0, len(p):]
         d = maxdiff(got[r], ref)
-        assert d <= TOL, f'copy {r % G} of prompt {r // G}: decode after repeat_interleave differs by {d:.2e}'
+        assert d <= TOL, \
+            f'copy {r % G} of prompt {r // G}: decode after repeat_interleave differs by {d:.2e}'
 
 
 @torch.no_grad()
 def test_select_keeps_rows_decoding_as_without_it(snapshot):
     _, _, ours = snapshot
     torch.manual_seed(6)
-    idx, lens = torch.randint(0, V, (5, 6)), torch.tensor([6, 2, 5, 3, 4])
+    idx = torch.randint(0, V, (5, 6))
+    lens = torch.tensor([6, 2, 5, 3, 4])
     conts = torch.randint(0, V, (5, 6))
     keep = torch.tensor([4, 1, 2])  # reordered, as compaction may do
     full = M.KVCache(ours.config, 5, 14, torch.float32, 'cpu')
@@ -165,7 +181,8 @@ def test_select_keeps_rows_decoding_as_without_it(snapshot):
         a = ours(conts[:, t:t + 1], kv_cache=full)[keep]
         b = ours(conts[keep, t:t + 1], kv_cache=part)
         d = maxdiff(a, b)
-        assert d <= 1e-5, f'step {t}: rows {keep.tolist()} decode differently after select ({d:.2e})'
+        assert d <= 1e-5, \
+            f'step {t}: rows {keep.tolist()} decode differently after select ({d:.2e})'
 
 
 def test_cache_overflow_is_an_error(snapshot):
@@ -180,19 +197,24 @@ def test_cache_overflow_is_an_error(snapshot):
 # export, sharding, dtypes
 
 SCRATCH = {
-    'qwen2_gqa_tied': M.ModelConfig(arch='qwen2', vocab_size=V, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
-                                    intermediate_size=160, max_seq_len=256, tie_word_embeddings=True),
-    'qwen2_untied_theta': M.ModelConfig(arch='qwen2', vocab_size=V, n_layer=2, n_head=8, n_kv_head=2, n_embd=64,
-                                        intermediate_size=96, max_seq_len=256, rope_theta=500.0, norm_eps=1e-5,
-                                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=[2, 3]),
+    'qwen2_gqa_tied': M.ModelConfig(arch='qwen2', vocab_size=V, n_layer=2, n_head=4, n_kv_head=2,
+                                    n_embd=64, intermediate_size=160, max_seq_len=256,
+                                    tie_word_embeddings=True),
+    'qwen2_untied_theta': M.ModelConfig(arch='qwen2', vocab_size=V, n_layer=2, n_head=8,
+                                        n_kv_head=2, n_embd=64, intermediate_size=96,
+                                        max_seq_len=256, rope_theta=500.0, norm_eps=1e-5,
+                                        tie_word_embeddings=False, bos_token_id=1,
+                                        eos_token_id=[2, 3]),
     'gpt2': M.ModelConfig(arch='gpt2', vocab_size=V, n_layer=2, n_head=4, n_kv_head=4, n_embd=64,
-                          intermediate_size=256, max_seq_len=64, norm_eps=1e-5, tie_word_embeddings=True),
+                          intermediate_size=256, max_seq_len=64, norm_eps=1e-5,
+                          tie_word_embeddings=True),
 }
 
 
 def random_model(cfg, seed=0, dtype=torch.float32):
     m = M.from_scratch(cfg, dtype=torch.float32, seed=seed)
-    with torch.no_grad():  # from_scratch zeroes biases and sets norms to one; make every tensor count
+    # from_scratch zeroes biases and sets norms to one; make every tensor count
+    with torch.no_grad():
         g = torch.Generator().manual_seed(seed + 1)
         for p in m.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
@@ -207,7 +229,8 @@ def test_export_loads_in_transformers_and_back(name, tmp_path):
     with open(tmp_path / 'snap' / 'config.json') as f:
         assert json.load(f)['model_type'] == SCRATCH[name].arch
     names = load_file(tmp_path / 'snap' / 'model.safetensors').keys()
-    assert ('lm_head.weight' in names) == (not SCRATCH[name].tie_word_embeddings), 'tied head must not be saved twice'
+    assert ('lm_head.weight' in names) == (not SCRATCH[name].tie_word_embeddings), \
+        'tied head must not be saved twice'
     check_export_round_trip(ours, tmp_path / 'snap', T=17, seed=7)
 
 
@@ -215,7 +238,8 @@ def check_export_round_trip(ours, snap, T, seed):
     """ours, saved at snap: transformers loads it with ours's logits (<= 1e-5) and from_pretrained
     gives back the same config and bit-identical weights. Returns transformers' model."""
     hf = transformers.AutoModelForCausalLM.from_pretrained(snap).eval()
-    idx = torch.randint(0, ours.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, ours.config.vocab_size, (2, T), generator=g)
     d = maxdiff(hf(idx).logits, ours(idx))
     assert d <= 1e-5, f'transformers loads our export with logits {d:.2e} away from ours'
     back, _ = H.from_pretrained(snap)
@@ -228,9 +252,11 @@ def check_export_round_trip(ours, snap, T, seed):
 def test_export_keeps_the_model_dtype(tmp_path):
     ours = random_model(SCRATCH['qwen2_gqa_tied'], dtype=torch.bfloat16)
     H.save_pretrained(ours, None, tmp_path / 'snap')
-    assert {t.dtype for t in load_file(tmp_path / 'snap' / 'model.safetensors').values()} == {torch.bfloat16}
+    saved = load_file(tmp_path / 'snap' / 'model.safetensors')
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
     back, _ = H.from_pretrained(tmp_path / 'snap', dtype=torch.bfloat16)
-    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), back.state_dict().values()))
+    pairs = zip(ours.state_dict().values(), back.state_dict().values())
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 class _FailingTokenizer:
@@ -240,14 +266,17 @@ class _FailingTokenizer:
 
 
 def test_failed_export_leaves_the_old_snapshot_in_place(tmp_path):
-    old, new = random_model(SCRATCH['gpt2'], seed=1), random_model(SCRATCH['gpt2'], seed=2)
+    old = random_model(SCRATCH['gpt2'], seed=1)
+    new = random_model(SCRATCH['gpt2'], seed=2)
     H.save_pretrained(old, None, tmp_path / 'snap')
     with pytest.raises(OSError, match='disk full'):
         H.save_pretrained(new, _FailingTokenizer(), tmp_path / 'snap')
-    assert os.listdir(tmp_path) == ['snap'], f'leftovers after a failed save: {os.listdir(tmp_path)}'
+    assert os.listdir(tmp_path) == ['snap'], \
+        f'leftovers after a failed save: {os.listdir(tmp_path)}'
     assert sorted(os.listdir(tmp_path / 'snap')) == ['config.json', 'model.safetensors']
     loaded, _ = H.from_pretrained(tmp_path / 'snap')
-    assert torch.equal(loaded.wte.weight, old.wte.weight), 'the old snapshot was damaged by a failed save'
+    assert torch.equal(loaded.wte.weight, old.wte.weight), \
+        'the old snapshot was damaged by a failed save'
     H.save_pretrained(new, None, tmp_path / 'snap')  # and a good save replaces it
     loaded, _ = H.from_pretrained(tmp_path / 'snap')
     assert torch.equal(loaded.wte.weight, new.wte.weight) and os.listdir(tmp_path) == ['snap']
@@ -256,11 +285,12 @@ def test_failed_export_leaves_the_old_snapshot_in_place(tmp_path):
 def test_export_writes_tokenizer_files_that_load_back(tmp_path):
     tokenizer = pytest.importorskip('tokenizer')
     tok = tokenizer.byte_tokenizer()
-    cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
-                        intermediate_size=64)
+    cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1,
+                        n_embd=32, intermediate_size=64)
     H.save_pretrained(M.from_scratch(cfg), tok, tmp_path / 'snap')
     _, back = H.from_pretrained(tmp_path / 'snap')
-    assert back is not None and back.encode_with_special('hi<|im_end|>') == tok.encode_with_special('hi<|im_end|>')
+    assert back is not None
+    assert back.encode_with_special('hi<|im_end|>') == tok.encode_with_special('hi<|im_end|>')
 
 
 @torch.no_grad()
@@ -281,7 +311,8 @@ def test_gpt2_checkpoint_in_the_original_layout_loads(tmp_path):
     buffers."""
     hf = make_hf_model('gpt2')
     hf.save_pretrained(tmp_path)
-    tensors = {k.removeprefix('transformer.'): v for k, v in load_file(tmp_path / 'model.safetensors').items()}
+    saved = load_file(tmp_path / 'model.safetensors')
+    tensors = {k.removeprefix('transformer.'): v for k, v in saved.items()}
     tensors.update({f'h.{i}.attn.bias': torch.ones(1, 1, 64, 64).tril() for i in range(2)})
     save_file(tensors, tmp_path / 'model.safetensors', metadata={'format': 'pt'})
     ours, _ = H.from_pretrained(tmp_path)
@@ -301,8 +332,10 @@ def test_bf16_forward_is_close_to_fp32(snapshot):
     scale = ref.abs().max().item()
     d = maxdiff(out, ref)
     assert d <= 0.05 * scale, f'bf16 logits are {d:.3f} from fp32 (logit scale {scale:.2f})'
-    cache = M.KVCache(low.config, 2, 13, torch.bfloat16, 'cpu')  # and the cached path agrees in bf16 too
-    steps = [low(idx[:, :9], kv_cache=cache)] + [low(idx[:, t:t + 1], kv_cache=cache) for t in range(9, 13)]
+    # and the cached path agrees in bf16 too
+    cache = M.KVCache(low.config, 2, 13, torch.bfloat16, 'cpu')
+    steps = [low(idx[:, :9], kv_cache=cache)]
+    steps += [low(idx[:, t:t + 1], kv_cache=cache) for t in range(9, 13)]
     steps = torch.cat(steps, 1)
     d = maxdiff(steps, ref)
     assert d <= 0.05 * scale, f'bf16 cached decoding is {d:.3f} from fp32 (logit scale {scale:.2f})'
@@ -310,8 +343,11 @@ def test_bf16_forward_is_close_to_fp32(snapshot):
 
 def test_from_scratch_is_seeded():
     cfg = SCRATCH['qwen2_gqa_tied']
-    a, b, c = M.from_scratch(cfg, seed=1), M.from_scratch(cfg, seed=1), M.from_scratch(cfg, seed=2)
-    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters())), 'same seed, different weights'
+    a = M.from_scratch(cfg, seed=1)
+    b = M.from_scratch(cfg, seed=1)
+    c = M.from_scratch(cfg, seed=2)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters())), \
+        'same seed, different weights'
     assert not torch.equal(a.wte.weight, c.wte.weight), 'different seeds gave the same weights'
     assert abs(a.wte.weight.std().item() - 0.02) < 0.002 and not a.h[0].attn.c_attn.bias.any()
 
@@ -319,7 +355,8 @@ def test_from_scratch_is_seeded():
 def test_qwen25_05b_shape_has_the_published_parameter_count():
     with torch.device('meta'):
         m = M.GPT(M.qwen25_05b_config())
-    assert m.num_params() == 494_032_768  # Qwen2.5-0.5B's model card: 0.49B (tied embedding counted once)
+    # Qwen2.5-0.5B's model card: 0.49B (tied embedding counted once)
+    assert m.num_params() == 494_032_768
 
 
 # -----------------------------------------------------------------------------
@@ -345,7 +382,8 @@ def test_missing_directory_is_named(tmp_path):
 
 
 def test_unreachable_hub_id_says_to_pass_a_local_directory(monkeypatch):
-    monkeypatch.setattr('huggingface_hub.constants.HF_HUB_OFFLINE', True)  # fail fast, also where there is a network
+    # fail fast, also where there is a network
+    monkeypatch.setattr('huggingface_hub.constants.HF_HUB_OFFLINE', True)
     msg = load_error('no-such-org-xyz/no-such-model-xyz')
     assert 'no-such-org-xyz/no-such-model-xyz' in msg and 'local snapshot directory' in msg, msg
 
@@ -371,9 +409,14 @@ def rewrite_weights(snap, edit):
 
 def test_wrong_shaped_tensor_names_file_tensor_and_shapes(qwen_snapshot):
     name = 'model.layers.1.self_attn.k_proj.weight'
-    rewrite_weights(qwen_snapshot, lambda t: t.update({name: t[name][:16]}))
+
+    def cut(tensors):
+        tensors[name] = tensors[name][:16]
+
+    rewrite_weights(qwen_snapshot, cut)
     msg = load_error(qwen_snapshot)
-    assert 'model.safetensors' in msg and f"'{name}'" in msg and '(16, 64)' in msg and '(32, 64)' in msg, msg
+    assert 'model.safetensors' in msg and f"'{name}'" in msg, msg
+    assert '(16, 64)' in msg and '(32, 64)' in msg, msg
 
 
 def test_missing_tensor_names_file_and_tensor(qwen_snapshot):
@@ -384,13 +427,19 @@ def test_missing_tensor_names_file_and_tensor(qwen_snapshot):
 
 
 def test_unexpected_tensor_is_named(qwen_snapshot):
-    rewrite_weights(qwen_snapshot, lambda t: t.update({'model.layers.7.extra.weight': torch.zeros(2)}))
+
+    def add(tensors):
+        tensors['model.layers.7.extra.weight'] = torch.zeros(2)
+
+    rewrite_weights(qwen_snapshot, add)
     msg = load_error(qwen_snapshot)
-    assert 'model.safetensors' in msg and "'model.layers.7.extra.weight'" in msg and 'unexpected' in msg, msg
+    assert 'model.safetensors' in msg and 'unexpected' in msg, msg
+    assert "'model.layers.7.extra.weight'" in msg, msg
 
 
 def test_corrupt_safetensors_file_is_named(qwen_snapshot):
-    (qwen_snapshot / 'model.safetensors').write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": truncated')
+    header_size = b'\x10\x00\x00\x00\x00\x00\x00\x00'
+    (qwen_snapshot / 'model.safetensors').write_bytes(header_size + b'{"a": truncated')
     msg = load_error(qwen_snapshot)
     assert 'model.safetensors' in msg, msg
 
@@ -405,8 +454,8 @@ def test_unsupported_model_type_is_named(qwen_snapshot):
 
 def test_grad_checkpoint_gives_the_same_gradients():
     from model import ModelConfig, from_scratch
-    cfg = ModelConfig(arch='qwen2', vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
-                      max_seq_len=32)
+    cfg = ModelConfig(arch='qwen2', vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                      intermediate_size=64, max_seq_len=32)
     x = torch.randint(0, 64, (2, 10))
     grads = []
     for ckpt in (False, True):
@@ -414,7 +463,8 @@ def test_grad_checkpoint_gives_the_same_gradients():
         m.grad_checkpoint = ckpt
         m(x).float().logsumexp(-1).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-6), "activation checkpointing changed the gradients"
+    assert torch.allclose(grads[0], grads[1], atol=1e-6), \
+        "activation checkpointing changed the gradients"
 
 
 def test_atomic_dir_keeps_the_old_directory_when_writing_fails(tmp_path):
@@ -428,7 +478,9 @@ def test_atomic_dir_keeps_the_old_directory_when_writing_fails(tmp_path):
         with H.atomic_dir(out) as tmp:
             open(os.path.join(tmp, 'model.safetensors'), 'w').write('half')
             raise RuntimeError('crash mid-write')
-    assert (out / 'model.safetensors').read_text() == 'old' and sorted(p.name for p in tmp_path.iterdir()) == ['hf']
+    assert (out / 'model.safetensors').read_text() == 'old'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hf']
     with H.atomic_dir(out) as tmp:
         open(os.path.join(tmp, 'config.json'), 'w').write('new')
-    assert sorted(p.name for p in out.iterdir()) == ['config.json'] and [p.name for p in tmp_path.iterdir()] == ['hf']
+    assert sorted(p.name for p in out.iterdir()) == ['config.json']
+    assert [p.name for p in tmp_path.iterdir()] == ['hf']

@@ -1,6 +1,6 @@
-"""Qwen3 and Llama 3.x (issue 19) against transformers on tiny random checkpoints built here: logits
-of a full forward and of prefill + cached decode, export round trip, and one-line errors for the
-variants we refuse."""
+"""Qwen3 and Llama 3.x against transformers on tiny random checkpoints built here: logits of a full
+forward and of prefill + cached decode, export round trip, and one-line errors for the variants we
+refuse."""
 import json
 
 import pytest
@@ -15,24 +15,30 @@ transformers = pytest.importorskip('transformers')
 TOL = 1e-4  # fp32 logit parity with transformers (max abs difference)
 V = 300
 LLAMA3 = dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=8.0,
-              original_max_position_embeddings=64)  # wavelengths: < 8 kept, 8..64 smoothed, > 64 divided by 8
+              # wavelengths: < 8 kept, 8..64 smoothed, > 64 divided by 8
+              original_max_position_embeddings=64)
 
 HF_CONFIGS = {  # name -> (config class, kwargs)
     # head_dim 24 != 64 / 4: an explicit head_dim; GQA 4 query heads on 2 kv heads; untied
-    'qwen3': ('Qwen3Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=24, rope_theta=1000.0,
-                                  tie_word_embeddings=False, max_position_embeddings=256, rms_norm_eps=1e-5)),
-    'qwen3_tied': ('Qwen3Config', dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                       num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                                       tie_word_embeddings=True, max_position_embeddings=256)),
+    'qwen3': ('Qwen3Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=24, rope_theta=1000.0, tie_word_embeddings=False,
+                                  max_position_embeddings=256, rms_norm_eps=1e-5)),
+    'qwen3_tied': ('Qwen3Config', dict(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=8, tie_word_embeddings=True,
+                                       max_position_embeddings=256)),
     # head_dim from hidden / heads = 16: RoPE wavelengths 6.3 (kept), 20 and 63 (smoothed), 200+
     # (scaled)
-    'llama3': ('LlamaConfig', dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+    'llama3': ('LlamaConfig', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, tie_word_embeddings=False,
                                    max_position_embeddings=512, rope_scaling=LLAMA3)),
-    'llama3_head_dim': ('LlamaConfig', dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=1, head_dim=12,
-                                            tie_word_embeddings=False, rope_theta=500.0, rope_scaling=LLAMA3)),
+    'llama3_head_dim': ('LlamaConfig', dict(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=1, head_dim=12,
+                                            tie_word_embeddings=False, rope_theta=500.0,
+                                            rope_scaling=LLAMA3)),
 }
 
 
@@ -61,7 +67,8 @@ def test_config_is_read_as_intended(snapshot):
     cfg = ours.config
     assert cfg.arch == hf.config.model_type and cfg.head_dim == hf.config.head_dim
     assert cfg.rope_scaling == (None if cfg.arch == 'qwen3' else (8.0, 1.0, 8.0, 64))
-    assert (ours.h[0].attn.q_norm is not None) == (cfg.arch == 'qwen3') and ours.h[0].attn.c_attn.bias is None
+    assert (ours.h[0].attn.q_norm is not None) == (cfg.arch == 'qwen3')
+    assert ours.h[0].attn.c_attn.bias is None
 
 
 @torch.no_grad()
@@ -79,7 +86,8 @@ def test_prefill_then_cached_steps_match_transformers(snapshot):
     idx = torch.randint(0, V, (2, 30), generator=torch.Generator().manual_seed(2))
     ref = hf(idx).logits
     cache = M.KVCache(ours.config, 2, 32, torch.float32, 'cpu')
-    got = [ours(idx[:, :7], kv_cache=cache)] + [ours(idx[:, t:t + 1], kv_cache=cache) for t in range(7, 30)]
+    got = [ours(idx[:, :7], kv_cache=cache)]
+    got += [ours(idx[:, t:t + 1], kv_cache=cache) for t in range(7, 30)]
     per_pos = (torch.cat(got, 1) - ref).abs().amax(dim=(0, 2))
     print(f'{ours.config.arch} prefill + decode max |diff| {per_pos.max():.2e}')
     for t, d in enumerate(per_pos.tolist()):
@@ -120,12 +128,15 @@ def write_config(path, **changes):
 
 @pytest.mark.parametrize('changes, message', [
     (dict(use_sliding_window=True), r'use_sliding_window=True is not supported'),
-    (dict(model_type='qwen3_moe', architectures=['Qwen3MoeForCausalLM']), r"model_type 'qwen3_moe' is not supported"),
+    (dict(model_type='qwen3_moe', architectures=['Qwen3MoeForCausalLM']),
+     r"model_type 'qwen3_moe' is not supported"),
     (dict(attention_bias=True), r'attention_bias=True is not supported'),
     (dict(rope_parameters=dict(rope_type='yarn', factor=4.0, rope_theta=1e4)),
      r"field 'rope_parameters' has rope_type 'yarn', not supported"),
-    (dict(rope_scaling=dict(type='dynamic', factor=2.0)), r"field 'rope_scaling' has rope_type 'dynamic'"),
-    (dict(rope_scaling=dict(rope_type='llama3', factor=8.0)), r"field 'rope_scaling' of rope_type 'llama3' needs"),
+    (dict(rope_scaling=dict(type='dynamic', factor=2.0)),
+     r"field 'rope_scaling' has rope_type 'dynamic'"),
+    (dict(rope_scaling=dict(rope_type='llama3', factor=8.0)),
+     r"field 'rope_scaling' of rope_type 'llama3' needs"),
 ])
 def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
     write_config(tmp_path, **changes)
@@ -135,8 +146,9 @@ def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
 
 
 def test_llama_with_mlp_bias_is_refused(tmp_path):
-    hf = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
-        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, mlp_bias=True))
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2, mlp_bias=True)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg)
     hf.save_pretrained(tmp_path)
     with pytest.raises(H.ModelLoadError, match=r'config\.json: mlp_bias=True is not supported'):
         H.from_pretrained(tmp_path)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from reward import REWARD_FNS, check_reward_config, extract_answer, is_correct, length_penalty, score
+from reward import (REWARD_FNS, check_reward_config, extract_answer, is_correct, length_penalty,
+                    score)
 
 GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k'
 
@@ -49,8 +50,10 @@ FORMATS = [
     ('-0', '0'),
     ('3.1400', '3.14'),
 ]
-PREFIX = 'Let me think. First 3 + 4 = 7, then 7 * 2 = 14 and 100/4 = 25.\n'   # numbers that are not the answer
-SUFFIX = ' That is all.'                                                     # trailing text without numbers
+# numbers that are not the answer
+PREFIX = 'Let me think. First 3 + 4 = 7, then 7 * 2 = 14 and 100/4 = 25.\n'
+# trailing text without numbers
+SUFFIX = ' That is all.'
 
 
 @pytest.mark.parametrize('text, expected', FORMATS)
@@ -76,14 +79,22 @@ def test_marked_answers_survive_numbers_after_them(text, expected):
 
 
 @pytest.mark.parametrize('text, expected', [
-    ('#### 1 ... the answer is 2 ... \\boxed{3} final answer: 4. 5', '3'),   # boxed beats everything
-    ('the answer is 2, final answer: 4 #### 1. Also 5', '1'),                # #### beats the phrases
-    ('final answer: 4. So the answer is 2. Then 5', '2'),                    # "the answer is" beats "final answer"
-    ('final answer: 4, then 5', '4'),                                        # "final answer" beats last number
-    ('\\boxed{1} and later \\boxed{2}', '2'),                               # the last box
-    ('\\boxed{1} then an unclosed \\boxed{2', '1'),                         # truncated box is not an answer
-    ('Put it in \\boxed{}. I get 8.', '8'),                                  # echoed empty box is ignored
-    ('#### no number here, but 6 later', '6'),                               # marker without number falls through
+    # boxed beats everything
+    ('#### 1 ... the answer is 2 ... \\boxed{3} final answer: 4. 5', '3'),
+    # #### beats the phrases
+    ('the answer is 2, final answer: 4 #### 1. Also 5', '1'),
+    # "the answer is" beats "final answer"
+    ('final answer: 4. So the answer is 2. Then 5', '2'),
+    # "final answer" beats last number
+    ('final answer: 4, then 5', '4'),
+    # the last box
+    ('\\boxed{1} and later \\boxed{2}', '2'),
+    # truncated box is not an answer
+    ('\\boxed{1} then an unclosed \\boxed{2', '1'),
+    # echoed empty box is ignored
+    ('Put it in \\boxed{}. I get 8.', '8'),
+    # marker without number falls through
+    ('#### no number here, but 6 later', '6'),
 ])
 def test_order_of_trust(text, expected):
     assert extract_answer(text) == expected, f'{text!r} should extract as {expected!r}'
@@ -103,14 +114,15 @@ def test_no_answer_is_none(text):
     ('\\boxed{1/3}', '0.333333333', True),            # float tolerance
     ('\\boxed{1/3}', '0.33', False),                  # ... which is tight
     ('\\boxed{123456789012}', '123456789013', False),  # integers are exact, however large
-    ('\\boxed{5/0}', '5/0', True),                    # undefined values fall back to string equality
+    ('\\boxed{5/0}', '5/0', True),                    # undefined values: compared as strings
     ('\\boxed{B}', 'B', True),
     ('\\boxed{b}', 'B', True),
     ('\\boxed{A}', 'B', False),
     ('I do not know', '0', False),
 ])
 def test_is_correct(completion, reference, want):
-    assert is_correct(completion, reference) is want, f'is_correct({completion!r}, {reference!r}) should be {want}'
+    assert is_correct(completion, reference) is want, \
+        f'is_correct({completion!r}, {reference!r}) should be {want}'
 
 
 def _gsm8k_rows(split):
@@ -130,18 +142,24 @@ def test_gsm8k_reference_solutions_grade_correct(split, n):
     assert len(rows) == n
     # The reference answer read independently: the text after '####', thousands commas dropped.
     wrong = [r['answer'] for r in rows if not is_correct(r['answer'], _after_marker(r['answer']))]
-    assert not wrong, f'{len(wrong)}/{n} {split} solutions fail against their own #### value, e.g. {wrong[:2]}'
+    assert not wrong, \
+        f'{len(wrong)}/{n} {split} solutions fail against their own #### value, e.g. {wrong[:2]}'
 
 
 @pytest.mark.parametrize('split', ['train', 'test'])
 def test_gsm8k_solutions_do_not_grade_correct_against_a_wrong_answer(split):
     # The control for the test above: the grader is not simply saying yes.
     rows = _gsm8k_rows(split)
-    fooled = [r['answer'] for r in rows if is_correct(r['answer'], str(int(_after_marker(r['answer'])) + 1))]
-    assert not fooled, f'{len(fooled)} {split} solutions graded correct against answer+1, e.g. {fooled[:2]}'
+    fooled = []
+    for r in rows:
+        wrong_answer = str(int(_after_marker(r['answer'])) + 1)
+        if is_correct(r['answer'], wrong_answer):
+            fooled.append(r['answer'])
+    assert not fooled, \
+        f'{len(fooled)} {split} solutions graded correct against answer+1, e.g. {fooled[:2]}'
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # fuzz: no exception and no regex blow-up on random and adversarial strings
 
 ADVERSARIAL = [
@@ -156,11 +174,20 @@ ADVERSARIAL = [
     '\uff15' * 50_000 + ' \\boxed{\U0001d7d3}',       # fullwidth / mathematical digits
     ('word 12 \\boxed{ $ 3/4 , final answer: ' * 3_000)[:100_000],
 ]
-PIECES = ['\\boxed{', '\\fbox{', '{', '}', '####', 'the answer is', 'Final Answer:', '\\frac{', '\\dfrac', '\\$',
-          '$', '%', ',', '.', '/', '-', '\u2212', ' ', '\n', '=', '<<', '>>', 'x', '\u0663', '\uff15', '\U0001d7d3',
-          '0', '7', '123', '1,234', '3.14', '9' * 5000, '{,}', '\\text{']
+PIECES = ['\\boxed{', '\\fbox{', '{', '}', '####', 'the answer is', 'Final Answer:', '\\frac{',
+          '\\dfrac', '\\$', '$', '%', ',', '.', '/', '-', '\u2212', ' ', '\n', '=', '<<', '>>', 'x',
+          '\u0663', '\uff15', '\U0001d7d3', '0', '7', '123', '1,234', '3.14', '9' * 5000, '{,}',
+          '\\text{']
+
+
+def _repeated(piece_and_count):
+    """The piece repeated count times, cut at 100 kB."""
+    piece, count = piece_and_count
+    return (piece * count)[:100_000]
+
+
 pieces = st.lists(st.sampled_from(PIECES) | st.text(max_size=8), max_size=40).map(''.join)
-big = st.tuples(pieces, st.integers(1, 3000)).map(lambda t: (t[0] * t[1])[:100_000])
+big = st.tuples(pieces, st.integers(1, 3000)).map(_repeated)
 strings = st.one_of(st.text(max_size=200), pieces, pieces, big, st.sampled_from(ADVERSARIAL))
 
 
@@ -169,7 +196,8 @@ def _time_limit(seconds):
     # hypothesis' deadline only judges an example after it returns; a catastrophically backtracking
     # regex never returns, so interrupt it (the re engine checks signals) and fail with a message
     # instead of hanging.
-    if not hasattr(signal, 'setitimer') or threading.current_thread() is not threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if not hasattr(signal, 'setitimer') or not main:
         yield
         return
     class Slow(BaseException):  # not an Exception, so extract_answer's catch-all cannot swallow it
@@ -219,7 +247,7 @@ def test_fuzz_boxed_integer_round_trips(n, noise):
     assert is_correct(text, str(n)) and not is_correct(text, str(n + 1))
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # reward functions and the config
 
 EX = {'question': 'q', 'answer': '19', 'solution': '12+7=19\n#### 19'}
@@ -240,7 +268,8 @@ def test_weighted_sum_by_hand():
     ('format', {'reward': 1.0}, {'reward': 0.2}, '\\boxed{19}'),
     ('format', {'missing': 0.0}, {'missing': -0.5}, '19'),
     ('length', {'max_len': 100, 'cache_len': 20}, {'max_len': 40, 'cache_len': 20}, 'x' * 60),
-    ('length', {'max_len': 40, 'cache_len': 20}, {'max_len': 40, 'cache_len': 20, 'penalty': 2.0}, 'x' * 60),
+    ('length', {'max_len': 40, 'cache_len': 20}, {'max_len': 40, 'cache_len': 20, 'penalty': 2.0},
+     'x' * 60),
 ])
 def test_every_config_kwarg_reaches_the_function(reward, a, b, completion):
     ra = score([completion], [EX], [{'name': reward, 'kwargs': a}])['total']
@@ -248,7 +277,8 @@ def test_every_config_kwarg_reaches_the_function(reward, a, b, completion):
     assert ra != rb, f'{reward}: changing kwargs {a} -> {b} left the reward at {ra}'
 
 
-@pytest.mark.parametrize('n_tokens, want', [(50, 0.0), (80, 0.0), (90, -0.5), (100, -1.0), (130, -1.0)])
+@pytest.mark.parametrize('n_tokens, want',
+                         [(50, 0.0), (80, 0.0), (90, -0.5), (100, -1.0), (130, -1.0)])
 def test_dapo_overlong_penalty_by_hand(n_tokens, want):
     # max_len 100, cache 20: free up to 80 tokens, then linear to -penalty at 100, clamped beyond.
     got = score(['short'], [EX], [('length', 1.0, {'max_len': 100, 'cache_len': 20})],
@@ -287,7 +317,8 @@ def test_custom_fn_with_var_kwargs_receives_config_and_per_sample_kwargs():
     def spy(completion, example, **kw):
         seen.append(kw)
         return 0.0
-    score(['a', 'b'], [EX, EX], [(spy, 1.0, {'alpha': 3})], extra_kwargs=[{'n_tokens': 1}, {'n_tokens': 2}])
+    score(['a', 'b'], [EX, EX], [(spy, 1.0, {'alpha': 3})],
+          extra_kwargs=[{'n_tokens': 1}, {'n_tokens': 2}])
     assert seen == [{'alpha': 3, 'n_tokens': 1}, {'alpha': 3, 'n_tokens': 2}]
 
 
@@ -296,11 +327,13 @@ def test_raising_fn_gets_failure_reward_and_is_counted():
         if completion == 'bad':
             raise RuntimeError('boom')
         return 1.0
-    out = score(['ok', 'bad', 'ok'], [EX] * 3, [(flaky, 2.0), ('correct', 1.0)], failure_reward=-1.0)
+    out = score(['ok', 'bad', 'ok'], [EX] * 3, [(flaky, 2.0), ('correct', 1.0)],
+                failure_reward=-1.0)
     assert out['per_fn']['flaky'] == [1.0, -1.0, 1.0]
     assert out['total'] == [2.0, -2.0, 2.0]
     assert out['errors'] == {'flaky': 1, 'correct': 0}
-    assert len(out['error_msgs']) == 1 and 'boom' in out['error_msgs'][0] and 'sample 1' in out['error_msgs'][0]
+    assert len(out['error_msgs']) == 1
+    assert 'boom' in out['error_msgs'][0] and 'sample 1' in out['error_msgs'][0]
     assert out['all_failed'] is False
 
 

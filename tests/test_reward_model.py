@@ -25,18 +25,24 @@ TOL = 1e-4  # fp32 parity with transformers (max abs difference)
 V = 300  # vocab of the tiny configs (the byte tokenizer's 260 tokens fit)
 PAD = 259  # the byte tokenizer's <|pad|>, the classifiers' pad_token_id
 CLASSIFIERS = {  # name -> (config class, kwargs)
-    'qwen2_1label': ('Qwen2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         pad_token_id=PAD, num_labels=1, tie_word_embeddings=False)),
-    'gpt2_2labels': ('GPT2Config', dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                                        pad_token_id=PAD, num_labels=2)),
+    'qwen2_1label': ('Qwen2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, max_position_embeddings=128,
+                                         pad_token_id=PAD, num_labels=1,
+                                         tie_word_embeddings=False)),
+    'gpt2_2labels': ('GPT2Config', dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4,
+                                        n_positions=256, pad_token_id=PAD, num_labels=2)),
 }
 # Qwen2.5's template, less its tool branches: a default system turn when the conversation has none
 QWEN25_TEMPLATE = (
-    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    "<|im_end|>\\n' }}{%- endif %}\n{%- for message in messages %}{%- if not (message.role == 'system' and loop.first)"
-    " %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}{%- endif %}\n{%- for message in messages %}"
+    "{%- if not (message.role == 'system' and loop.first)"
+    " %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}\n{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
 EX = [{'question': 'Tom has 12 apples and gets 7 more. How many?', 'answer': '19'},
       {'question': 'What is 3 + 4?', 'answer': '7'}]
@@ -60,7 +66,8 @@ def write_snapshot(hf, path, template=None):
     byte_tokenizer().save(path)
     if template is not None:
         conf = json.loads(Path(path, 'tokenizer_config.json').read_text())
-        Path(path, 'tokenizer_config.json').write_text(json.dumps({**conf, 'chat_template': template}))
+        conf = {**conf, 'chat_template': template}
+        Path(path, 'tokenizer_config.json').write_text(json.dumps(conf))
     return str(path)
 
 
@@ -68,7 +75,8 @@ def write_snapshot(hf, path, template=None):
 def classifier(request, tmp_path_factory):
     """(snapshot dir, the transformers classifier, our model loaded from the dir)"""
     cls, kw = CLASSIFIERS[request.param]
-    hf = perturbed(transformers.AutoModelForSequenceClassification.from_config(getattr(transformers, cls)(**kw)))
+    config = getattr(transformers, cls)(**kw)
+    hf = perturbed(transformers.AutoModelForSequenceClassification.from_config(config))
     path = write_snapshot(hf, tmp_path_factory.mktemp(request.param), QWEN25_TEMPLATE)
     return path, hf, H.from_pretrained(path)[0].eval()
 
@@ -85,15 +93,17 @@ def test_sequence_scores_match_transformers_on_a_right_padded_batch(classifier):
     _, hf, ours = classifier
     torch.manual_seed(1)
     rows = [torch.randint(0, 256, (n,)).tolist() for n in (11, 4, 7)]
-    rows += [rows[0][:5] + [PAD], rows[1][:2] + [PAD] + rows[1][2:]]  # real tokens equal to the pad id: last, inside
+    # real tokens equal to the pad id: last, inside
+    rows += [rows[0][:5] + [PAD], rows[1][:2] + [PAD] + rows[1][2:]]
     idx = right_padded(rows)
     want = hf(idx).logits  # transformers pools at the rightmost non-pad token, whatever the padding
     got = ours.sequence_scores(idx)
     assert got.shape == want.shape == (5, ours.config.num_labels)
     d = (got - want).abs().max().item()
     assert d <= TOL, f'sequence_scores differ from transformers by {d:.2e}'
-    alone = torch.cat([ours.sequence_scores(torch.tensor([r[:max(i for i, t in enumerate(r) if t != PAD) + 1]]))
-                       for r in rows])
+    def last_real(r):
+        return max(i for i, t in enumerate(r) if t != PAD)
+    alone = torch.cat([ours.sequence_scores(torch.tensor([r[:last_real(r) + 1]])) for r in rows])
     d = (got - alone).abs().max().item()
     assert d <= TOL, f'a row scored in a padded batch differs from the row alone by {d:.2e}'
 
@@ -103,7 +113,8 @@ def test_export_round_trip_loads_in_transformers_with_equal_logits(classifier, t
     _, hf, ours = classifier
     out = H.save_pretrained(ours, None, tmp_path / 'rm')
     cfg = json.loads(Path(out, 'config.json').read_text())
-    assert cfg['architectures'][0].endswith('ForSequenceClassification') and cfg['pad_token_id'] == PAD
+    assert cfg['architectures'][0].endswith('ForSequenceClassification')
+    assert cfg['pad_token_id'] == PAD
     back = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
     idx = right_padded([[5, 9, 200, 31], [7, 8]])
     assert back.config.num_labels == ours.config.num_labels
@@ -115,14 +126,19 @@ def test_export_round_trip_loads_in_transformers_with_equal_logits(classifier, t
 def test_chat_template_renders_as_transformers_renders_it(classifier):
     path = classifier[0]
     hf_tok = transformers.AutoTokenizer.from_pretrained(path)
-    for msgs, gen in [([{'role': 'user', 'content': 'Q?'}, {'role': 'assistant', 'content': 'A <b>'}], False),
-                      ([{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Q?'}], True)]:
-        want = hf_tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=True)['input_ids']
-        assert RM.render(RM.snapshot(path), msgs, gen) == want, f'{msgs}: rendered unlike apply_chat_template'
+    convs = [([{'role': 'user', 'content': 'Q?'},
+               {'role': 'assistant', 'content': 'A <b>'}], False),
+             ([{'role': 'system', 'content': 'Be brief.'},
+               {'role': 'user', 'content': 'Q?'}], True)]
+    for msgs, gen in convs:
+        want = hf_tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=True)
+        assert RM.render(RM.snapshot(path), msgs, gen) == want['input_ids'], (
+            f'{msgs}: rendered unlike apply_chat_template')
 
 
 def task_messages(ex):  # what train_grpo passes: the task's prompt messages for an example
-    return [{'role': 'system', 'content': 'Reason step by step.'}, {'role': 'user', 'content': ex['question']}]
+    return [{'role': 'system', 'content': 'Reason step by step.'},
+            {'role': 'user', 'content': ex['question']}]
 
 
 def test_reward_model_scores_as_transformers_with_scale_shift_and_clip(classifier):
@@ -141,12 +157,13 @@ def test_reward_model_scores_as_transformers_with_scale_shift_and_clip(classifie
         want.append((logits[0] if len(logits) == 1 else logits.softmax(-1)[-1]).item())
     got = RM.reward_model(COMPLETIONS, exs, path, batch_size=3, messages=task_messages)
     assert max(abs(a - b) for a, b in zip(got, want)) <= TOL, f'scores {got} != transformers {want}'
-    got = RM.reward_model(COMPLETIONS, exs, path, batch_size=2, scale=3.0, shift=-1.0, clip=0.5, messages=task_messages)
+    got = RM.reward_model(COMPLETIONS, exs, path, batch_size=2, scale=3.0, shift=-1.0, clip=0.5,
+                          messages=task_messages)
     want = [min(0.5, max(-0.5, 3.0 * w - 1.0)) for w in want]
     assert max(abs(a - b) for a, b in zip(got, want)) <= TOL, f'scale/shift/clip: {got} != {want}'
 
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # the batched reward contract (reward.py)
 
 def test_a_batched_fn_is_called_once_per_step_with_facts_as_lists():
@@ -156,9 +173,11 @@ def test_a_batched_fn_is_called_once_per_step_with_facts_as_lists():
         calls.append((list(completions), n_tokens))
         return [len(c) + bonus for c in completions]
     scorer.batched = True
-    out = score(['a', 'bbb', ''], [EX[0]] * 3, [(scorer, 2.0, {'bonus': 1.0}), ('length', 1.0, {'max_len': 100})],
+    fns = [(scorer, 2.0, {'bonus': 1.0}), ('length', 1.0, {'max_len': 100})]
+    out = score(['a', 'bbb', ''], [EX[0]] * 3, fns,
                 extra_kwargs=[{'n_tokens': n} for n in (1, 3, 0)])
-    assert calls == [(['a', 'bbb', ''], [1, 3, 0])], f'one call with every completion and its facts: {calls}'
+    assert calls == [(['a', 'bbb', ''], [1, 3, 0])], (
+        f'one call with every completion and its facts: {calls}')
     assert out['per_fn']['scorer'] == [2.0, 4.0, 1.0] and out['total'] == [4.0, 8.0, 2.0]
 
 
@@ -173,21 +192,25 @@ def test_a_failing_batched_fn_fails_every_sample_with_one_message():
     out = score(['a', 'b', 'c'], [EX[0]] * 3, [(down, 1.0), (short, 1.0)], failure_reward=-1.0)
     assert out['per_fn'] == {'down': [-1.0] * 3, 'short': [-1.0] * 3} and out['all_failed']
     assert out['errors'] == {'down': 3, 'short': 3}
-    assert len(out['error_msgs']) == 2 and 'unreachable' in out['error_msgs'][0] and '1 values for 3' in \
-        out['error_msgs'][1], out['error_msgs']
+    msgs = out['error_msgs']
+    assert len(msgs) == 2 and 'unreachable' in msgs[0] and '1 values for 3' in msgs[1], msgs
 
 
 def test_run_facts_reach_the_model_rewards_and_user_kwargs_win(classifier):
     path = classifier[0]
-    msgs = lambda ex: [{'role': 'user', 'content': ex['question']}]  # noqa: E731
-    out = resolve_rewards([('reward_model', 1.0, {'path': path, 'dtype': 'float64'}), ('correct', 0.5)],
-                          device='cpu', dtype='float32', messages=msgs)
+
+    def msgs(ex):
+        return [{'role': 'user', 'content': ex['question']}]
+    entries = [('reward_model', 1.0, {'path': path, 'dtype': 'float64'}), ('correct', 0.5)]
+    out = resolve_rewards(entries, device='cpu', dtype='float32', messages=msgs)
     assert out[0] == {'name': 'reward_model', 'weight': 1.0,
-                      'kwargs': {'path': path, 'device': 'cpu', 'dtype': 'float64', 'messages': msgs}}
-    assert out[1] == {'name': 'correct', 'weight': 0.5, 'kwargs': {}}, 'a fn that does not ask gets no run facts'
+                      'kwargs': {'path': path, 'device': 'cpu', 'dtype': 'float64',
+                                 'messages': msgs}}
+    assert out[1] == {'name': 'correct', 'weight': 0.5, 'kwargs': {}}, (
+        'a fn that does not ask gets no run facts')
 
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # the judge
 
 def constant_judge(path, p_yes):
@@ -196,14 +219,15 @@ def constant_judge(path, p_yes):
     norm maps e_0 to e_0, and the head's column 0 holds log-odds log(p / (1 - p)) on 'Y' and 0 on
     'N' (and 5 on 'x': the verdict is renormalised over the two words, whatever else is likely)."""
     tok = byte_tokenizer()
-    cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=8,
-                        intermediate_size=8, tie_word_embeddings=False)
+    cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1,
+                        n_embd=8, intermediate_size=8, tie_word_embeddings=False)
     model = M.from_scratch(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
         model.wte.weight[:, 0] = 1.0
-        model.ln_f.weight[0] = math.sqrt(1 / 8 + cfg.norm_eps)  # RMSNorm of e_0 is sqrt(8) e_0 (less eps)
+        # RMSNorm of e_0 is sqrt(8) e_0 (less eps)
+        model.ln_f.weight[0] = math.sqrt(1 / 8 + cfg.norm_eps)
         model.lm_head.weight[ord('Y'), 0] = math.log(p_yes / (1 - p_yes))
         model.lm_head.weight[ord('x'), 0] = 5.0
     return H.save_pretrained(model, tok, path)
@@ -218,7 +242,8 @@ def test_judge_pays_p_yes_over_p_yes_plus_p_no(tmp_path):
 def test_judge_matches_transformers_on_a_random_model(tmp_path):
     """The question filled in, rendered by the judge's template, next-token logits at its last
     token: against transformers' apply_chat_template and forward, one prompt at a time."""
-    cfg = transformers.Qwen2Config(**{k: v for k, v in CLASSIFIERS['qwen2_1label'][1].items() if k != 'num_labels'})
+    kw = {k: v for k, v in CLASSIFIERS['qwen2_1label'][1].items() if k != 'num_labels'}
+    cfg = transformers.Qwen2Config(**kw)
     hf = perturbed(transformers.AutoModelForCausalLM.from_config(cfg), seed=3)
     path = write_snapshot(hf, tmp_path / 'judge', QWEN25_TEMPLATE)
     hf_tok = transformers.AutoTokenizer.from_pretrained(path)
@@ -226,17 +251,18 @@ def test_judge_matches_transformers_on_a_random_model(tmp_path):
     want = []
     for c in COMPLETIONS:
         text = template.format(question=EX[0]['question'], completion=c, answer=EX[0]['answer'])
-        ids = hf_tok.apply_chat_template([{'role': 'system', 'content': 'Judge.'}, {'role': 'user', 'content': text}],
-                                         add_generation_prompt=True, tokenize=True)['input_ids']
+        conv = [{'role': 'system', 'content': 'Judge.'}, {'role': 'user', 'content': text}]
+        ids = hf_tok.apply_chat_template(conv, add_generation_prompt=True,
+                                         tokenize=True)['input_ids']
         with torch.no_grad():
             p = hf(torch.tensor([ids])).logits[0, -1].softmax(-1)
         want.append((p[ord('Y')] / (p[ord('Y')] + p[ord('N')])).item())
-    got = RM.judge(COMPLETIONS, [EX[0]] * len(COMPLETIONS), path, template=template, yes='Y', no='N',
-                   system='Judge.', batch_size=3)
+    got = RM.judge(COMPLETIONS, [EX[0]] * len(COMPLETIONS), path, template=template, yes='Y',
+                   no='N', system='Judge.', batch_size=3)
     assert max(abs(a - b) for a, b in zip(got, want)) <= TOL, f'judge {got} != transformers {want}'
 
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # GRPO on a reward model's score
 
 def digit_counter(path):
@@ -245,8 +271,9 @@ def digit_counter(path):
     the values, which copy the digit indicator into e_2; MLP off; the head reads e_2 after the final
     norm (increasing in the average)."""
     tok = byte_tokenizer()
-    cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=1, n_kv_head=1, n_embd=8,
-                        intermediate_size=8, tie_word_embeddings=False, num_labels=1, pad_token_id=tok.pad_id)
+    cfg = M.ModelConfig(arch='qwen2', vocab_size=tok.vocab_size, n_layer=1, n_head=1, n_kv_head=1,
+                        n_embd=8, intermediate_size=8, tie_word_embeddings=False, num_labels=1,
+                        pad_token_id=tok.pad_id)
     model = M.from_scratch(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -271,20 +298,21 @@ def test_grpo_rewarded_by_a_reward_model_raises_its_score(tmp_path):
     from test_train import TINY, env
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
         f"--rewards=[{{'name': 'reward_model', 'kwargs': {{'path': '{rm}', 'batch_size': 64}}}}]",
-        f'--out_dir={tmp_path / "run"}', '--max_steps=8', '--lr=3e-2', '--group_size=8', '--batch_prompts=8',
-        '--micro_batch_size=64', '--max_new_tokens=8', '--save_every=100']
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env=env())
-    assert p.returncode == 0, f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        f'--out_dir={tmp_path / "run"}', '--max_steps=8', '--lr=3e-2', '--group_size=8',
+        '--batch_prompts=8', '--micro_batch_size=64', '--max_new_tokens=8', '--save_every=100']
+    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=env())
+    assert p.returncode == 0, (
+        f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')][1:]
     r = [m['reward/reward_model/mean'] for m in rows]
     assert all('timing_s/reward' in m for m in rows)
     first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
-    assert last > first + 0.04, f"the reward model's mean score did not rise: first 3 steps {first:.3f}, " \
-                               f"last 3 {last:.3f}: {r}"
+    assert last > first + 0.04, (f"the reward model's mean score did not rise: first 3 steps "
+                                 f"{first:.3f}, last 3 {last:.3f}: {r}")
 
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # bad input: one line at start-up naming the file and the field
 
 def edit_config(path, **changes):
@@ -300,13 +328,16 @@ def rm_dir(tmp_path):
     return digit_counter(tmp_path / 'rm')
 
 
-@pytest.mark.parametrize('case', ['causal_lm', 'no_pad', 'no_score_tensor', 'tokenizer_mismatch', 'template'])
+@pytest.mark.parametrize('case', ['causal_lm', 'no_pad', 'no_score_tensor', 'tokenizer_mismatch',
+                                  'template'])
 def test_bad_reward_model_is_one_line_naming_file_and_field(case, rm_dir, tmp_path):
     RM.snapshot.cache_clear()
     if case == 'causal_lm':
-        path, needle = constant_judge(tmp_path / 'lm', 0.5), r"config\.json: field 'architectures'"
+        path = constant_judge(tmp_path / 'lm', 0.5)
+        needle = r"config\.json: field 'architectures'"
     elif case == 'no_pad':
-        path, needle = edit_config(rm_dir, pad_token_id=None), r"config\.json: missing field 'pad_token_id'"
+        path = edit_config(rm_dir, pad_token_id=None)
+        needle = r"config\.json: missing field 'pad_token_id'"
     elif case == 'no_score_tensor':
         from safetensors.torch import load_file, save_file
         f = os.path.join(rm_dir, 'model.safetensors')
@@ -315,11 +346,15 @@ def test_bad_reward_model_is_one_line_naming_file_and_field(case, rm_dir, tmp_pa
     elif case == 'tokenizer_mismatch':
         from safetensors.torch import load_file, save_file
         f = os.path.join(rm_dir, 'model.safetensors')
-        save_file({k: v[:200] if k == 'model.embed_tokens.weight' else v for k, v in load_file(f).items()}, f)
-        path, needle = edit_config(rm_dir, vocab_size=200), r"tokenizer\.json: the tokenizer has 260 tokens.*vocab_size"
+        tensors = load_file(f)
+        save_file({k: v[:200] if k == 'model.embed_tokens.weight' else v
+                   for k, v in tensors.items()}, f)
+        path = edit_config(rm_dir, vocab_size=200)
+        needle = r"tokenizer\.json: the tokenizer has 260 tokens.*vocab_size"
     else:  # a template that drops the assistant turn
         conf = json.loads(Path(rm_dir, 'tokenizer_config.json').read_text())
-        conf['chat_template'] = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+        conf['chat_template'] = ("{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}"
+                                 "{% endif %}{% endfor %}")
         Path(rm_dir, 'tokenizer_config.json').write_text(json.dumps(conf))
         path, needle = rm_dir, r"tokenizer_config\.json: field 'chat_template' leaves out"
     with pytest.raises(ValueError, match=needle) as e:
@@ -336,22 +371,24 @@ def test_bad_reward_model_is_one_line_naming_file_and_field(case, rm_dir, tmp_pa
 def test_bad_judge_config_is_one_line(kwargs, needle, tmp_path):
     path = constant_judge(tmp_path / 'judge', 0.5)
     with pytest.raises(ValueError, match=needle.replace('{', r'\{').replace('}', r'\}')):
-        check_reward_config([{'name': 'judge', 'kwargs': {'path': path, 'yes': 'Y', 'no': 'N', **kwargs}}])
+        kw = {'path': path, 'yes': 'Y', 'no': 'N', **kwargs}
+        check_reward_config([{'name': 'judge', 'kwargs': kw}])
 
 
 def test_train_grpo_exits_2_naming_the_file(rm_dir):
     edit_config(rm_dir, pad_token_id=None)
     from test_train import TINY, env
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
-        f"--rewards=[{{'name': 'reward_model', 'kwargs': {{'path': '{rm_dir}'}}}}]", f'--out_dir={rm_dir}/run']
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=env())
+        f"--rewards=[{{'name': 'reward_model', 'kwargs': {{'path': '{rm_dir}'}}}}]",
+        f'--out_dir={rm_dir}/run']
+    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=env())
     assert p.returncode == 2, f'exit {p.returncode}: {p.stderr[-1000:]}'
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and 'config.json' in lines[0] and 'pad_token_id' in lines[0], lines
 
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # when a model reward gives no signal (metrics.reward_spread, safety.warn)
 
 def test_reward_spread_per_function_by_hand():
@@ -361,23 +398,27 @@ def test_reward_spread_per_function_by_hand():
     got = metrics.reward_spread(sc, G=4)
     assert math.isclose(got['reward/judge/frac_zero_std'], 2 / 3), got
     assert math.isclose(got['reward/correct/frac_zero_std'], 1 / 3), got
-    assert math.isclose(got['reward/judge/std'], torch.tensor(sc['per_fn']['judge']).std().item(), rel_tol=1e-6)
+    want = torch.tensor(sc['per_fn']['judge']).std().item()
+    assert math.isclose(got['reward/judge/std'], want, rel_tol=1e-6)
 
 
 def test_zero_spread_warning_names_the_model_reward_and_what_to_check(capsys):
     import safety
-    m = {'frac_zero_std': 0.9, 'logprob/mean': -2.0, 'loss': 0.1, 'grad_norm': 1.0, 'tokens_trained': 10,
-         'response_len/clip_frac': 0.6, 'kl': 0.0, 'reward/judge/frac_zero_std': 0.9, 'reward/judge/mean': 1.0,
+    m = {'frac_zero_std': 0.9, 'logprob/mean': -2.0, 'loss': 0.1, 'grad_norm': 1.0,
+         'tokens_trained': 10, 'response_len/clip_frac': 0.6, 'kl': 0.0,
+         'reward/judge/frac_zero_std': 0.9, 'reward/judge/mean': 1.0,
          'reward/correct/frac_zero_std': 1.0}
     counts = safety.warn(safety.new_guards(), m, skipped=False, max_new_tokens=8)
     out = capsys.readouterr().out
     line = next((x for x in out.splitlines() if 'judge_zero_spread' in x), '')
-    assert counts.get('warn/judge_zero_spread') == 1 and 'warn/correct_zero_spread' not in counts, counts
+    assert counts.get('warn/judge_zero_spread') == 1, counts
+    assert 'warn/correct_zero_spread' not in counts, counts
     for needle in ('90% of groups', "'path'", 'template', '60% truncated', 'saturated'):
         assert needle in line, f'the warning should mention {needle!r}: {line}'
     m['reward/judge/frac_zero_std'] = 0.4
-    assert 'warn/judge_zero_spread' not in safety.warn(safety.new_guards(), m, skipped=False, max_new_tokens=8), \
-        'a reward with a spread in most groups is not warned about'
+    counts = safety.warn(safety.new_guards(), m, skipped=False, max_new_tokens=8)
+    assert 'warn/judge_zero_spread' not in counts, (
+        'a reward with a spread in most groups is not warned about')
 
 
 def test_train_grpo_warns_when_a_judge_ties_every_group(tmp_path):
@@ -388,10 +429,13 @@ def test_train_grpo_warns_when_a_judge_ties_every_group(tmp_path):
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
         f"--rewards=[{{'name': 'judge', 'kwargs': {{'path': '{judge}', 'yes': 'Y', 'no': 'N'}}}}]",
         f'--out_dir={tmp_path / "run"}', '--max_steps=2']
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env=env())
-    assert p.returncode == 0, f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=env())
+    assert p.returncode == 0, (
+        f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')][1:]
-    assert all(m['reward/judge/frac_zero_std'] == 1.0 and m['reward/judge/std'] == 0.0 for m in rows), rows
+    assert all(m['reward/judge/frac_zero_std'] == 1.0 for m in rows), rows
+    assert all(m['reward/judge/std'] == 0.0 for m in rows), rows
     assert all(abs(m['reward/judge/mean'] - 0.8) < 1e-5 for m in rows), rows
-    assert p.stdout.count('WARNING [judge_zero_spread]: judge gave all completions of a group the same score') == 2
+    warning = 'WARNING [judge_zero_spread]: judge gave all completions of a group the same score'
+    assert p.stdout.count(warning) == 2

@@ -17,9 +17,11 @@ from test_train import ROOT, command, env, metrics, run, run_together
 
 
 def sample_py(*args):
-    p = subprocess.run([sys.executable, str(ROOT / 'sample.py'), '--device=cpu', '--dtype=float32', *args], cwd=ROOT,
-                       env=env(), capture_output=True, text=True, timeout=300)
-    return p, (json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None)
+    cmd = [sys.executable, str(ROOT / 'sample.py'), '--device=cpu', '--dtype=float32', *args]
+    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        return p, None
+    return p, json.loads(p.stdout.strip().splitlines()[-1])
 
 
 class Planted:
@@ -35,29 +37,36 @@ class Planted:
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp('trained')
-    run(out, '--max_steps=2', '--eval_every=2', '--eval_examples=6', '--save_every=1', '--keep_last=5', '--export_hf=True',
-        '--export_every=1', '--export_dtype=bfloat16', '--arith_n_test=6', '--eval_max_new_tokens=10')
+    run(out, '--max_steps=2', '--eval_every=2', '--eval_examples=6', '--save_every=1',
+        '--keep_last=5', '--export_hf=True', '--export_every=1', '--export_dtype=bfloat16',
+        '--arith_n_test=6', '--eval_max_new_tokens=10')
     return out
 
 
 def test_sample_py_evaluates_a_checkpoint_as_it_evaluates_the_hf_export(trained, tmp_path):
-    _, s_hf = sample_py(f'--init_from={trained / "hf_0000002"}', f'--out_dir={tmp_path / "hf"}', '--dtype=float32')
-    p, s_ck = sample_py(f'--init_from={trained / "ckpt_0000002.pt"}', f'--out_dir={tmp_path / "ck"}')
+    _, s_hf = sample_py(f'--init_from={trained / "hf_0000002"}', f'--out_dir={tmp_path / "hf"}',
+                        '--dtype=float32')
+    p, s_ck = sample_py(f'--init_from={trained / "ckpt_0000002.pt"}',
+                        f'--out_dir={tmp_path / "ck"}')
     assert p.returncode == 0, p.stderr[-2000:]
-    assert 'evaluating as the run evaluated at step 2' in p.stdout, "the checkpoint's config sets task and prompts"
-    assert s_ck['n'] == 6 and s_ck['pass@1'] == metrics(trained)[-1]['eval/pass@1'], (s_ck, metrics(trained)[-1])
+    assert 'evaluating as the run evaluated at step 2' in p.stdout, \
+        "the checkpoint's config sets task and prompts"
+    last = metrics(trained)[-1]
+    assert s_ck['n'] == 6 and s_ck['pass@1'] == last['eval/pass@1'], (s_ck, last)
     assert s_hf['n'] == 6, s_hf
 
 
 def test_exports_have_a_generation_config_and_the_chosen_dtype(trained):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, GenerationConfig
-    assert sorted(os.path.basename(p) for p in glob.glob(str(trained / 'hf_*'))) == ['hf_0000000', 'hf_0000001', 'hf_0000002']  # 0: the start
+    exports = sorted(os.path.basename(p) for p in glob.glob(str(trained / 'hf_*')))
+    assert exports == ['hf_0000000', 'hf_0000001', 'hf_0000002']  # 0: the start
     with safe_open(str(trained / 'hf' / 'model.safetensors'), 'pt') as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     gen = GenerationConfig.from_pretrained(trained / 'hf')
     from tokenizer import byte_tokenizer
-    assert gen.eos_token_id in (byte_tokenizer().stop_ids, *byte_tokenizer().stop_ids), gen.eos_token_id
+    stop_ids = byte_tokenizer().stop_ids
+    assert gen.eos_token_id in (stop_ids, *stop_ids), gen.eos_token_id
     assert AutoModelForCausalLM.from_pretrained(trained / 'hf').dtype == torch.bfloat16
 
 
@@ -67,17 +76,19 @@ def test_a_checkpoint_that_would_run_code_is_refused(trained, tmp_path):
     torch.save({'model': Planted(marker), 'step': 9}, evil)
     p, _ = sample_py(f'--init_from={evil}', f'--out_dir={tmp_path / "e"}')
     assert p.returncode != 0 and not marker.exists(), p.stdout + p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1 and 'refused to load' in p.stderr and 'GLOBAL posix.system' in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert 'refused to load' in p.stderr and 'GLOBAL posix.system' in p.stderr, p.stderr
     # planted as the newest checkpoint of a run: resume skips it (saying why) and takes the newest
     # good one
     import shutil
     out = tmp_path / 'run'
     shutil.copytree(trained, out)
     shutil.copy(evil, out / 'ckpt_0000009.pt')
-    p = run(out, '--max_steps=3', '--eval_every=2', '--eval_examples=6', '--save_every=1', '--keep_last=5',
-            '--export_hf=True', '--export_every=1', '--export_dtype=bfloat16', '--arith_n_test=6',
-            '--eval_max_new_tokens=10', '--resume_changed=True')
-    assert not marker.exists() and 'ckpt_0000009.pt does not load (ValueError' in p.stdout, p.stdout[-3000:]
+    p = run(out, '--max_steps=3', '--eval_every=2', '--eval_examples=6', '--save_every=1',
+            '--keep_last=5', '--export_hf=True', '--export_every=1', '--export_dtype=bfloat16',
+            '--arith_n_test=6', '--eval_max_new_tokens=10', '--resume_changed=True')
+    assert not marker.exists(), p.stdout[-3000:]
+    assert 'ckpt_0000009.pt does not load (ValueError' in p.stdout, p.stdout[-3000:]
     assert 'resume: ' + str(out / 'ckpt_0000002.pt') in p.stdout
 
 
@@ -85,43 +96,54 @@ def test_resume_names_changed_knobs_and_refuses_those_that_change_the_run(tmp_pa
     run(tmp_path, '--max_steps=1')
     p = run(tmp_path, '--max_steps=1', '--group_size=8', '--eval_every=5', check=False)
     assert p.returncode == 2, p.stdout[-2000:]
-    assert "group_size: 4 -> 8   (changes the run)" in p.stdout and 'eval_every: 0 -> 5\n' in p.stdout, p.stdout
+    assert "group_size: 4 -> 8   (changes the run)" in p.stdout, p.stdout
+    assert 'eval_every: 0 -> 5\n' in p.stdout, p.stdout
     assert '--resume_changed=True' in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     p = run(tmp_path, '--max_steps=2', '--eval_every=5', '--resume_changed=True')
-    assert 'max_steps: 1 -> 2   (changes the run)' in p.stdout and [r['step'] for r in metrics(tmp_path)] == [0, 1, 2]
-    p = run(tmp_path, '--max_steps=2', '--eval_every=5', '--verbose=True')  # only knobs that change nothing
+    assert 'max_steps: 1 -> 2   (changes the run)' in p.stdout
+    assert [r['step'] for r in metrics(tmp_path)] == [0, 1, 2]
+    # only knobs that change nothing
+    p = run(tmp_path, '--max_steps=2', '--eval_every=5', '--verbose=True')
     assert 'verbose: False -> True\n' in p.stdout and p.returncode == 0
 
 
 def test_knobs_new_or_gone_since_the_checkpoint_are_named_but_do_not_block_resume():
     from checkpoint import config_changes
-    lines, changes_run = config_changes({'group_size': 4, 'logprob_chunk': 0}, {'group_size': 4, 'dynamic_sampling': 0})
+    lines, changes_run = config_changes({'group_size': 4, 'logprob_chunk': 0},
+                                        {'group_size': 4, 'dynamic_sampling': 0})
     assert not changes_run and len(lines) == 2, lines
     assert 'new since that checkpoint' in lines[0] and 'no longer has' in lines[1], lines
 
 
 def test_samples_jsonl_is_trimmed_to_the_resumed_step(tmp_path):
     run(tmp_path, '--max_steps=3', '--save_every=2', '--keep_last=5', '--log_samples_every=1')
-    os.remove(tmp_path / 'ckpt_0000003.pt')  # as if killed after step 3 was logged but before it was saved
+    # as if killed after step 3 was logged but before it was saved
+    os.remove(tmp_path / 'ckpt_0000003.pt')
     run(tmp_path, '--max_steps=3', '--save_every=2', '--keep_last=5', '--log_samples_every=1')
     steps = [json.loads(line)['step'] for line in open(tmp_path / 'samples.jsonl')]
-    assert steps == sorted(steps) and sorted(set(steps)) == [1, 2, 3] and steps.count(3) == steps.count(1), steps
+    assert steps == sorted(steps) and sorted(set(steps)) == [1, 2, 3], steps
+    assert steps.count(3) == steps.count(1), steps
 
 
 def test_beta_turned_on_at_resume_gets_a_reference_or_one_clear_line(tmp_path):
-    run_together([tmp_path / 'a', '--max_steps=1'], [tmp_path / 'b', '--max_steps=1', '--sft_steps=2'])
+    run_together([tmp_path / 'a', '--max_steps=1'],
+                 [tmp_path / 'b', '--max_steps=1', '--sft_steps=2'])
     p = run(tmp_path / 'a', '--max_steps=2', '--beta=0.1', '--resume_changed=True')
     assert "no KL reference" in p.stdout and "using init_from's weights" in p.stdout
     assert metrics(tmp_path / 'a')[-1]['kl'] > 0 and (tmp_path / 'a' / 'ref.pt').exists()
-    p = run(tmp_path / 'b', '--max_steps=2', '--sft_steps=2', '--beta=0.1', '--resume_changed=True', check=False)
-    assert p.returncode == 2 and 'kept no KL reference' in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    p = run(tmp_path / 'b', '--max_steps=2', '--sft_steps=2', '--beta=0.1', '--resume_changed=True',
+            check=False)
+    assert p.returncode == 2 and 'kept no KL reference' in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_second_ctrl_c_exits_at_once(tmp_path):
-    proc = subprocess.Popen(command(tmp_path, '--max_steps=5', '--fault_stall_step=2', '--fault_stall_s=120'),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = command(tmp_path, '--max_steps=5', '--fault_stall_step=2', '--fault_stall_s=120')
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while not (tmp_path / 'metrics.jsonl').exists() or len(metrics(tmp_path)) < 2:  # step 1 done: step 2 stalls
+    # until step 1 is done: step 2 stalls
+    while not (tmp_path / 'metrics.jsonl').exists() or len(metrics(tmp_path)) < 2:
         assert time.time() < deadline and proc.poll() is None, "the run never reached its stall"
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
@@ -130,8 +152,10 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
     t = time.time()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signal.SIGINT and time.time() - t < 10, (proc.returncode, out[-2000:])
-    assert 'again: exiting now, no checkpoint' in out and not (tmp_path / 'ckpt_0000002.pt').exists(), out[-2000:]
+    assert proc.returncode == 128 + signal.SIGINT and time.time() - t < 10, \
+        (proc.returncode, out[-2000:])
+    assert 'again: exiting now, no checkpoint' in out, out[-2000:]
+    assert not (tmp_path / 'ckpt_0000002.pt').exists(), out[-2000:]
 
 
 def wandb_history(out_dir):
@@ -141,20 +165,27 @@ def wandb_history(out_dir):
     from wandb.proto import wandb_internal_pb2
     rows = []
     for path in sorted(glob.glob(str(out_dir / 'wandb' / 'offline-run-*' / 'run-*.wandb'))):
-        data, pos, buf = open(path, 'rb').read(), 7, b''
+        data = open(path, 'rb').read()
+        pos = 7
+        buf = b''
         while pos + 7 <= len(data):
             if pos % 32768 + 7 > 32768 or data[pos + 6] == 0:  # block trailer or padding
                 pos = (pos // 32768 + 1) * 32768
                 continue
-            length, kind = int.from_bytes(data[pos + 4:pos + 6], 'little'), data[pos + 6]
-            buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
+            length = int.from_bytes(data[pos + 4:pos + 6], 'little')
+            kind = data[pos + 6]
+            buf += data[pos + 7:pos + 7 + length]
+            pos += 7 + length
             if kind in (1, 4):  # a whole record, or the last piece of one
                 rec = wandb_internal_pb2.Record()
                 rec.ParseFromString(buf)
                 buf = b''
-                if rec.WhichOneof('record_type') == 'history':
-                    rows.append({item.key or '/'.join(item.nested_key): json.loads(item.value_json)
-                                 for item in rec.history.item})
+                if rec.WhichOneof('record_type') != 'history':
+                    continue
+                row = {}
+                for item in rec.history.item:
+                    row[item.key or '/'.join(item.nested_key)] = json.loads(item.value_json)
+                rows.append(row)
     return rows
 
 
@@ -162,30 +193,37 @@ def test_wandb_offline_rows_equal_metrics_jsonl(tmp_path, monkeypatch):
     pytest.importorskip('wandb')
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_SILENT', 'true')
-    run(tmp_path, '--max_steps=2', '--wandb_log=True', '--wandb_run_name=t', '--eval_every=2', '--eval_examples=4')
-    mine, theirs = metrics(tmp_path), wandb_history(tmp_path)
+    args = ['--wandb_log=True', '--wandb_run_name=t', '--eval_every=2', '--eval_examples=4']
+    run(tmp_path, '--max_steps=2', *args)
+    mine = metrics(tmp_path)
+    theirs = wandb_history(tmp_path)
     assert [r['_step'] for r in theirs] == [r['step'] for r in mine], (theirs, mine)
     for a, b in zip(mine, theirs):
         assert set(a) <= set(b), f"keys missing in wandb: {set(a) - set(b)}"
         for k, v in a.items():
-            assert math.isclose(v, b[k], rel_tol=1e-12) if isinstance(v, float) else v == b[k], (k, v, b[k])
+            if isinstance(v, float):
+                assert math.isclose(v, b[k], rel_tol=1e-12), (k, v, b[k])
+            else:
+                assert v == b[k], (k, v, b[k])
     run_id = (tmp_path / 'wandb_id').read_text()
-    run(tmp_path, '--max_steps=3', '--wandb_log=True', '--wandb_run_name=t', '--eval_every=2', '--eval_examples=4',
-        '--resume_changed=True')
-    assert (tmp_path / 'wandb_id').read_text() == run_id, "a resumed run continues the same wandb run"
+    run(tmp_path, '--max_steps=3', *args, '--resume_changed=True')
+    assert (tmp_path / 'wandb_id').read_text() == run_id, \
+        "a resumed run continues the same wandb run"
 
 
 def test_memory_does_not_grow_over_a_long_run(tmp_path):
     run(tmp_path, '--max_steps=60', '--save_every=20', '--log_samples_every=5', timeout=300)
     rows = {r['step']: r for r in metrics(tmp_path)}
-    at20, at60 = rows[20]['mem/allocated_gb'], rows[60]['mem/allocated_gb']
-    assert at60 <= 1.15 * at20, f"RSS grew from {at20:.3f} GB at step 20 to {at60:.3f} GB at step 60"
+    at20 = rows[20]['mem/allocated_gb']
+    at60 = rows[60]['mem/allocated_gb']
+    assert at60 <= 1.15 * at20, \
+        f"RSS grew from {at20:.3f} GB at step 20 to {at60:.3f} GB at step 60"
 
 
 def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch, capsys):
-    """Several torch threads on cores other jobs already keep busy wait on each other at every op (a
-    demo step 3x slower with 2 threads than with 1 at load 4-8 on 2 cores): said once at start, with
-    the fix."""
+    """Several torch threads on cores other jobs already keep busy wait on each other at every op
+    (a demo step 3x slower with 2 threads than with 1 at load 4-8 on 2 cores): said once at start,
+    with the fix."""
     from safety import cpu_contention, startup_warnings
     assert cpu_contention(load=0.3, cores=2, threads=2) is None  # idle machine: use every core
     assert cpu_contention(load=3.9, cores=2, threads=1) is None  # already one thread
@@ -197,4 +235,5 @@ def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch
     monkeypatch.setattr('torch.get_num_threads', lambda: 2)
     startup_warnings({**knobs, 'device': 'cpu'})
     startup_warnings({**knobs, 'device': 'cuda'})  # a GPU run's CPU threads do not carry the work
-    assert capsys.readouterr().out.count('WARNING [cpu_contention]: the load average is 7.5 on 2 CPU cores') == 1
+    said = 'WARNING [cpu_contention]: the load average is 7.5 on 2 CPU cores'
+    assert capsys.readouterr().out.count(said) == 1

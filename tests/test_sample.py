@@ -13,21 +13,25 @@ TOK = byte_tokenizer()
 
 
 def tiny(arch='qwen2', seed=0):
-    cfg = ModelConfig(arch=arch, vocab_size=TOK.vocab_size, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4,
-                      n_embd=64, intermediate_size=128, max_seq_len=256, tie_word_embeddings=True)
+    cfg = ModelConfig(arch=arch, vocab_size=TOK.vocab_size, n_layer=2, n_head=4,
+                      n_kv_head=2 if arch == 'qwen2' else 4, n_embd=64, intermediate_size=128,
+                      max_seq_len=256, tie_word_embeddings=True)
     m = from_scratch(cfg, dtype=torch.float32, device='cpu', seed=seed)
-    with torch.no_grad():  # sharper logits than init's, so greedy paths are not decided by float noise
+    # sharper logits than init's, so greedy paths are not decided by float noise
+    with torch.no_grad():
         m.lm_head_weight.mul_(8)
     return m.eval()
 
 
-PROMPTS = [TOK.encode("Tom has 12 apples."), TOK.encode("Hi"), TOK.encode("What is 3+4? Think step by step.")]
+PROMPTS = [TOK.encode("Tom has 12 apples."), TOK.encode("Hi"),
+           TOK.encode("What is 3+4? Think step by step.")]
 
 
 @torch.no_grad()
 def naive_greedy(model, prompt, n):
     """No cache: the whole sequence again every step, argmax of the last position."""
-    ids, lps = list(prompt), []
+    ids = list(prompt)
+    lps = []
     for _ in range(n):
         logits = model(torch.tensor([ids]))[0, -1].float()
         nxt = int(logits.argmax())
@@ -45,7 +49,8 @@ def test_greedy_cached_equals_uncached(arch):
     for p, o in zip(PROMPTS, out):
         ids, lps = naive_greedy(model, p, 20)
         assert o['ids'] == ids, f"cached greedy diverged from uncached for prompt {TOK.decode(p)!r}"
-        assert torch.allclose(torch.tensor(o['logprobs']), torch.tensor(lps), atol=1e-4), "log-probs differ"
+        assert torch.allclose(torch.tensor(o['logprobs']), torch.tensor(lps), atol=1e-4), \
+            "log-probs differ"
 
 
 def test_batched_prompts_of_different_lengths_equal_alone():
@@ -61,9 +66,12 @@ def test_same_seed_same_completions_different_seed_different():
     a = generate(model, TOK, PROMPTS, 4, 16, temperature=1.0, seed=1)
     b = generate(model, TOK, PROMPTS, 4, 16, temperature=1.0, seed=1)
     c = generate(model, TOK, PROMPTS, 4, 16, temperature=1.0, seed=2)
-    assert [x['ids'] for x in a] == [x['ids'] for x in b], "same seed must give the same completions"
-    assert [x['ids'] for x in a] != [x['ids'] for x in c], "different seeds must give different completions"
-    assert len({tuple(x['ids']) for x in a[:4]}) > 1, "the G samples of one prompt must differ from each other"
+    assert [x['ids'] for x in a] == [x['ids'] for x in b], \
+        "same seed must give the same completions"
+    assert [x['ids'] for x in a] != [x['ids'] for x in c], \
+        "different seeds must give different completions"
+    assert len({tuple(x['ids']) for x in a[:4]}) > 1, \
+        "the G samples of one prompt must differ from each other"
 
 
 def test_randomness_is_per_row():
@@ -71,7 +79,8 @@ def test_randomness_is_per_row():
     model = tiny()
     full = generate(model, TOK, PROMPTS, 3, 16, temperature=1.0, seed=7)
     alone = generate(model, TOK, [PROMPTS[2]], 3, 16, temperature=1.0, seed=7, prompt_index=[2])
-    assert [x['ids'] for x in alone] == [x['ids'] for x in full[6:9]], "prompt 2's samples changed with its batch"
+    assert [x['ids'] for x in alone] == [x['ids'] for x in full[6:9]], \
+        "prompt 2's samples changed with its batch"
     sub = generate(model, TOK, PROMPTS[1:], 3, 16, temperature=1.0, seed=7, prompt_index=[1, 2])
     assert [x['ids'] for x in sub] == [x['ids'] for x in full[3:]]
 
@@ -85,7 +94,8 @@ def test_compaction_changes_nothing():
     assert sum(x['finished'] for x in a) >= 3, "test needs rows finishing early"
     assert [x['ids'] for x in a] == [x['ids'] for x in b], "compaction changed the completions"
     for x, y in zip(a, b):
-        assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-5), "compaction changed the log-probs"
+        assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-5), \
+            "compaction changed the log-probs"
 
 
 def test_compiled_decode_generates_as_eager():
@@ -101,11 +111,14 @@ def test_compiled_decode_generates_as_eager():
     greedy = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[], compile=True)
     assert [x['ids'] for x in greedy] == [naive_greedy(model, p, 20)[0] for p in PROMPTS]
     stops = [ord(c) for c in 'aeiou ']
-    for prompts, g in ((PROMPTS, 4), (PROMPTS[:2] + [TOK.encode("A much longer prompt than the others, by far.")], 3)):
+    longer = PROMPTS[:2] + [TOK.encode("A much longer prompt than the others, by far.")]
+    for prompts, g in ((PROMPTS, 4), (longer, 3)):
         a = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops)
-        b = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops, compile=True)
+        b = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops,
+                     compile=True)
         assert sum(x['finished'] for x in a) >= 3, "test needs rows finishing early"
-        assert [x['ids'] for x in a] == [x['ids'] for x in b], "the compiled forward changed the completions"
+        assert [x['ids'] for x in a] == [x['ids'] for x in b], \
+            "the compiled forward changed the completions"
         for x, y in zip(a, b):
             assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-4)
     assert model in sample._compiled, "compile=True did not go through torch.compile"
@@ -119,9 +132,11 @@ def test_stop_tokens_and_max_tokens():
     stop = ref[5]
     first = ref.index(stop)
     out = generate(model, TOK, [PROMPTS[0]], 1, 12, temperature=0.0, stop_ids=[stop])[0]
-    assert out['ids'] == ref[:first + 1] and out['finished'] and not out['truncated'], "must stop at the stop token"
+    assert out['ids'] == ref[:first + 1] and out['finished'] and not out['truncated'], \
+        "must stop at the stop token"
     long = generate(model, TOK, [PROMPTS[0]], 2, 7, temperature=1.0, stop_ids=[])
-    assert all(len(x['ids']) == 7 and x['truncated'] and not x['finished'] for x in long), "max_new_tokens ignored"
+    assert all(len(x['ids']) == 7 and x['truncated'] and not x['finished'] for x in long), \
+        "max_new_tokens ignored"
 
 
 def test_stop_strings_cut_the_text():
@@ -129,8 +144,10 @@ def test_stop_strings_cut_the_text():
     ref, _ = naive_greedy(model, PROMPTS[1], 12)
     text = TOK.decode(ref)
     s = text[4:6]
-    out = generate(model, TOK, [PROMPTS[1]], 1, 12, temperature=0.0, stop_ids=[], stop_strings=[s])[0]
-    assert out['finished'] and s not in out['text'] and text.startswith(out['text']), (text, out['text'])
+    out = generate(model, TOK, [PROMPTS[1]], 1, 12, temperature=0.0, stop_ids=[],
+                   stop_strings=[s])[0]
+    assert out['finished'] and s not in out['text'] and text.startswith(out['text']), \
+        (text, out['text'])
     assert len(out['ids']) <= 6 + 1
 
 

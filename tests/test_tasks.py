@@ -1,6 +1,6 @@
-"""The task seam (tasks/): the built-in tasks expose the interface; a task from outside the project plugs in by
---task=module:attr or a path, trains and is evaluated with its own grade; sample.py on a run's export reproduces the
-run's last eval/pass@1; a broken task fails at start-up in one line."""
+"""The task seam (tasks/): the built-in tasks expose the interface; a task from outside the project
+plugs in by --task=module:attr or a path, trains and is evaluated with its own grade; sample.py on a
+run's export reproduces the run's last eval/pass@1; a broken task fails at start-up in one line."""
 import json
 import subprocess
 import sys
@@ -30,14 +30,15 @@ def test_builtin_tasks_expose_the_interface(name):
     t = tasks.resolve(name)
     for attr in ('load', 'messages', 'grade', 'solution', 'rewards'):
         assert hasattr(t, attr), f"tasks/{name}.py lacks {attr}"
-    ex = {'question': 'Tom has 12 apples and gets 7 more. How many apples does Tom have?', 'answer': '19',
-          'solution': '12+7=19\n#### 19'}
+    ex = {'question': 'Tom has 12 apples and gets 7 more. How many apples does Tom have?',
+          'answer': '19', 'solution': '12+7=19\n#### 19'}
     msgs = t.messages(ex)
     assert msgs[-1]['role'] == 'user' and msgs[-1]['content'].startswith(ex['question'])
     assert t.grade('so 12+7=19\n#### 19', ex) and t.grade('The answer is \\boxed{19}.', ex)
     assert not t.grade('#### 18', ex) and not t.grade('', ex)
     assert t.grade(t.solution(ex), ex), "the warm start's target must grade as correct"
-    assert tasks.messages(t, ex, system_prompt='S', instruction='I')[:1] == [{'role': 'system', 'content': 'S'}]
+    msgs = tasks.messages(t, ex, system_prompt='S', instruction='I')
+    assert msgs[:1] == [{'role': 'system', 'content': 'S'}]
 
 
 def test_task_defaults_own_the_prompt():
@@ -52,7 +53,8 @@ def test_task_defaults_own_the_prompt():
 def test_arith_knobs_are_the_tasks_and_shape_its_data():
     t = tasks.resolve('arith')
     knobs = tasks.knobs(t)
-    assert knobs['arith_difficulty'] == 'easy' and knobs['arith_n_test'] == 200 and 'rewards' not in knobs
+    assert knobs['arith_difficulty'] == 'easy' and knobs['arith_n_test'] == 200
+    assert 'rewards' not in knobs
     before = t.load('test', seed=0)
     try:
         tasks.set_knobs(t, {'arith_n_test': 5, 'arith_difficulty': 'starter'})
@@ -66,7 +68,8 @@ def test_arith_knobs_are_the_tasks_and_shape_its_data():
 @pytest.mark.skipif(not (GSM8K / 'test.jsonl').exists(), reason='../shared/gsm8k not present')
 def test_gsm8k_loads_through_the_task():
     test = tasks.resolve('gsm8k').load('test', data_dir=str(GSM8K))
-    assert len(test) == 1319 and all(tasks.resolve('gsm8k').grade(ex['solution'], ex) for ex in test[:50])
+    assert len(test) == 1319
+    assert all(tasks.resolve('gsm8k').grade(ex['solution'], ex) for ex in test[:50])
 
 
 def test_resolve_errors_name_the_task_and_what_is_missing():
@@ -81,54 +84,62 @@ def test_resolve_errors_name_the_task_and_what_is_missing():
 def test_task_missing_a_name_stops_at_start_up_in_one_line(tmp_path):
     p = run_task(tmp_path, '--task=grpo_test_task:no_grade', check=False)
     assert p.returncode == 2, p.stderr[-2000:]
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "'grpo_test_task:no_grade' has no grade()" in lines[0], p.stderr
     assert not (tmp_path / 'metrics.jsonl').exists()
 
 
 def sample_py(*args):
-    p = subprocess.run([sys.executable, str(ROOT / 'sample.py'), *args], cwd=ROOT, env=env(), capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run([sys.executable, str(ROOT / 'sample.py'), *args], cwd=ROOT, env=env(),
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     return p, json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_plugged_in_task_trains_and_is_evaluated_with_its_own_grade(tmp_path):
-    """--task=module:attr: 2 steps, eval at the end; the 'correct' reward and eval/pass@1 both pay the task's grade
-    (the parity of the completion's bytes), which the numeric checker would almost never agree with. sample.py on the
-    export, with no other argument, gets the same pass@1 from the same completions."""
+    """--task=module:attr: 2 steps, eval at the end; the 'correct' reward and eval/pass@1 both pay
+    the task's grade (the parity of the completion's bytes), which the numeric checker would almost
+    never agree with. sample.py on the export, with no other argument, gets the same pass@1 from the
+    same completions."""
     out = tmp_path / 'run'
-    run_task(out, '--task=grpo_test_task:parity', '--max_steps=2', '--eval_every=2', '--eval_examples=16', '--export_hf=True',
-        "--rewards=None")
+    run_task(out, '--task=grpo_test_task:parity', '--max_steps=2', '--eval_every=2',
+             '--eval_examples=16', '--export_hf=True', "--rewards=None")
     rows = metrics(out)
-    assert 'reward/correct/mean' in rows[1], "the task's default reward is 'correct', paying its grade"
+    assert 'reward/correct/mean' in rows[1], (
+        "the task's default reward is 'correct', paying its grade")
     p, s = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval"}')
     assert s['n'] == 16 and s['pass@1'] == rows[-1]['eval/pass@1'], (s, rows[-1])
     from grpo_test_task import grade
-    evals = [json.loads(l) for l in open(tmp_path / 'eval' / 'eval.jsonl')]
-    by_grade = sum(grade(r['completions'][0], {'answer': r['reference']}) for r in evals) / len(evals)
-    assert by_grade == s['pass@1'] and 0 < s['pass@1'] < 1, f"pass@1 {s['pass@1']} must be the parity grade's"
+    evals = [json.loads(line) for line in open(tmp_path / 'eval' / 'eval.jsonl')]
+    by_grade = sum(grade(r['completions'][0], {'answer': r['reference']}) for r in evals)
+    by_grade /= len(evals)
+    assert by_grade == s['pass@1'] and 0 < s['pass@1'] < 1, (
+        f"pass@1 {s['pass@1']} must be the parity grade's")
 
 
 def test_task_from_a_path_trains_and_takes_its_knobs(tmp_path):
     path = ROOT / 'tests' / 'grpo_test_task.py'
-    p = run_task(tmp_path, f"--task={path}", '--max_steps=1', '--rewards=None', '--parity_n_train=24')
-    assert metrics(tmp_path)[-1]['step'] == 1 and '24 train / 4 eval problems' in p.stdout, p.stdout[-2000:]
+    p = run_task(tmp_path, f"--task={path}", '--max_steps=1', '--rewards=None',
+                 '--parity_n_train=24')
+    assert metrics(tmp_path)[-1]['step'] == 1, p.stdout[-2000:]
+    assert '24 train / 4 eval problems' in p.stdout, p.stdout[-2000:]
     saved = json.load(open(tmp_path / 'config.json'))
-    assert saved['task'] == str(path) and saved['parity_n_train'] == 24, "the task's knob is a knob, saved with the run"
+    assert saved['task'] == str(path) and saved['parity_n_train'] == 24, (
+        "the task's knob is a knob, saved with the run")
 
 
 def test_sample_py_reproduces_the_runs_eval_on_arith(tmp_path):
     """The built-in task, its knobs (a 12-problem test split) and the run's prompts ('' system
     prompt and instruction), eval size and budget all come from the export's grpo_run.json."""
     out = tmp_path / 'run'
-    run(out, '--max_steps=2', '--eval_every=1', '--eval_examples=10', '--arith_n_test=12', '--export_hf=True',
-        '--eval_max_new_tokens=12', '--arith_difficulty=starter')
+    run(out, '--max_steps=2', '--eval_every=1', '--eval_examples=10', '--arith_n_test=12',
+        '--export_hf=True', '--eval_max_new_tokens=12', '--arith_difficulty=starter')
     rows = metrics(out)
     p, s = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval"}')
     assert s['n'] == 10 and s['pass@1'] == rows[-1]['eval/pass@1'], (s, rows[-1])
     assert 'evaluating as the run evaluated at step 2' in p.stdout
-    _, s12 = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval12"}', '--num_examples=0')
+    _, s12 = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval12"}',
+                       '--num_examples=0')
     assert s12['n'] == 12, "an explicit --key=value overrides the run's value"
 
 
@@ -137,13 +148,15 @@ def test_readme_add_a_task_example_trains_and_evaluates(tmp_path):
     reward names."""
     readme = (ROOT / 'README.md').read_text()
     section = readme[readme.index('## Add a task'):]
-    code = section[section.index('```python\n') + 10:section.index('```\n', section.index('```python\n') + 10)]
+    start = section.index('```python\n') + 10
+    code = section[start:section.index('```\n', start)]
     (tmp_path / 'my_task.py').write_text(code)
     out = tmp_path / 'run'
-    run_task(out, f"--task={tmp_path / 'my_task.py'}", '--max_steps=1', '--eval_every=1', '--reverse_n_train=40',
-             '--rewards=None', '--max_new_tokens=8')
+    run_task(out, f"--task={tmp_path / 'my_task.py'}", '--max_steps=1', '--eval_every=1',
+             '--reverse_n_train=40', '--rewards=None', '--max_new_tokens=8')
     rows = metrics(out)
-    assert 'reward/letters_in_place/mean' in rows[1] and 'reward/correct/mean' in rows[1] and 'eval/pass@1' in rows[1]
+    assert 'reward/letters_in_place/mean' in rows[1] and 'reward/correct/mean' in rows[1]
+    assert 'eval/pass@1' in rows[1]
 
 
 def test_a_task_file_runs_once_however_often_it_is_resolved(tmp_path):

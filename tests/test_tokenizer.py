@@ -5,20 +5,25 @@ import random
 from pathlib import Path
 
 import pytest
-from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (Regex, Tokenizer as HFTokenizer, decoders, models, normalizers,
+                        pre_tokenizers, trainers)
 
 from tokenizer import QWEN2_PATTERN, TokenizerError, byte_tokenizer, load_tokenizer
 
 GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k' / 'train.jsonl'
 SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
-FALLBACK_TEXT = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-                 "Weng earns $12 an hour for babysitting. Yesterday, she did 50 minutes of babysitting. How much?",
-                 "Betty is saving money for a new wallet which costs $100. She has only half of the money she needs."]
+FALLBACK_TEXT = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in "
+    "May.",
+    "Weng earns $12 an hour for babysitting. Yesterday, she did 50 minutes of babysitting. "
+    "How much?",
+    "Betty is saving money for a new wallet which costs $100. She has only half of the money she "
+    "needs."]
 
 
 def corpus():
     if GSM8K.exists():
-        return [json.loads(l)['question'] for l in GSM8K.open()][:3000]
+        return [json.loads(line)['question'] for line in GSM8K.open()][:3000]
     return FALLBACK_TEXT * 200
 
 
@@ -28,21 +33,27 @@ def sample_strings():
     rng = random.Random(0)
     qs = corpus()
     out = qs[:700]
-    out += ["héllo wörld ñ ç ø", "日本語のテキスト、中文字符。", "emoji 🤖🚀 and 👩‍👩‍👧 family", "Ünïcödé  \u00a0 nbsp",
-            "12345678901234567890", "3.14159 -42 1,000,000 $5.00 50%", "   leading", "trailing   ", "a  b   c    d",
-            "\n\n\nnewlines\n\n", "\t tabs\t\t", "\r\n windows\r\n", "", " ", "x", "I'm you're we'll it's DON'T",
-            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", "end<|endoftext|>start"]
+    out += ["héllo wörld ñ ç ø", "日本語のテキスト、中文字符。", "emoji 🤖🚀 and 👩‍👩‍👧 family",
+            "Ünïcödé  \u00a0 nbsp", "12345678901234567890", "3.14159 -42 1,000,000 $5.00 50%",
+            "   leading", "trailing   ", "a  b   c    d", "\n\n\nnewlines\n\n", "\t tabs\t\t",
+            "\r\n windows\r\n", "", " ", "x", "I'm you're we'll it's DON'T",
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+            "end<|endoftext|>start"]
     alphabet = "abc XYZ 0123456789 .,;:!?'\"$%\n\t  é日🤖<|im_end|>"
     while len(out) < 1200:
         k = rng.randint(0, 60)
-        out.append(''.join(rng.choice(alphabet) for _ in range(k)) if rng.random() < 0.5
-                   else rng.choice(qs)[:rng.randint(1, 120)] + rng.choice(['\n', '  ', '🤖', '<|im_end|>', '']))
+        if rng.random() < 0.5:
+            out.append(''.join(rng.choice(alphabet) for _ in range(k)))
+        else:
+            tail = ['\n', '  ', '🤖', '<|im_end|>', '']
+            out.append(rng.choice(qs)[:rng.randint(1, 120)] + rng.choice(tail))
     return out
 
 
 def train_bpe(tmp_path, qwen_style):
     tok = HFTokenizer(models.BPE())
-    if qwen_style:  # Qwen2's layout: NFC, a Split regex, then ByteLevel without its own regex
+    # Qwen2's layout: NFC, a Split regex, then ByteLevel without its own regex
+    if qwen_style:
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
@@ -51,7 +62,8 @@ def train_bpe(tmp_path, qwen_style):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
     tok.train_from_iterator(corpus(), trainer)
     d = tmp_path / ('qwen' if qwen_style else 'gpt2')
     d.mkdir()
@@ -59,7 +71,8 @@ def train_bpe(tmp_path, qwen_style):
     return tok, d
 
 
-@pytest.mark.parametrize('qwen_style', [True, False], ids=['qwen-split-regex', 'gpt2-bytelevel-regex'])
+@pytest.mark.parametrize('qwen_style', [True, False],
+                         ids=['qwen-split-regex', 'gpt2-bytelevel-regex'])
 def test_ids_match_hf_tokenizers(tmp_path, qwen_style):
     hf, d = train_bpe(tmp_path, qwen_style)
     ours = load_tokenizer(str(d))
@@ -69,7 +82,8 @@ def test_ids_match_hf_tokenizers(tmp_path, qwen_style):
         expected = hf.encode(s, add_special_tokens=False).ids
         got = ours.encode_with_special(s)
         assert got == expected, f"ids differ for {s!r}:\n ours {got}\n   hf {expected}"
-        assert ours.decode(got) == hf.decode(expected, skip_special_tokens=False), f"decode differs for {s!r}"
+        assert ours.decode(got) == hf.decode(expected, skip_special_tokens=False), (
+            f"decode differs for {s!r}")
 
 
 def test_decode_encode_roundtrip(tmp_path):
@@ -84,7 +98,8 @@ def test_ordinary_encode_does_not_parse_specials(tmp_path):
     _, d = train_bpe(tmp_path, qwen_style=True)
     tok = load_tokenizer(str(d))
     ids = tok.encode("a<|im_end|>b")
-    assert tok.special['<|im_end|>'] not in ids, "user text must not be able to inject a special token"
+    assert tok.special['<|im_end|>'] not in ids, (
+        "user text must not be able to inject a special token")
     assert tok.encode_with_special("<|im_end|>") == [tok.special['<|im_end|>']]
 
 
@@ -104,7 +119,8 @@ def test_chat_template_matches_chatml():
     tok = byte_tokenizer()
     msgs = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'What is 2+2?'}]
     text = tok.decode(tok.render_chat(msgs))
-    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n"
+                    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
     no_gen = tok.decode(tok.render_chat(msgs, add_generation_prompt=False))
     assert no_gen.endswith("<|im_end|>\n"), no_gen
 
@@ -128,7 +144,8 @@ def test_byte_tokenizer_exports_for_transformers(tmp_path):
     again = load_tokenizer(str(tmp_path))
     assert again.encode_with_special(s) == tok.encode_with_special(s)
     msgs = [{'role': 'user', 'content': 'hi'}]
-    assert hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == tok.decode(tok.render_chat(msgs))
+    rendered = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert rendered == tok.decode(tok.render_chat(msgs))
 
 
 def test_bad_tokenizer_files(tmp_path):
@@ -137,6 +154,7 @@ def test_bad_tokenizer_files(tmp_path):
     (tmp_path / 'tokenizer.json').write_text('{not json')
     with pytest.raises(TokenizerError, match='tokenizer.json'):
         load_tokenizer(str(tmp_path))
-    (tmp_path / 'tokenizer.json').write_text(json.dumps({'model': {'type': 'Unigram', 'vocab': []}}))
+    unigram = {'model': {'type': 'Unigram', 'vocab': []}}
+    (tmp_path / 'tokenizer.json').write_text(json.dumps(unigram))
     with pytest.raises(TokenizerError, match='byte-level BPE'):
         load_tokenizer(str(tmp_path))

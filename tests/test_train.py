@@ -17,26 +17,33 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / 'shared' / 'gsm8k'
 # a tiny model and a tiny step: these tests are about the loop's behaviour, not its speed
-TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instruction=', '--n_layer=1', '--n_embd=32',
-        '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4', '--batch_prompts=4',
-        '--micro_batch_size=8', '--max_new_tokens=8', '--arith_n_train=200', '--arith_n_test=8', '--eval_examples=4',
-        '--eval_every=0', '--device=cpu', '--dtype=float32', '--plot_every=0', '--export_hf=False', '--lr=1e-3',
-        '--warmup_steps=1', '--watchdog_s=0', "--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}]"]
-VOLATILE = ('timing_s/', 'mem/', 'perf/')  # wall-clock and memory: the only keys allowed to differ between runs
+TINY = ['--init_from=scratch', '--task=arith', '--system_prompt=', '--instruction=', '--n_layer=1',
+        '--n_embd=32', '--n_head=2', '--n_kv_head=1', '--max_seq_len=160', '--group_size=4',
+        '--batch_prompts=4', '--micro_batch_size=8', '--max_new_tokens=8', '--arith_n_train=200',
+        '--arith_n_test=8', '--eval_examples=4', '--eval_every=0', '--device=cpu',
+        '--dtype=float32', '--plot_every=0', '--export_hf=False', '--lr=1e-3', '--warmup_steps=1',
+        '--watchdog_s=0', "--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}]"]
+# wall-clock and memory: the only keys allowed to differ between runs
+VOLATILE = ('timing_s/', 'mem/', 'perf/')
 
 
-def env():  # read at each call: a test may set variables first (monkeypatch.setenv); tests/ holds the test rewards
+def env():
+    """The runs' environment, read at each call: a test may set variables first
+    (monkeypatch.setenv); tests/ holds the test rewards."""
     return {**os.environ, 'PYTHONPATH': str(ROOT / 'tests'), 'PYTHONUNBUFFERED': '1'}
 
 
-def command(out_dir, *args):  # a tiny train_grpo.py run into out_dir
+def command(out_dir, *args):
+    """A tiny train_grpo.py run into out_dir."""
     return [sys.executable, str(ROOT / 'train_grpo.py'), *TINY, f'--out_dir={out_dir}', *args]
 
 
 def run(out_dir, *args, timeout=120, check=True):
-    p = subprocess.run(command(out_dir, *args), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(command(out_dir, *args), cwd=ROOT, env=env(), capture_output=True, text=True,
+                       timeout=timeout)
     if check and p.returncode != 0:
-        raise AssertionError(f"train_grpo.py exited {p.returncode}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}")
+        raise AssertionError(f"train_grpo.py exited {p.returncode}\n--- stdout\n{p.stdout[-3000:]}"
+                             f"\n--- stderr\n{p.stderr[-3000:]}")
     return p
 
 
@@ -55,7 +62,7 @@ def start(out_dir, *args):
 
 
 def metrics(out_dir):
-    return [json.loads(l) for l in open(Path(out_dir) / 'metrics.jsonl')]
+    return [json.loads(line) for line in open(Path(out_dir) / 'metrics.jsonl')]
 
 
 def stable(row):
@@ -75,34 +82,42 @@ def all_finite_on_disk(out_dir):
 def test_grpo_raises_mean_reward(tmp_path):
     """Regression test that the loop learns at all: reward = fraction of digits in the
     completion."""
-    run(tmp_path, '--max_steps=20', '--lr=2e-2', '--group_size=8', '--batch_prompts=8', '--micro_batch_size=64',
-        '--max_new_tokens=12', '--save_every=100')
+    run(tmp_path, '--max_steps=20', '--lr=2e-2', '--group_size=8', '--batch_prompts=8',
+        '--micro_batch_size=64', '--max_new_tokens=12', '--save_every=100')
     r = [m['reward/mean'] for m in metrics(tmp_path) if 'reward/mean' in m]
-    first, last = sum(r[:5]) / 5, sum(r[-5:]) / 5
-    assert last > first + 0.3, f"mean reward did not rise: first 5 steps {first:.3f}, last 5 {last:.3f}: {r}"
+    first = sum(r[:5]) / 5
+    last = sum(r[-5:]) / 5
+    assert last > first + 0.3, \
+        f"mean reward did not rise: first 5 steps {first:.3f}, last 5 {last:.3f}: {r}"
 
 
 def test_metrics_keys_and_files(tmp_path):
-    run(tmp_path, '--max_steps=2', '--eval_every=2', '--log_samples_every=1', '--save_every=1', '--plot_every=2',
-        '--export_hf=True')
+    run(tmp_path, '--max_steps=2', '--eval_every=2', '--log_samples_every=1', '--save_every=1',
+        '--plot_every=2', '--export_hf=True')
     rows = metrics(tmp_path)
     assert [r['step'] for r in rows] == [0, 1, 2]
-    need = ['step', 'lr', 'reward/mean', 'reward/std', 'reward/digit_fraction/mean', 'frac_zero_std', 'loss', 'pg_loss',
-            'kl', 'entropy', 'grad_norm', 'response_len/mean', 'response_len/clip_frac', 'timing_s/gen',
-            'timing_s/reward', 'timing_s/ref', 'timing_s/old_logprob', 'timing_s/update', 'timing_s/step',
-            'mem/allocated_gb', 'mem/reserved_gb', 'mem/peak_gb', 'perf/gen_tokens_per_s', 'perf/tokens_per_s', 'packed']
+    need = ['step', 'lr', 'reward/mean', 'reward/std', 'reward/digit_fraction/mean',
+            'frac_zero_std', 'loss', 'pg_loss', 'kl', 'entropy', 'grad_norm', 'response_len/mean',
+            'response_len/clip_frac', 'timing_s/gen', 'timing_s/reward', 'timing_s/ref',
+            'timing_s/old_logprob', 'timing_s/update', 'timing_s/step', 'mem/allocated_gb',
+            'mem/reserved_gb', 'mem/peak_gb', 'perf/gen_tokens_per_s', 'perf/tokens_per_s',
+            'packed']
     missing = [k for k in need if k not in rows[1]]
     assert not missing, f"metrics.jsonl lacks {missing}"
-    assert 'eval/pass@1' in rows[0] and 'eval/pass@1' in rows[2], "eval at start and every eval_every steps"
-    assert rows[1]['packed'] == 1, "share_prompt='auto' packs short completions (batch.choose_share_prompt)"
+    assert 'eval/pass@1' in rows[0] and 'eval/pass@1' in rows[2], \
+        "eval at start and every eval_every steps"
+    assert rows[1]['packed'] == 1, \
+        "share_prompt='auto' packs short completions (batch.choose_share_prompt)"
     assert (tmp_path / 'samples.jsonl').exists() and (tmp_path / 'curves.png').exists()
     saved = json.load(open(tmp_path / 'config.json'))
     assert saved['max_steps'] == 2
-    assert saved['rewards'] == [{'name': 'grpo_test_rewards:digit_fraction'}], "config.json must keep the reward's name"
+    assert saved['rewards'] == [{'name': 'grpo_test_rewards:digit_fraction'}], \
+        "config.json must keep the reward's name"
     from hf import from_pretrained
     model, tok = from_pretrained(str(tmp_path / 'hf'))
     sd = weights(tmp_path, 2)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items()), "hf/ export != the step-2 weights"
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items()), \
+        "hf/ export != the step-2 weights"
 
 
 def test_update_metrics_come_from_the_last_iteration(tmp_path):
@@ -110,25 +125,30 @@ def test_update_metrics_come_from_the_last_iteration(tmp_path):
     look like a measurement). num_iterations = 3: the last iteration's clip fractions, ratio range
     and KL(old || new) show the updates moved the policy."""
     run(tmp_path / 'mu1', '--max_steps=1')
-    assert not any(k.startswith(('clip/', 'ratio/', 'kl_old_new')) for k in metrics(tmp_path / 'mu1')[1])
+    row = metrics(tmp_path / 'mu1')[1]
+    assert not any(k.startswith(('clip/', 'ratio/', 'kl_old_new')) for k in row)
     run(tmp_path / 'mu3', '--max_steps=2', '--num_iterations=3', '--lr=3e-2')
     row = metrics(tmp_path / 'mu3')[2]
     assert row['kl_old_new'] > 0 and row['ratio/min'] < 1 < row['ratio/max'], row
     assert 0 <= row['clip/low_frac'] <= 1 and 0 <= row['clip/high_frac'] <= 1
-    assert row['clip/low_frac'] + row['clip/high_frac'] > 0, "lr 3e-2 over 3 iterations must clip some tokens"
+    assert row['clip/low_frac'] + row['clip/high_frac'] > 0, \
+        "lr 3e-2 over 3 iterations must clip some tokens"
 
 
 def test_zero_std_filter_saves_compute_without_changing_the_gradient(tmp_path):
     """filter_zero_std leaves zero-spread groups out of the forward/backward but not out of the loss
     normalisers: the same loss and gradient norm with the filter on or off (before, the gradient
     grew by 1 / (1 - frac_zero_std))."""
-    args = ['--max_steps=1', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]", '--group_size=2',
-            '--batch_prompts=8', '--loss_agg=seq_mean_token_mean']
+    args = ['--max_steps=1', "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]",
+            '--group_size=2', '--batch_prompts=8', '--loss_agg=seq_mean_token_mean']
     run_together([tmp_path / 'on', *args], [tmp_path / 'off', *args, '--filter_zero_std=False'])
-    a, b = metrics(tmp_path / 'on')[1], metrics(tmp_path / 'off')[1]
-    assert 0 < a['frac_zero_std'] < 1, f"the test needs some zero-spread groups and some not: {a['frac_zero_std']}"
+    a = metrics(tmp_path / 'on')[1]
+    b = metrics(tmp_path / 'off')[1]
+    assert 0 < a['frac_zero_std'] < 1, \
+        f"the test needs some zero-spread groups and some not: {a['frac_zero_std']}"
     assert a['rows_trained'] < b['rows_trained'], "the filter must leave rows out"
-    assert math.isclose(a['grad_norm'], b['grad_norm'], rel_tol=1e-5), (a['grad_norm'], b['grad_norm'])
+    assert math.isclose(a['grad_norm'], b['grad_norm'], rel_tol=1e-5), \
+        (a['grad_norm'], b['grad_norm'])
     assert math.isclose(a['loss'], b['loss'], rel_tol=1e-5, abs_tol=1e-9), (a['loss'], b['loss'])
 
 
@@ -143,24 +163,31 @@ def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_pa
     rows = metrics(tmp_path / 'a')[1:]
     for row in rows:
         assert row['dynamic/prompts'] > 8 and row['dynamic/rounds'] >= 2, row
-        assert row['dynamic/groups_short'] == 0 and row['rows_trained'] == 16, row  # 8 groups x 2, all with a spread
+        # 8 groups x 2, all with a spread
+        assert row['dynamic/groups_short'] == 0 and row['rows_trained'] == 16, row
         assert 0 < row['frac_zero_std'] < 1, row
     ckpt = torch.load(tmp_path / 'a' / 'ckpt_0000003.pt', weights_only=False)
-    assert ckpt['cursor'] == sum(r['dynamic/prompts'] for r in rows), "the cursor must move past every prompt drawn"
-    _, p = run_together([tmp_path / 'b', '--max_steps=3', '--resume_changed=True', *args],  # the same LR at every step
-                        [tmp_path / 'c', '--max_steps=1', *args[:2], '--dynamic_sampling=1',
-                         "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]"])
-    assert stable(metrics(tmp_path / 'b')[-1]) == stable(rows[-1]), "resume after refills continues elsewhere"
-    assert 'WARNING [dynamic_short]' in p.stdout and metrics(tmp_path / 'c')[1]['dynamic/groups_short'] == 8, p.stdout
+    assert ckpt['cursor'] == sum(r['dynamic/prompts'] for r in rows), \
+        "the cursor must move past every prompt drawn"
+    # resume_changed: the same LR at every step
+    resumed = [tmp_path / 'b', '--max_steps=3', '--resume_changed=True', *args]
+    short = [tmp_path / 'c', '--max_steps=1', *args[:2], '--dynamic_sampling=1',
+             "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]"]
+    _, p = run_together(resumed, short)
+    assert stable(metrics(tmp_path / 'b')[-1]) == stable(rows[-1]), \
+        "resume after refills continues elsewhere"
+    assert 'WARNING [dynamic_short]' in p.stdout, p.stdout
+    assert metrics(tmp_path / 'c')[1]['dynamic/groups_short'] == 8, p.stdout
 
 
 def test_no_checkpoint_inside_a_nan_streak(tmp_path):
     """NaN at steps 2 and 3, save_every=2: step 2 is not saved (it is inside the streak), so the
     rollback at step 3 (nan_patience=2) goes to step 0's weights, not to the step the streak started
     from."""
-    p = run(tmp_path, '--max_steps=5', '--save_every=2', '--keep_last=10', '--fault_nan_steps=[2, 3]', '--nan_patience=2',
-            '--max_rollbacks=2')
-    assert not (tmp_path / 'ckpt_0000002.pt').exists(), "a checkpoint was written inside a non-finite streak"
+    p = run(tmp_path, '--max_steps=5', '--save_every=2', '--keep_last=10',
+            '--fault_nan_steps=[2, 3]', '--nan_patience=2', '--max_rollbacks=2')
+    assert not (tmp_path / 'ckpt_0000002.pt').exists(), \
+        "a checkpoint was written inside a non-finite streak"
     assert 'ckpt_0000000.pt (step 0)' in p.stdout, p.stdout[-2000:]
 
 
@@ -178,7 +205,8 @@ def test_bf16_with_truncated_importance_sampling(tmp_path):
     by their ratio and logs the weights."""
     run(tmp_path, '--max_steps=2', '--dtype=bfloat16', '--tis=token_truncate', '--tis_cap=1.01')
     row = metrics(tmp_path)[2]
-    assert row['logprob_gen_vs_train'] > 0 and 0 < row['tis/weight_mean'] <= 1.01 and 0 <= row['tis/capped_frac'] <= 1, row
+    assert row['logprob_gen_vs_train'] > 0, row
+    assert 0 < row['tis/weight_mean'] <= 1.01 and 0 <= row['tis/capped_frac'] <= 1, row
     assert math.isfinite(row['loss']) and row['grad_norm'] > 0
 
 
@@ -196,13 +224,15 @@ def test_all_zero_std_warning_names_cause_and_fix(tmp_path):
 def test_exact_resume_after_sigkill(tmp_path):
     """6 steps straight vs. killed after step 3 and restarted with the same command: same metrics,
     same weights."""
-    a, b = tmp_path / 'straight', tmp_path / 'killed'
+    a = tmp_path / 'straight'
+    b = tmp_path / 'killed'
     # step 4 sleeps 2 s before its update (in every run: the same command), so the kill lands
     # mid-run however fast the steps are; the sleep touches no state
-    args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3', '--fault_stall_step=4',
-            '--fault_stall_s=2']
+    args = ['--max_steps=6', '--save_every=1', '--keep_last=10', '--eval_every=3',
+            '--fault_stall_step=4', '--fault_stall_s=2']
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        straight = pool.submit(run, a, *args)  # run A goes straight through beside B, which is killed after step 3
+        # run A goes straight through beside B, which is killed after step 3
+        straight = pool.submit(run, a, *args)
         proc = start(b, *args)
         deadline = time.time() + 120
         while not (b / 'ckpt_0000003.pt').exists():
@@ -214,12 +244,17 @@ def test_exact_resume_after_sigkill(tmp_path):
         p = run(b, *args)
         straight.result()
     assert 'resume:' in p.stdout
-    ra, rb = metrics(a), metrics(b)
-    assert [r['step'] for r in rb] == [0, 1, 2, 3, 4, 5, 6], f"duplicate or missing steps: {[r['step'] for r in rb]}"
+    ra = metrics(a)
+    rb = metrics(b)
+    steps = [r['step'] for r in rb]
+    assert steps == [0, 1, 2, 3, 4, 5, 6], f"duplicate or missing steps: {steps}"
     for x, y in zip(ra, rb):
-        assert stable(x) == stable(y), f"step {x['step']} differs after resume:\n{stable(x)}\n{stable(y)}"
-    wa, wb = weights(a, 6), weights(b, 6)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights are not bit-identical after resume"
+        assert stable(x) == stable(y), \
+            f"step {x['step']} differs after resume:\n{stable(x)}\n{stable(y)}"
+    wa = weights(a, 6)
+    wb = weights(b, 6)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), \
+        "final weights are not bit-identical after resume"
 
 
 def newest_ckpt(out_dir, pid=None):
@@ -228,7 +263,13 @@ def newest_ckpt(out_dir, pid=None):
     renamed when whole)."""
     names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
     done = [int(n[5:12]) for n in names if n.startswith('ckpt_') and n.endswith('.pt')]
-    return max(done, default=-1), any(n.startswith('ckpt_') and n.endswith(f'.tmp.{pid}') for n in names)
+    writing = any(n.startswith('ckpt_') and n.endswith(f'.tmp.{pid}') for n in names)
+    return max(done, default=-1), writing
+
+
+def median(xs, default):
+    """The middle value of xs (the upper one of an even count), default when xs is empty."""
+    return sorted(xs)[len(xs) // 2] if xs else default
 
 
 def test_kill_at_random_instants(tmp_path):
@@ -244,22 +285,31 @@ def test_kill_at_random_instants(tmp_path):
     or the checkpoint itself if its temporary file came and went between two looks, plus a random
     fraction of the median write)."""
     rng = random.Random(0)
-    args = ['--max_steps=100000', '--save_every=1', '--keep_last=2']  # long enough that no kill comes after the end
-    startup_s, step_s, write_s = [], [], []
+    # max_steps long enough that no kill comes after the end
+    args = ['--max_steps=100000', '--save_every=1', '--keep_last=2']
+    startup_s = []
+    step_s = []
+    write_s = []
     positions = []  # (where, newest checkpoint before the run, newest after its kill)
-    median = lambda xs, default: sorted(xs)[len(xs) // 2] if xs else default
     for i in range(20):
         before = newest_ckpt(tmp_path)[0]
         proc = start(tmp_path, *args)
         t0 = time.time()
-        where = 'measure' if i == 0 else rng.choice(['startup', 'step', 'write'])  # the first run only measures
+        if i == 0:
+            where = 'measure'  # the first run only measures
+        else:
+            where = rng.choice(['startup', 'step', 'write'])
         if where == 'startup':
             time.sleep(rng.uniform(0, 1) * min(startup_s))
         else:
             want = 4 if i == 0 else rng.randint(1, 3)
-            seen, t_done, t_tmp, deadline = before, None, None, t0 + 120
+            seen = before
+            t_done = None
+            t_tmp = None
+            deadline = t0 + 120
             while True:
-                assert time.time() < deadline and proc.poll() is None, f"kill {i}: no progress past step {seen}"
+                assert time.time() < deadline and proc.poll() is None, \
+                    f"kill {i}: no progress past step {seen}"
                 now, writing = newest_ckpt(tmp_path, proc.pid)
                 t = time.time()
                 if writing and t_tmp is None:
@@ -270,34 +320,47 @@ def test_kill_at_random_instants(tmp_path):
                 if now > seen:
                     if seen == before:
                         startup_s.append(t - t0)
-                    elif now == seen + 1 and now > before + 2:  # (a run's first step warms up: not typical)
+                    elif now == seen + 1 and now > before + 2:
+                        # (a run's first step warms up: not typical)
                         step_s.append(t - t_done)
                     if t_tmp is not None and now == seen + 1:
                         write_s.append(t - t_tmp)
-                    seen, t_done, t_tmp = now, t, None
+                    seen = now
+                    t_done = t
+                    t_tmp = None
                     if seen >= before + want:
-                        where = 'write(renamed)' if where == 'write' else where  # pruning old ones, fsync of the dir
+                        if where == 'write':
+                            where = 'write(renamed)'  # pruning old ones, fsync of the dir
                         break
                 time.sleep(0.001)
             frac = rng.uniform(0, 1)
-            time.sleep(frac * (median(write_s, 0.005) if where.startswith('write') else median(step_s, 0.05)))
+            if where.startswith('write'):
+                pause = median(write_s, 0.005)
+            else:
+                pause = median(step_s, 0.05)
+            time.sleep(frac * pause)
             where = f'{where} {want} +{frac:.2f}'
         assert proc.poll() is None, "the run ended by itself before its kill"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        for ck in tmp_path.glob('ckpt_*.pt'):  # every checkpoint on disk loads: none is ever half-written
+        # every checkpoint on disk loads: none is ever half-written
+        for ck in tmp_path.glob('ckpt_*.pt'):
             state = torch.load(ck, weights_only=False)
             assert state['step'] == int(ck.stem.split('_')[1])
         positions.append((where, before, newest_ckpt(tmp_path)[0]))
-    print(f"\nkills (where, newest checkpoint before the run, after the kill): {positions}\nstart-up "
-          f"{min(startup_s):.2f}-{max(startup_s):.2f}s, step {min(step_s):.3f}-{max(step_s):.3f}s, checkpoint write "
-          f"{min(write_s, default=0):.4f}-{max(write_s, default=0):.4f}s")
+    print(f"\nkills (where, newest checkpoint before the run, after the kill): {positions}\n"
+          f"start-up {min(startup_s):.2f}-{max(startup_s):.2f}s, "
+          f"step {min(step_s):.3f}-{max(step_s):.3f}s, "
+          f"checkpoint write {min(write_s, default=0):.4f}-{max(write_s, default=0):.4f}s")
     resumed_from = [a for _, _, a in positions]
     assert resumed_from == sorted(resumed_from), f"a restart went backwards: {positions}"
-    after = sum(a > b for _, b, a in positions)  # the run had written a checkpoint of its own before its kill
-    assert after >= 20 // 3, f"only {after}/20 kills landed after a checkpoint: the test covered start-up only: {positions}"
+    # kills after the run had written a checkpoint of its own
+    after = sum(a > b for _, b, a in positions)
+    assert after >= 20 // 3, (f"only {after}/20 kills landed after a checkpoint: "
+                              f"the test covered start-up only: {positions}")
     assert any(w == 'startup' for w, _, _ in positions), positions
-    last = resumed_from[-1] + 3  # finish a few steps past the last checkpoint (max_steps only shapes the LR schedule)
+    # finish a few steps past the last checkpoint (max_steps only shapes the LR schedule)
+    last = resumed_from[-1] + 3
     p = run(tmp_path, *args[1:], f'--max_steps={last}', '--resume_changed=True', timeout=300)
     assert "resume: " in p.stdout
     steps = [r['step'] for r in metrics(tmp_path)]
@@ -319,16 +382,19 @@ def test_sigterm_saves_and_exits(tmp_path):
 def test_nan_at_one_step_is_skipped(tmp_path):
     run(tmp_path, '--max_steps=3', '--save_every=1', '--keep_last=10', '--fault_nan_steps=[2]')
     rows = metrics(tmp_path)
-    assert rows[2]['guard/skipped_update'] == 1 and rows[1]['guard/skipped_update'] == 0 and rows[3]['guard/skipped_update'] == 0
+    skipped = [r['guard/skipped_update'] for r in rows[1:4]]
+    assert skipped == [0, 1, 0]
     assert not (tmp_path / 'ckpt_0000002.pt').exists(), "no checkpoint inside a non-finite streak"
-    w1, w3 = weights(tmp_path, 1), weights(tmp_path, 3)
+    w1 = weights(tmp_path, 1)
+    w3 = weights(tmp_path, 3)
     assert not all(torch.equal(w1[k], w3[k]) for k in w1), "training must go on after the NaN step"
     all_finite_on_disk(tmp_path)
 
 
 def test_persistent_nan_rolls_back_then_stops(tmp_path):
-    p = run(tmp_path, '--max_steps=20', '--save_every=1', '--fault_nan_steps=' + str(list(range(3, 21))), '--nan_patience=2',
-            '--max_rollbacks=1', check=False)
+    nan_steps = str(list(range(3, 21)))
+    p = run(tmp_path, '--max_steps=20', '--save_every=1', '--fault_nan_steps=' + nan_steps,
+            '--nan_patience=2', '--max_rollbacks=1', check=False)
     assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-2000:]
     assert 'rolled back to' in p.stdout and 'STOPPED' in p.stderr and 'non-finite' in p.stderr
     rows = metrics(tmp_path)
@@ -340,7 +406,8 @@ def test_persistent_nan_rolls_back_then_stops(tmp_path):
 def test_zero_reward_stops_after_patience(tmp_path):
     p = run(tmp_path, '--max_steps=20', "--rewards=[{'name': 'grpo_test_rewards:always_zero'}]",
             '--zero_reward_patience=3', check=False)
-    assert p.returncode == 3 and 'reward mean has been 0' in p.stderr and 'Recent completions' in p.stderr
+    assert p.returncode == 3
+    assert 'reward mean has been 0' in p.stderr and 'Recent completions' in p.stderr
     assert metrics(tmp_path)[-1]['step'] == 3, "must stop at the step the patience runs out"
 
 
@@ -351,14 +418,15 @@ def test_raising_reward_is_counted_and_stops(tmp_path):
     rows = metrics(tmp_path)
     assert rows[1]['reward/always_raise/errors'] == 16 and rows[-1]['step'] == 2
     assert rows[1]['guard/skipped_update'] == 1, "no update from a batch whose rewards all failed"
-    w0, w1 = weights(tmp_path, 0), weights(tmp_path, 1)
+    w0 = weights(tmp_path, 0)
+    w1 = weights(tmp_path, 1)
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
 
 
 @pytest.mark.parametrize('mode', ['stop', 'rollback'])
 def test_kl_above_max(tmp_path, mode):
-    p = run(tmp_path, '--max_steps=10', '--beta=0.1', '--kl_max=1e-9', '--kl_warn=1e-10', f'--on_kl_max={mode}',
-            '--max_rollbacks=1', '--lr=1e-2', check=False)
+    p = run(tmp_path, '--max_steps=10', '--beta=0.1', '--kl_max=1e-9', '--kl_warn=1e-10',
+            f'--on_kl_max={mode}', '--max_rollbacks=1', '--lr=1e-2', check=False)
     assert p.returncode == 3 and 'kl_max' in p.stderr, p.stderr[-2000:]
     rows = metrics(tmp_path)
     # KL to the reference is 0 at step 1 (policy == reference) and > 0 at step 2. 'stop' ends there.
@@ -375,8 +443,8 @@ def test_kl_above_max(tmp_path, mode):
 def test_watchdog_dumps_the_stalled_stack(tmp_path):
     # watchdog_s well above any real step's quiet stretch (a first update on a slow, loaded machine
     # takes seconds), far below the stall: only the stall can trip it
-    p = run(tmp_path, '--max_steps=3', '--watchdog_s=8.0', '--fault_stall_step=1', '--fault_stall_s=120',
-            '--watchdog_exit=True', check=False, timeout=200)
+    p = run(tmp_path, '--max_steps=3', '--watchdog_s=8.0', '--fault_stall_step=1',
+            '--fault_stall_s=120', '--watchdog_exit=True', check=False, timeout=200)
     assert p.returncode == 4, p.stderr[-2000:]
     assert 'watchdog: no progress' in p.stderr and 'injected_stall' in p.stderr, p.stderr[-3000:]
     assert 'injected_stall' in (tmp_path / 'watchdog_stacks.txt').read_text()
@@ -396,16 +464,17 @@ def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from tokenizer import byte_tokenizer
     snap = tmp_path / 'tiny-qwen2'
-    cfg = Qwen2Config(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True)
+    cfg = Qwen2Config(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                      tie_word_embeddings=True)
     Qwen2ForCausalLM(cfg).save_pretrained(snap)
     byte_tokenizer().save(str(snap))
     env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
-    p = subprocess.run([sys.executable, 'train_grpo.py', 'config/gsm8k.py', f'--init_from={snap}',
-                        f'--data_dir={GSM8K}', f'--out_dir={tmp_path / "out"}', '--max_steps=2', '--batch_prompts=2',
-                        '--group_size=2', '--max_new_tokens=8', '--eval_examples=2', '--eval_every=2',
-                        '--device=cpu', '--dtype=float32', '--save_every=2'],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, 'train_grpo.py', 'config/gsm8k.py', f'--init_from={snap}',
+           f'--data_dir={GSM8K}', f'--out_dir={tmp_path / "out"}', '--max_steps=2',
+           '--batch_prompts=2', '--group_size=2', '--max_new_tokens=8', '--eval_examples=2',
+           '--eval_every=2', '--device=cpu', '--dtype=float32', '--save_every=2']
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = metrics(tmp_path / 'out')
     assert [r['step'] for r in rows] == [0, 1, 2] and 'eval/pass@1' in rows[-1]
@@ -414,13 +483,16 @@ def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
 def test_arith_probe_reads_an_arith_export(tmp_path):
     """tools/arith_probe.py (the README's forced-count figures) on a tiny arith run's export; any
     other is refused."""
-    run(tmp_path / 'a', '--export_hf=True', '--max_steps=0', '--sft_steps=2', '--arith_difficulty=starter',
-        '--arith_count_on=0.5', '--arith_slips=1.0')
+    run(tmp_path / 'a', '--export_hf=True', '--max_steps=0', '--sft_steps=2',
+        '--arith_difficulty=starter', '--arith_count_on=0.5', '--arith_slips=1.0')
     probe = [sys.executable, str(ROOT / 'tools' / 'arith_probe.py')]
-    p = subprocess.run([*probe, str(tmp_path / 'a' / 'hf')], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*probe, str(tmp_path / 'a' / 'hf')], capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert set(got) == {'greedy_pass@1', 'forced_count_pass@1', 'sampled_count_share', 'sampled_count_right'}
+    assert set(got) == {'greedy_pass@1', 'forced_count_pass@1', 'sampled_count_share',
+                        'sampled_count_right'}
     assert all(0.0 <= v <= 1.0 for v in got.values())
     p = subprocess.run([*probe, str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 1 and p.stderr.strip().startswith('error:') and len(p.stderr.strip().splitlines()) == 1
+    assert p.returncode == 1
+    assert p.stderr.strip().startswith('error:') and len(p.stderr.strip().splitlines()) == 1

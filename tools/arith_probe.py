@@ -5,7 +5,8 @@ counting style; and, over 8 samples a problem at temperature 1, how many count o
 those are right. GRPO on this task mostly chooses the counting style; it ends near the forced
 figure, so that is how well the warm start taught counting.
 
-    python tools/arith_probe.py out/arith/hf      # an HF export of an arith run (its grpo_run.json gives the knobs)
+    # an HF export of an arith run (its grpo_run.json gives the knobs)
+    python tools/arith_probe.py out/arith/hf
 """
 import json
 import os
@@ -22,12 +23,14 @@ from sample import encode_prompts, generate, run_config  # noqa: E402
 def probe(path, samples=8):
     run = run_config(path)
     if run.get('task') != 'arith':
-        raise SystemExit(f"error: {path}: not an export of an arith run (grpo_run.json task {run.get('task')!r})")
+        raise SystemExit(f"error: {path}: not an export of an arith run "
+                         f"(grpo_run.json task {run.get('task')!r})")
     mod = tasks.resolve('arith')
     tasks.set_knobs(mod, {k: run.get(k, v) for k, v in tasks.knobs(mod).items()})
     test = mod.load('test', seed=run.get('seed', 0))
     model, tok = load_model(path, torch.float32, 'cpu', 0)
-    max_new_tokens = run.get('eval_max_new_tokens') or run.get('max_new_tokens') or 80  # as the run evaluated
+    # as the run evaluated
+    max_new_tokens = run.get('eval_max_new_tokens') or run.get('max_new_tokens') or 80
     model.eval()
     prompts = encode_prompts(tok, mod, test)
     forced = [p + tok.encode(ex['solution'].split('=')[0] + ':') for p, ex in zip(prompts, test)]
@@ -38,10 +41,13 @@ def probe(path, samples=8):
     n = len(test)
     counts = [':' in c['text'].split('\n')[0] for c in sampled]
     right = [bool(mod.grade(c['text'], test[i // samples])) for i, c in enumerate(sampled)]
-    return {'greedy_pass@1': sum(mod.grade(c['text'], ex) for c, ex in zip(greedy, test)) / n,
-            'forced_count_pass@1': sum(mod.grade(c['text'], ex) for c, ex in zip(counted, test)) / n,
+    greedy_right = sum(mod.grade(c['text'], ex) for c, ex in zip(greedy, test))
+    counted_right = sum(mod.grade(c['text'], ex) for c, ex in zip(counted, test))
+    count_and_right = sum(c and r for c, r in zip(counts, right))
+    return {'greedy_pass@1': greedy_right / n,
+            'forced_count_pass@1': counted_right / n,
             'sampled_count_share': sum(counts) / len(sampled),
-            'sampled_count_right': sum(c and r for c, r in zip(counts, right)) / max(1, sum(counts))}
+            'sampled_count_right': count_and_right / max(1, sum(counts))}
 
 
 if __name__ == '__main__':

@@ -1,0 +1,78 @@
+"""The shape the code keeps as features land: ruff.toml's rules hold (no line over 120, pyflakes,
+at most 6 positional parameters), the core (top-level *.py and tasks/) has at most 5% of its lines
+over 100 characters, and nothing in the code or the requirement files speaks of how the project was
+developed instead of what it does."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_SHARE_OVER_100 = 0.05
+# built from parts so that this file does not match itself
+DEV_WORDS = re.compile('|'.join([r'\bsess' + r'ions?\b', r'\biss' + r'ues? \d', 'closing ' + 'note',
+                                 r'\bhel' + r'pers?\b']), re.IGNORECASE)
+
+
+def core_files():
+    return sorted(ROOT.glob('*.py')) + sorted((ROOT / 'tasks').glob('*.py'))
+
+
+def share_over_100(files):
+    lines = [line for f in files for line in f.read_text(encoding='utf-8').splitlines()]
+    long = [line for line in lines if len(line) > 100]
+    return len(long) / max(len(lines), 1), len(long), len(lines)
+
+
+def development_words(files):
+    hits = []
+    for f in files:
+        for n, line in enumerate(f.read_text(encoding='utf-8').splitlines(), 1):
+            if DEV_WORDS.search(line):
+                hits.append(f"{f}:{n}: {line.strip()}")
+    return hits
+
+
+def test_ruff_is_clean():
+    r = subprocess.run([sys.executable, '-m', 'ruff', 'check', '--no-cache', '.'], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_ruff_sees_a_breach(tmp_path):
+    """The check itself: a function of 7 positional parameters and an unused import are refused."""
+    (tmp_path / 'ruff.toml').write_text((ROOT / 'ruff.toml').read_text())
+    (tmp_path / 'bad.py').write_text("import os\n\n\ndef f(a, b, c, d, e, g, h):\n    return a\n")
+    r = subprocess.run([sys.executable, '-m', 'ruff', 'check', '--no-cache', '.'], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode != 0, r.stdout
+    assert 'PLR0917' in r.stdout, r.stdout
+    assert 'F401' in r.stdout, r.stdout
+
+
+def test_core_lines_over_100_are_few():
+    share, n, total = share_over_100(core_files())
+    msg = f"{n} of {total} core lines ({share:.1%}) are over 100 characters"
+    assert share <= MAX_SHARE_OVER_100, msg
+
+
+def test_the_share_counts_long_lines(tmp_path):
+    f = tmp_path / 'x.py'
+    f.write_text('x = 1\n' * 18 + '#' * 101 + '\n' + '#' * 100 + '\n')
+    assert share_over_100([f]) == (1 / 20, 1, 20)
+
+
+def test_nothing_speaks_of_how_the_project_was_developed():
+    files = [f for f in sorted(ROOT.rglob('*.py'))
+             if '.venv' not in f.parts and 'venv' not in f.parts]
+    files += sorted(ROOT.glob('requirements*.txt')) + [ROOT / 'ruff.toml', ROOT / 'pytest.ini']
+    hits = development_words(files)
+    assert not hits, '\n'.join(hits[:20])
+
+
+def test_the_development_words_are_found(tmp_path):
+    f = tmp_path / 'x.py'
+    f.write_text('# fixed in ' + 'iss' + 'ue 24\nok = 1\n'
+                 + '# the closing ' + 'note said\n'
+                 + '# GPU sess' + 'ion\n')
+    assert len(development_words([f])) == 3
