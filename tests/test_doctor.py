@@ -1,0 +1,414 @@
+"""doctor.py diagnoses a run from its logs after the fact. Each detector fires on a log with its
+failure and stays silent on healthy runs; every source format is read from a file; malformed,
+truncated and mixed logs cost one line per unreadable row and nothing else. The fixtures are logs
+of real runs (ours and TRL's) and three built by hand from failures users reported:
+tests/fixtures/doctor/README.txt gives the command behind each."""
+import json
+import os
+import random
+import shutil
+
+import pytest
+
+import doctor
+
+FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'doctor')
+HEALTHY = ['ours_healthy', 'ours_healthy/train.log', 'trl_healthy']
+
+
+def run_of(name, device_gb=0.0):
+    run = doctor.load(os.path.join(FIX, name), device_gb)
+    assert isinstance(run, dict), run
+    return run
+
+
+def findings(name, device_gb=0.0):
+    return {f['name']: f for f in doctor.diagnose(run_of(name, device_gb))}
+
+
+def cli(capsys, *argv):
+    code = doctor.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------------------------ detectors
+# (fixture, --device_gb, finding, severity, its steps): each a log of that failure
+FAILURES = [
+    ('ours_reward_dies', 0, 'reward_collapse', 'error', range(6, 13)),
+    ('trl_reward_dies', 0, 'reward_collapse', 'error', range(6, 13)),
+    ('wandb_reward_dies.csv', 0, 'reward_collapse', 'error', range(188, 688)),
+    ('ours_format_mismatch', 0, 'reward_zero_from_start', 'error', range(1, 9)),
+    ('trl_wrong_kwargs', 0, 'reward_zero_from_start', 'error', range(1, 13)),
+    ('ours_judge_constant', 0, 'reward_constant_from_start', 'error', range(1, 9)),
+    ('ours_judge_constant', 0, 'zero_loss', 'error', range(1, 9)),
+    ('nanogpt_zero_loss.log', 0, 'zero_loss', 'error', range(1, 8)),
+    ('nanogpt_zero_loss.log', 0, 'steps_slower_than_first', 'warning', range(1, 8)),
+    ('ours_compile_decode', 0, 'first_steps_slow', 'info', [1, 2]),
+    ('verl_chess_kl.log', 0, 'kl_at_start', 'error', [1]),
+    ('ours_kl_unstable', 0, 'kl_spike', 'warning', [3, 4, 6, 7, 9]),
+    ('ours_kl_unstable', 0, 'grad_norm_spike', 'warning', [3]),
+    ('ours_nan', 0, 'nonfinite', 'error', [4, 5, 6]),
+    ('ours_entropy_collapse', 0, 'entropy_collapse', 'warning', range(17, 26)),
+    ('ours_truncated', 0, 'truncated', 'warning', range(1, 9)),
+    ('ours_entropy_collapse', 0, 'truncated', 'warning', range(1, 26)),
+    ('wandb_reward_dies.csv', 0, 'memory_near_limit', 'warning', range(1, 688)),
+    ('verl_chess_kl.log', 80, 'memory_near_limit', 'warning', [1]),
+    ('ours_healthy', 1.0, 'memory_near_limit', 'warning', range(13, 31)),  # CPU: peak RSS
+    ('ours_reward_hacking', 0, 'reward_hacking', 'warning', range(1, 17)),
+    ('ours_lr_high', 0, 'reward_fell', 'warning', range(5, 17)),
+    ('ours_lr_high', 0, 'few_groups_learn', 'warning', [6, 7, 9, 10, 11, 12, 13, 14, 15]),
+]
+
+
+@pytest.mark.parametrize('name, device_gb, finding, severity, steps', FAILURES,
+                         ids=[f"{f[2]}-{f[0]}" for f in FAILURES])
+def test_each_detector_fires_on_its_failure(name, device_gb, finding, severity, steps):
+    got = findings(name, device_gb)
+    assert finding in got, f"{name}: expected {finding}, got {sorted(got)}"
+    assert got[finding]['severity'] == severity
+    assert got[finding]['steps'] == list(steps), got[finding]['evidence']
+
+
+@pytest.mark.parametrize('name', HEALTHY)
+def test_healthy_runs_are_not_flagged(name):
+    flagged = [f for f in doctor.diagnose(run_of(name)) if f['severity'] != 'info']
+    assert not flagged, '\n'.join(f"{f['name']}: {f['evidence']}" for f in flagged)
+
+
+def test_every_detector_has_a_failing_log_and_stays_silent_on_healthy_runs():
+    """The table above covers every detector at least once; each returns nothing on the healthy
+    runs (ours 30 steps, its console log, TRL 12 steps)."""
+    covered = set()
+    for name, device_gb, finding, _, _ in FAILURES:
+        run = run_of(name, device_gb)
+        covered |= {d.__name__ for d in doctor.DETECTORS if finding in [f['name'] for f in d(run)]}
+    assert covered == {d.__name__ for d in doctor.DETECTORS} - {'detect_clipping'}
+    for name in HEALTHY:
+        run = run_of(name)
+        for detect in doctor.DETECTORS:
+            assert [f for f in detect(run) if f['severity'] != 'info'] == [], detect.__name__
+
+
+def test_the_reward_collapse_says_what_the_numbers_were():
+    f = findings('wandb_reward_dies.csv')['reward_collapse']
+    assert 'reward exactly 0 on steps 188-687 (500 steps)' in f['evidence']
+    assert 'after a mean of 0.64' in f['evidence'] and 'device memory median 95%' in f['evidence']
+    assert 'grad norm median 0.308 (0.301 before)' in f['evidence']  # the grad norms looked normal
+    assert f['causes'][0].startswith('the reward or rollout service died')
+    f = findings('ours_reward_dies')['reward_collapse']
+    # samples.jsonl: a right answer scored 0, so the reward is broken, not the model
+    assert "'69-3=66\\n#### 66' (reward 0.0, graded correct by the task)" in f['evidence']
+
+
+def test_zero_loss_tells_identical_rewards_from_a_masking_bug(tmp_path):
+    """Zero spread: identical rewards first. Rewards that differ while the loss and gradient are
+    exactly 0 (the healthy log with loss and grad norm zeroed on steps 5-10): a masking bug first.
+    Unknown spread (the nanoGPT log): both, identical rewards first."""
+    f = findings('ours_judge_constant')['zero_loss']
+    assert f['causes'][0].startswith('identical rewards') and len(f['causes']) == 2
+    rows = [json.loads(line) for line in open(os.path.join(FIX, 'ours_healthy', 'metrics.jsonl'))]
+    for r in rows:
+        if 5 <= r['step'] <= 10:
+            r['loss'] = r['grad_norm'] = 0.0
+    path = tmp_path / 'metrics.jsonl'
+    path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    f = {f['name']: f for f in doctor.diagnose(doctor.load(str(path)))}['zero_loss']
+    assert f['steps'] == list(range(5, 11)) and 'the rewards differ within groups' in f['evidence']
+    assert f['causes'][0].startswith('the advantages never reach the loss')
+    f = findings('nanogpt_zero_loss.log')['zero_loss']
+    assert f['causes'][0].startswith('identical rewards') and len(f['causes']) == 4
+
+
+def test_a_loss_printed_as_zero_while_gradients_flow_is_not_flagged(tmp_path):
+    rows = [json.loads(line) for line in open(os.path.join(FIX, 'ours_healthy', 'metrics.jsonl'))]
+    for r in rows:
+        if 'loss' in r:
+            r['loss'] = 0.0  # GRPO's loss value is about 0 by construction; its gradient is not
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    assert 'zero_loss' not in {f['name'] for f in doctor.diagnose(doctor.load(str(tmp_path)))}
+
+
+def test_a_slow_step_and_the_clip_fraction(tmp_path):
+    """Two detectors no run here produced a log for: a stall at step 15 (10x its time) and a PPO
+    clip cutting 30% of tokens, both written into the healthy log."""
+    rows = [json.loads(line) for line in open(os.path.join(FIX, 'ours_healthy', 'metrics.jsonl'))]
+    for r in rows:
+        if r['step'] == 15:
+            r['timing_s/step'] *= 10
+            r['timing_s/reward'] = r['timing_s/step'] * 0.9
+        if r['step'] >= 1:
+            r['clip/low_frac'], r['clip/high_frac'] = 0.1, 0.2
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    got = {f['name']: f for f in doctor.diagnose(doctor.load(str(tmp_path)))}
+    assert got['slow_steps']['steps'] == [15]
+    assert 'the time went to reward' in got['slow_steps']['evidence']
+    assert got['clipped']['steps'] == list(range(1, 31)) and '30% of tokens' in got['clipped'][
+        'evidence']
+
+
+def test_an_entropy_of_exactly_0_is_no_measurement(tmp_path):
+    """Ours logs entropy 0 on a step with no tokens to train on (every group tied): the first 16
+    steps of the entropy-collapse run (5.54 -> 0.67, not yet collapsed) with steps 14-16 so."""
+    rows = [json.loads(line) for line in
+            open(os.path.join(FIX, 'ours_entropy_collapse', 'metrics.jsonl'))][:17]
+    for r in rows[14:]:
+        r['entropy'] = r['tokens_trained'] = 0
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    assert doctor.detect_entropy_collapse(doctor.load(str(tmp_path))) == []
+
+
+def test_a_recovering_reward_is_not_called_a_dead_service(tmp_path):
+    rows = [json.loads(line) for line in open(os.path.join(FIX, 'ours_healthy', 'metrics.jsonl'))]
+    for r in rows:
+        if 10 <= r['step'] <= 13:
+            r['reward/mean'] = r['reward/std'] = 0.0
+            r['frac_zero_std'] = 1.0
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    f = {f['name']: f for f in doctor.diagnose(doctor.load(str(tmp_path)))}['reward_collapse']
+    assert f['steps'] == [10, 11, 12, 13] and 'moves again from step 14' in f['causes'][0]
+
+
+# ------------------------------------------------------------------------------------ sources
+def test_ours_metrics_and_console_agree():
+    """Our metrics.jsonl and the same run's console step lines give the same series, to the
+    console's print precision."""
+    a, b = run_of('ours_healthy'), run_of('ours_healthy/train.log')
+    assert a['source'] == 'ours' and b['source'] == 'console' and not b['unknown']
+    precision = {'reward': 5e-4, 'reward_std': 5e-4, 'zero_std_frac': 5e-3, 'loss': 5e-5,
+                 'grad_norm': 5e-4, 'entropy': 5e-4, 'resp_len': 0.5, 'step_time': 0.05,
+                 'time_gen': 0.05, 'time_update': 0.05, 'mem_gb': 5e-3}
+    for name, tol in precision.items():
+        for step in range(1, 31):
+            assert abs(a['series'][name][step] - b['series'][name][step]) <= tol * 1.001, (name,
+                                                                                           step)
+    assert a['series']['heldout'] == {0: 0.54, 10: 0.795, 20: 0.965, 30: 0.96}
+    assert not a['unknown'], a['unknown']
+
+
+def test_trl_reads_the_newest_checkpoint_and_knows_every_name(tmp_path):
+    shutil.copytree(os.path.join(FIX, 'trl_healthy'), tmp_path / 'out')
+    shutil.copytree(tmp_path / 'out' / 'checkpoint-12', tmp_path / 'out' / 'checkpoint-4')
+    state = tmp_path / 'out' / 'checkpoint-4' / 'trainer_state.json'
+    d = json.loads(state.read_text())
+    d['log_history'] = d['log_history'][:4]
+    state.write_text(json.dumps(d))
+    run = doctor.load(str(tmp_path / 'out'))
+    assert run['path'].endswith(os.path.join('checkpoint-12', 'trainer_state.json'))
+    history = json.load(open(os.path.join(FIX, 'trl_healthy', 'checkpoint-12',
+                                          'trainer_state.json')))['log_history']
+    assert run['series']['reward'] == {r['step']: r['reward'] for r in history}
+    assert run['series']['zero_std_frac'][1] == history[0]['frac_reward_zero_std']
+    assert run['series']['trunc_frac'][1] == history[0]['completions/clipped_ratio']
+    assert run['series']['kl'][1] == 0.0 and not run['unknown']
+    assert doctor.load(str(state))['rows'] == 4  # a trainer_state.json named directly
+
+
+def test_steps_logged_every_10_read_as_one_stretch(tmp_path):
+    """TRL logs every logging_steps (10 by default): the dead reward of trl_reward_dies, logged
+    at steps 10-120, is one stretch of steps 60-120."""
+    d = json.load(open(os.path.join(FIX, 'trl_reward_dies', 'checkpoint-12', 'trainer_state.json')))
+    for r in d['log_history']:
+        r['step'] *= 10
+    (tmp_path / 'trainer_state.json').write_text(json.dumps(d))
+    run = doctor.load(str(tmp_path))
+    f = {f['name']: f for f in doctor.diagnose(run)}['reward_collapse']
+    assert f['steps'] == list(range(60, 130, 10))
+    assert 'reward_collapse (steps 60-120)' in doctor.report(run, [f])
+
+
+def test_console_key_value_tokens(tmp_path):
+    path = tmp_path / 'train.log'
+    path.write_text('iter 3: loss=0.25, lr:3e-4, reward 0.5, time 2.5s\n')
+    run = doctor.load(str(path))
+    s = run['series']
+    assert (s['loss'], s['reward'], s['step_time']) == ({3: 0.25}, {3: 0.5}, {3: 2.5})
+
+
+def test_verl_console_through_rays_prefix():
+    run = run_of('verl_chess_kl.log')
+    assert run['source'] == 'verl' and run['rows'] == 2 and not run['problems']
+    s = run['series']
+    assert s['kl'] == {1: 0.853} and s['heldout'] == {0: 0.117} and s['mem_gb'] == {1: 74.1}
+    assert s['time_update'] == {1: 9.876} and s['reward'] == {1: 0.121}
+
+
+def test_verl_full_precision_values(tmp_path):
+    """Newer verl prints values with pprint: numpy scalars as np.float64(...)."""
+    path = tmp_path / 'verl.log'
+    path.write_text("step:3 - critic/score/mean:np.float64(0.4375) - actor/pg_loss:-0.0123 - "
+                    "my/metric:1.0\n")
+    run = doctor.load(str(path))
+    assert run['series']['reward'] == {3: 0.4375} and run['series']['loss'] == {3: -0.0123}
+    assert run['unknown'] == {'my/metric'}
+
+
+def test_wandb_csv_strips_trl_prefix_and_scales_memory():
+    run = run_of('wandb_reward_dies.csv')
+    s = run['series']
+    assert run['source'] == 'wandb' and len(s['reward']) == 687 and s['reward'][188] == 0.0
+    assert 0.94 < s['mem_frac'][1] < 0.96  # W&B's percentage
+    assert not run['unknown'] and not run['problems']  # eval/reward's empty cells are no problem
+
+
+def test_wandb_panel_export_columns(tmp_path):
+    path = tmp_path / 'panel.csv'
+    path.write_text("Step,run-7 - train/reward,run-7 - train/reward__MIN,"
+                    "run-7 - train/reward__MAX\n1,0.5,0.4,0.6\n2,0.25,0.2,0.3\n")
+    run = doctor.load(str(path))
+    assert run['series']['reward'] == {1: 0.5, 2: 0.25} and not run['unknown']
+
+
+def test_nanogpt_console():
+    run = run_of('nanogpt_zero_loss.log')
+    assert run['series']['loss'][0] == 0.6931 and run['series']['loss'][1] == 0.0
+    assert run['series']['step_time'][1] == pytest.approx(103.6342)  # ms -> s
+    assert run['unknown'] == {'main', 'critic'}
+
+
+def test_unknown_names_are_listed_in_the_report(capsys):
+    code, out, _ = cli(capsys, os.path.join(FIX, 'nanogpt_zero_loss.log'), '--no_plot')
+    assert 'not mapped (2; add them to a table in doctor.py): critic, main' in out
+
+
+def test_a_table_entry_reads_another_trainers_names(tmp_path, monkeypatch):
+    path = tmp_path / 'mine.jsonl'
+    path.write_text(''.join(json.dumps({'global_step': s, 'my/score': 0.0 if s > 3 else 0.6})
+                            + '\n' for s in range(1, 10)))
+    monkeypatch.setitem(doctor.TABLES, 'mine', {'my/score': 'reward'})
+    run = doctor.load(str(path))
+    assert run['series']['reward'][9] == 0.0 and not run['unknown']
+    assert 'reward_collapse' in {f['name'] for f in doctor.diagnose(run)}
+
+
+# ------------------------------------------------------------------------------------ bad input
+def test_malformed_jsonl_rows_are_one_line_each_and_the_rest_is_diagnosed(tmp_path, capsys):
+    lines = open(os.path.join(FIX, 'ours_reward_dies', 'metrics.jsonl')).read().splitlines()
+    lines.insert(3, 'this is not json')
+    lines.insert(5, '{"loss": 0.5}')  # no step
+    lines[7] = lines[7].replace('"loss": ', '"loss": "n/a", "x": ', 1)
+    lines[-1] = lines[-1][:40]  # a crash mid-write
+    path = tmp_path / 'metrics.jsonl'
+    path.write_text('\n'.join(lines))
+    code, out, err = cli(capsys, str(path), '--no_plot')
+    err = err.splitlines()
+    assert [e.split(': ', 2)[1] for e in err] == [f"{path}:{n}" for n in (4, 6, 8, 15)], err
+    assert "not a number: loss='n/a'" in err[2] and 'cut short' in err[3]
+    assert code == 1 and f"unreadable rows: 4 (first: {path}:4: unreadable row" in out
+    f = {f['name']: f for f in doctor.diagnose(doctor.load(str(path)))}['reward_collapse']
+    assert f['steps'] == list(range(6, 12))  # step 12's row was the one cut short
+
+
+def test_a_truncated_trainer_state_is_read_up_to_its_last_whole_entry(tmp_path):
+    text = open(os.path.join(FIX, 'trl_reward_dies', 'checkpoint-12', 'trainer_state.json')).read()
+    cut = text.find('"step": 10')
+    path = tmp_path / 'trainer_state.json'
+    path.write_text(text[:cut])
+    run = doctor.load(str(path))
+    assert len(run['problems']) == 1
+    assert 'cut short or malformed after log_history entry 9' in run['problems'][0]
+    assert sorted(run['series']['reward']) == list(range(1, 10))
+    assert {f['name']: f for f in doctor.diagnose(run)}['reward_collapse']['steps'] == [6, 7, 8, 9]
+
+
+def test_bad_csv_rows(tmp_path):
+    lines = open(os.path.join(FIX, 'wandb_reward_dies.csv')).read().splitlines()
+    lines[10] = lines[10] + ',extra'
+    lines[20] = lines[20].replace(lines[20].split(',')[2], 'abc', 1)
+    path = tmp_path / 'h.csv'
+    path.write_text('\n'.join(lines[:400]))
+    run = doctor.load(str(path))
+    assert run['problems'] == [f"{path}:11: 12 cells for 11 columns; skipped",
+                               f"{path}:21: not a number: train/reward='abc'; the row's other "
+                               "values kept"]
+    assert {f['name'] for f in doctor.diagnose(run)} >= {'reward_collapse', 'memory_near_limit'}
+
+
+def test_a_mixed_console_log(tmp_path):
+    """nanoGPT lines among prints and a traceback, one line cut before its value, and verl lines:
+    each kind read by its own table; each bad line is one problem."""
+    lines = open(os.path.join(FIX, 'nanogpt_zero_loss.log')).read().splitlines()
+    lines[5:5] = ['Traceback (most recent call last):', 'iter 9: loss', 'step:12 - bad']
+    path = tmp_path / 'train.log'
+    path.write_text('\n'.join(lines) + '\nstep:13 - actor/kl_loss:0.001 - cut\n')
+    run = doctor.load(str(path))
+    assert run['problems'] == [f"{path}:7: a step line with no readable value: 'iter 9: loss'",
+                               f"{path}:8: a step line with no readable value: 'step:12 - bad'",
+                               f"{path}:14: not key:value: 'cut'; the line's other values kept"]
+    assert run['source'] == 'console + verl' and run['series']['kl'] == {13: 0.001}
+    assert 'zero_loss' in {f['name'] for f in doctor.diagnose(run)}
+
+
+def test_many_bad_rows_print_a_bounded_number_of_lines(tmp_path, capsys):
+    path = tmp_path / 'metrics.jsonl'
+    path.write_text('garbage\n' * 50 + '{"step": 1, "reward/mean": 0.5}\n')
+    code, out, err = cli(capsys, str(path), '--no_plot')
+    assert len(err.splitlines()) == doctor.MAX_PROBLEM_LINES + 1
+    assert err.splitlines()[-1] == 'doctor: ... 30 more unreadable rows'
+    assert code == 0 and 'unreadable rows: 50' in out
+
+
+def test_a_file_of_nothing_but_bad_rows_is_one_line(tmp_path, capsys):
+    path = tmp_path / 'metrics.jsonl'
+    path.write_text('garbage\n' * 50)
+    code, out, err = cli(capsys, str(path))
+    assert code == 2 and out == ''
+    assert err == f"doctor: {path}: no metric rows could be read (50 unreadable)\n"
+
+
+@pytest.mark.parametrize('name', ['ours_reward_dies/metrics.jsonl', 'ours_nan/metrics.jsonl',
+                                  'trl_reward_dies/checkpoint-12/trainer_state.json',
+                                  'wandb_reward_dies.csv', 'verl_chess_kl.log',
+                                  'nanogpt_zero_loss.log', 'ours_healthy/train.log'])
+def test_nothing_raises_on_a_log_cut_anywhere(name, tmp_path):
+    data = open(os.path.join(FIX, name), 'rb').read()
+    rng = random.Random(0)
+    for i, cut in enumerate([1, 7] + [rng.randrange(len(data)) for _ in range(8)]):
+        path = tmp_path / f"{i}_{os.path.basename(name)}"
+        path.write_bytes(data[:cut] + bytes([rng.randrange(256) for _ in range(5)]))
+        run = doctor.load(str(path))
+        if isinstance(run, dict):
+            doctor.report(run, doctor.diagnose(run))
+        else:
+            assert run.startswith(str(path))
+
+
+# ------------------------------------------------------------------------------------ the command
+def test_exit_codes(tmp_path, capsys):
+    assert cli(capsys, os.path.join(FIX, 'ours_healthy'), '--no_plot')[0] == 0
+    assert cli(capsys, os.path.join(FIX, 'ours_compile_decode'), '--no_plot')[0] == 0  # info only
+    assert cli(capsys, os.path.join(FIX, 'ours_reward_dies'), '--no_plot')[0] == 1
+    code, out, err = cli(capsys, str(tmp_path / 'nope'))
+    assert code == 2 and out == ''
+    assert err == f"doctor: {tmp_path / 'nope'}: no such file or directory\n"
+    code, _, err = cli(capsys, str(tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1 and 'no metrics.jsonl' in err
+    (tmp_path / 'x.bin').write_bytes(bytes(range(256)) * 4)
+    code, _, err = cli(capsys, str(tmp_path / 'x.bin'))
+    assert code == 2 and err.endswith('no metric rows could be read (0 unreadable)\n')
+
+
+def test_report_most_severe_first(capsys):
+    code, out, _ = cli(capsys, os.path.join(FIX, 'wandb_reward_dies.csv'), '--no_plot')
+    paragraphs = [p for p in out.split('\n\n') if p.startswith(('ERROR', 'WARNING', 'INFO'))]
+    assert [p.split()[1] for p in paragraphs] == ['reward_collapse', 'memory_near_limit']
+    assert 'Likely causes: (1) the reward or rollout service died' in paragraphs[0]
+    assert 'Fix: check the reward/rollout server' in paragraphs[0]
+
+
+def test_json_output(capsys):
+    code, out, _ = cli(capsys, os.path.join(FIX, 'ours_nan'), '--json', '--no_plot')
+    d = json.loads(out)
+    assert code == 1 and d['source'] == 'ours' and d['problems'] == []
+    f = d['findings'][0]
+    assert (f['name'], f['severity'], f['steps']) == ('nonfinite', 'error', [4, 5, 6])
+    assert f['series'] == ['loss', 'grad_norm'] and f['causes'] and f['fix']
+
+
+def test_the_plot_is_written_beside_the_input_or_to_out(tmp_path, capsys):
+    shutil.copytree(os.path.join(FIX, 'ours_reward_dies'), tmp_path / 'run')
+    code, out, _ = cli(capsys, str(tmp_path / 'run'))
+    png = tmp_path / 'run' / 'doctor.png'
+    assert code == 1 and png.stat().st_size > 10_000 and f"plot: {png}" in out
+    code, out, _ = cli(capsys, os.path.join(FIX, 'ours_healthy'), '--out', str(tmp_path / 'h.png'))
+    assert code == 0 and (tmp_path / 'h.png').stat().st_size > 10_000
