@@ -36,9 +36,10 @@ def read_rows(data_dir, split):
 
 
 def parse_rows(rows, parse, skip_bad_rows=False, what='row', stats=None):
-    """[parse(row)] for (where, row) in rows. A malformed row (parse raises ValueError) raises one
-    ValueError naming file and line; with skip_bad_rows it is skipped, printed and added to
-    stats['skipped'] (pass a dict to receive it; stats['first_bad'] holds the first reason)."""
+    """[parse(row)] for (where, row) in rows. A malformed row (parse raises ValueError, or trips on
+    the row with an IndexError, KeyError or TypeError it did not foresee, named in the reason)
+    raises one ValueError naming file and line; with skip_bad_rows it is skipped, printed and added
+    to stats['skipped'] (pass a dict to receive it; stats['first_bad'] holds the first reason)."""
     out = []
     bad = []
     for where, row in rows:
@@ -46,11 +47,12 @@ def parse_rows(rows, parse, skip_bad_rows=False, what='row', stats=None):
             if isinstance(row, Exception):
                 raise row
             out.append(parse(row))
-        except ValueError as e:
+        except (ValueError, IndexError, KeyError, TypeError) as e:
+            reason = e if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
             if not skip_bad_rows:
-                raise ValueError(f"{where}: malformed {what} row: {e} "
+                raise ValueError(f"{where}: malformed {what} row: {reason} "
                                  "(skip_bad_rows skips such rows)") from None
-            bad.append(f"{where}: {e}")
+            bad.append(f"{where}: {reason}")
     if bad:
         print(f"{what}: skipped {len(bad)} malformed rows, first: {bad[0]}")
     if stats is not None:  # accumulates, so one dict can collect train and test

@@ -60,6 +60,15 @@ def bad_knob(c):
     if c['dynamic_sampling'] < 0:
         return (f"--dynamic_sampling={c['dynamic_sampling']}: the number of extra rounds "
                 "of prompts, >= 0")
+    counts = {'max_new_tokens': 'tokens per completion', 'batch_prompts': 'prompts per step',
+              'micro_batch_size': 'rows per forward pass',
+              'num_iterations': 'optimizer steps per rollout batch'}
+    for key, what in counts.items():
+        if c[key] < 1:
+            return f"--{key}={c[key]}: the number of {what}, >= 1"
+    if c['eval_max_new_tokens'] < 0:
+        return (f"--eval_max_new_tokens={c['eval_max_new_tokens']}: tokens per evaluation "
+                "completion, >= 1 (0 = max_new_tokens)")
     return None
 
 

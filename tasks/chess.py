@@ -16,8 +16,14 @@ Positions come from random legal play, a pure function of the seed, and every la
 made, so the rewards are pure functions of (completion, example) that never raise. With --data_dir
 (one sub-task), rows {'fen', ...} of DIR/{split}.jsonl are used instead (e.g. with Stockfish's
 candidates and evals: 'moves', 'evals', 'best', written by tools/chess_labels.py); their labels are
-recomputed from the FEN the same way. Prompts are raw text (no chat template), as RookWorld-LM was
-trained.
+recomputed from the FEN the same way, and a row with nothing to answer (no legal move) is a bad row.
+Prompts are raw text (no chat template), as RookWorld-LM was trained, each FEN written as RookWorld
+writes it: a policy prompt keeps the FEN as its source wrote it (an en passant square no pawn can
+take included), an environment prompt has python-chess's board.fen().
+
+The rewards are as strict as RookWorld's generators are: the text they write is the format (fields
+in their order, a FEN of six single-spaced fields, numbers as Python writes a float, no blanks
+around '+'), and only blanks around the whole completion (padding, a trailing newline) are let go.
 """
 import math
 import random
@@ -48,9 +54,10 @@ LEGAL, WIN, DRAW, ILLEGAL = '0.001', '1.0', '0.5', '-1.0'
 _UCI = re.compile(r'[a-h][1-8][a-h][1-8][qrbn]?')
 
 
-def load(split, data_dir='', seed=0):
+def load(split, data_dir='', seed=0, stats=None):
     """The split's examples, sub-tasks interleaved; from random play (seed) or from data_dir's
-    {split}.jsonl."""
+    {split}.jsonl (a bad row stops the load with file:line; with skip_bad_rows it is skipped and
+    counted in stats['skipped'], a dict you pass)."""
     subtasks = [s.strip() for s in chess_subtask.split(',') if s.strip()]
     bad = [s for s in subtasks if s not in SUBTASKS]
     if bad or not subtasks:
@@ -62,7 +69,7 @@ def load(split, data_dir='', seed=0):
     if data_dir:
         def parse(row):
             return from_row(row, subtasks[0])
-        parts = [parse_rows(read_rows(data_dir, split), parse, skip_bad_rows, 'chess')]
+        parts = [parse_rows(read_rows(data_dir, split), parse, skip_bad_rows, 'chess', stats)]
     else:
         parts = []
         for s in subtasks:
@@ -122,9 +129,13 @@ def answer(completion):
 
 
 def chess_format(completion, example):
-    """Share of the sub-task's fields that parse. Policy/mate: M: holds 1-5 UCI moves, E: as many
-    numbers, B: one UCI move. Move: one UCI move and nothing else. Environment: four '+'-separated
-    fields, a valid FEN, a number, and 0/1 flags."""
+    """Share of the sub-task's fields that parse. Policy/mate (parse_policy): M: holds 1-5 UCI
+    moves, E: as many numbers, B: one UCI move. Move: one UCI move and nothing else. Environment:
+    four fields joined by '+' with no blanks around it, a valid FEN of six single-spaced fields
+    (python-chess would fill in missing move counters; RookWorld's board.fen() always writes them),
+    a number as Python writes a float, and 0/1 flags. Not text: 0."""
+    if not isinstance(completion, str):
+        return 0.0
     if example['subtask'] == 'move':
         return float(parse_move(completion) is not None)
     if example['subtask'] != 'environment':
@@ -133,10 +144,10 @@ def chess_format(completion, example):
                        and len(p['evals']) == len(p['moves']))
         ok = [bool(p['moves']) and len(p['moves']) <= 5, evals_match, p['best'] is not None]
         return sum(ok) / len(ok)
-    parts = [p.strip() for p in completion.strip().split('+')]
+    parts = completion.strip().split('+')
     fen, rew, term, trunc = (parts + [''] * 4)[:4]
-    ok = [len(parts) == 4, _board(fen) is not None, _number(rew) is not None,
-          term in ('0', '1'), trunc in ('0', '1')]
+    ok = [len(parts) == 4, _six_fields(fen) and _board(fen) is not None,
+          _number(rew) is not None, term in ('0', '1'), trunc in ('0', '1')]
     return sum(ok) / len(ok)
 
 
@@ -171,8 +182,9 @@ def chess_best(completion, example, best=1.0, candidate=0.5):
 
 def chess_transition(completion, example):
     """Environment: 1 for the exact next state; else partial credit, 0.8 x the FEN's fields (the
-    board counted rank by rank) + 0.2 x the reward and flags, each exact. Policy/mate examples:
-    0."""
+    board counted rank by rank) + 0.2 x the reward and flags, each exact as written. A FEN that is
+    not six single-spaced fields earns its board only (field by field, one blank too many would
+    shift every field after it). Policy/mate examples: 0."""
     if example['subtask'] != 'environment':
         return 0.0
     got, want = _env_fields(completion), _env_fields(example['solution'])
@@ -181,12 +193,13 @@ def chess_transition(completion, example):
     if got == want:
         return 1.0
     fen, ref = got[0].split(' '), want[0].split(' ')
+    if len(fen) != 6:
+        fen = fen[:1]
     ranks, ref_ranks = fen[0].split('/'), ref[0].split('/')
     board = sum(a == b for a, b in zip(ranks, ref_ranks)) / 8 if len(ranks) == 8 else 0.0
     same = [float(a == b) for a, b in zip(fen[1:6], ref[1:6])]
     fields = [board] + same + [0.0] * (5 - len(fen[1:6]))
-    reward_same = _number(got[1]) == _number(want[1]) and _number(got[1]) is not None
-    flags = [reward_same, got[2] == want[2], got[3] == want[3]]
+    flags = [got[1] == want[1], got[2] == want[2], got[3] == want[3]]
     return 0.8 * sum(fields) / 6 + 0.2 * sum(flags) / 3
 
 
@@ -219,20 +232,32 @@ def metrics(completions, examples):
 
 def parse_policy(text):
     """{'moves', 'evals', 'best'} from a policy completion (each None when its field is missing or
-    malformed)."""
+    malformed), read as RookWorld writes the line: blanks (the FEN's padding), then M:, E: and B:
+    in that order, each at most once. A label out of that order or repeated ends the fields there,
+    and B: counts only as the last field: one UCI move with nothing but blanks after it (so two
+    B: answers are none)."""
     out = {'moves': None, 'evals': None, 'best': None}
     if not isinstance(text, str):
         return out
-    m = re.search(r'M:(.*?)(?=E:|B:|$)', text, re.S)
-    if m and all(_UCI.fullmatch(t) for t in m[1].split()):
-        out['moves'] = m[1].split()
-    e = re.search(r'E:(.*?)(?=B:|$)', text, re.S)
-    if e:
-        vals = [_number(t) for t in e[1].split()]
-        out['evals'] = vals if vals and None not in vals else None
-    b = re.search(r'B:\s*(\S+)', text)
-    if b and _UCI.fullmatch(b[1]):
-        out['best'] = b[1]
+    parts = re.split(r'([MEB]:)', text)
+    if parts[0].strip():
+        return out
+    fields, last = {}, -1
+    for label, body in zip(parts[1::2], parts[2::2]):
+        rank = 'MEB'.index(label[0])
+        if rank <= last:
+            fields.pop('B', None)  # B: with a label after it is not the last field
+            break
+        fields[label[0]] = body
+        last = rank
+    moves = fields.get('M', '').split()
+    if moves and all(_UCI.fullmatch(t) for t in moves):
+        out['moves'] = moves
+    vals = [_number(t) for t in fields.get('E', '').split()]
+    if vals and None not in vals:
+        out['evals'] = vals
+    if _UCI.fullmatch(fields.get('B', '').strip()):
+        out['best'] = fields['B'].strip()
     return out
 
 
@@ -251,18 +276,28 @@ def _move_of(completion, example):
 
 
 def _env_fields(text):
-    """(fen, reward, terminated, truncated) as written, or None unless the text is exactly four '+'
-    fields."""
+    """(fen, reward, terminated, truncated) as written (blanks around the whole text dropped, none
+    around '+'), or None unless the text is exactly four '+' fields."""
     parts = text.strip().split('+') if isinstance(text, str) else []
-    return tuple(p.strip() for p in parts) if len(parts) == 4 else None
+    return tuple(parts) if len(parts) == 4 else None
+
+
+# a number as Python's str(float) writes RookWorld's rewards and evals: '0.001', '-2.07', '1000.0'
+_FLOAT = re.compile(r'-?[0-9]+\.[0-9]+')
 
 
 def _number(s):
-    try:
-        v = float(s)
-    except (TypeError, ValueError):
+    """The value of a number written like _FLOAT, else None: float() alone would also take '1_000',
+    non-ASCII digits, '1e3', ' 1.0' and 'inf', none of which RookWorld writes."""
+    if not isinstance(s, str) or not _FLOAT.fullmatch(s):
         return None
+    v = float(s)
     return v if math.isfinite(v) else None
+
+
+def _six_fields(fen):
+    """True for six fields on single spaces, as board.fen() and RookWorld's lines write a FEN."""
+    return len(fen.split(' ')) == 6
 
 
 def _board(fen):
@@ -293,13 +328,22 @@ def mating_moves(board):
 
 def policy_example(fen, subtask='policy', moves=None, evals=None, best=None, target=None):
     """A policy, mate or move example; move: `target` is the warm start's move (default: the
-    engine's best, else a legal move drawn by the FEN)."""
+    engine's best, else a legal move drawn by the FEN). The prompt keeps the FEN as written (blanks
+    around it dropped), as RookWorld's P: lines do (dev/data/rook/generate_lichess.py writes the
+    source's FEN, f"P: {fen:90}"): python-chess's fen() would drop an en passant square no pawn can
+    take, and the prompt would then be no prefix of the line the model learned."""
     board = _board(fen)
     if board is None:
         raise ValueError(f"invalid FEN {fen!r}")
+    fen = fen.strip()
+    if not _six_fields(fen):
+        raise ValueError(f"FEN {fen!r}: expected six fields on single spaces, as RookWorld's P: "
+                         "lines write one")
     legal = sorted(board.uci(m) for m in board.legal_moves)
-    question = 'P: ' + board.fen() + ' B:' * (subtask == 'move')
-    ex = {'subtask': subtask, 'fen': board.fen(), 'question': question, 'legal': legal,
+    if not legal:
+        raise ValueError(f"FEN {fen!r}: no legal move (mate or stalemate), nothing to answer")
+    question = 'P: ' + fen + ' B:' * (subtask == 'move')
+    ex = {'subtask': subtask, 'fen': fen, 'question': question, 'legal': legal,
           'mates': mating_moves(board)}
     if moves:
         if best not in moves or not evals or len(evals) != len(moves):
@@ -334,7 +378,11 @@ def environment_example(fen, move, history):
             reward = LEGAL
         state = (board.fen(), reward, str(int(over)), '0')
     else:
-        state = (board.fen(), ILLEGAL, '0', '1')
+        # the state unchanged, and terminated from board.is_game_over() even so, as RookWorld's
+        # environment writes it after rejecting a move (jorahn/RookWorld,
+        # dev/data/arbiter/generate_rollouts.py, ChessEnvironment.step: `terminated =
+        # self.board.is_game_over()` after the failed push): 1 on a board already over
+        state = (board.fen(), ILLEGAL, str(int(board.is_game_over())), '1')
     ex['question'] = f"A: {ex['fen']}+{move}+{' '.join(history)}+"
     ex['solution'] = ex['answer'] = '+'.join(state)
     return ex

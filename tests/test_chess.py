@@ -91,7 +91,7 @@ def test_labels_agree_with_python_chess(subtask):
                     reward = '0.001'
                 assert ex['solution'] == f"{after.fen()}+{reward}+{int(end)}+0", ex
             else:
-                assert ex['solution'] == f"{board.fen()}+-1.0+0+1", ex
+                assert ex['solution'] == f"{board.fen()}+-1.0+{int(board.is_game_over())}+1", ex
         elif subtask == 'move':
             assert ex['question'] == 'P: ' + ex['fen'] + ' B:' and ex['legal'] == legal
             assert sorted(ex['mates']) == mates, ex['fen']
@@ -387,3 +387,159 @@ def test_data_dir_rows_and_bad_rows(tmp_path):
             C.load('test', data_dir=str(tmp_path))
     finally:
         C.chess_subtask = old
+
+
+# ----------------------------------------------------------------------------- rows and completions
+# as a user writes them
+
+MATED = 'rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3'  # FOOL after Qh4
+STALEMATED = 'k7/2Q5/8/8/8/8/8/7K b - - 1 1'  # STALE after Qc7
+BARE_KINGS = 'K7/8/8/8/8/8/8/7k w - - 0 1'  # over (insufficient material), moves still legal
+# Black just played b7b5 and no white pawn can take: python-chess's fen() writes '-' there, a
+# RookWorld P: line keeps 'b6' as its source wrote it (27 of RookWorld's 500 evaluation FENs)
+DEAD_EP = '4k3/8/8/1p6/8/8/8/4K3 w - b6 0 32'
+
+
+def load_rows(tmp_path, subtask, rows, **knobs):
+    """tasks/chess.py's load of test.jsonl holding `rows`, with these knobs set for the call."""
+    (tmp_path / 'test.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    new = {'chess_subtask': subtask, **knobs}
+    old = {k: getattr(C, k) for k in new}
+    for k, v in new.items():
+        setattr(C, k, v)
+    try:
+        return C.load('test', data_dir=str(tmp_path))
+    finally:
+        for k, v in old.items():
+            setattr(C, k, v)
+
+
+@pytest.mark.parametrize('subtask', ['move', 'policy'])
+def test_row_on_a_position_with_no_legal_move_is_a_bad_row(tmp_path, capsys, subtask):
+    """Nothing to answer after mate or stalemate: the row stops the load with file:line, or is
+    skipped and counted (it used to raise IndexError past skip_bad_rows on the move sub-task)."""
+    rows = [{'fen': START}, {'fen': MATED}, {'fen': STALEMATED}]
+    with pytest.raises(ValueError, match=r'test\.jsonl:2: malformed chess row: .*no legal move'):
+        load_rows(tmp_path, subtask, rows)
+    got = load_rows(tmp_path, subtask, rows, skip_bad_rows=True)
+    assert [e['fen'] for e in got] == [START]
+    assert 'chess: skipped 2 malformed rows, first: ' in capsys.readouterr().out
+
+
+def test_row_fen_without_its_move_counters_is_a_bad_row(tmp_path):
+    """python-chess fills in missing counters, but a prompt 'P: <four fields>' is no line RookWorld
+    wrote: the row stops the load with file:line."""
+    rows = [{'fen': START}, {'fen': START.rsplit(' ', 2)[0]}, {'fen': START.replace(' ', '  ')}]
+    for bad in rows[1:]:
+        with pytest.raises(ValueError, match=r'test\.jsonl:2: malformed chess row: .*six fields'):
+            load_rows(tmp_path, 'move', [rows[0], bad])
+
+
+@pytest.mark.parametrize('fen', [MATED, STALEMATED, BARE_KINGS])
+def test_illegal_move_after_the_game_ended_is_terminated(tmp_path, fen):
+    """RookWorld's environment rejects the move, then sets terminated from board.is_game_over():
+    '-1.0+1+1' on a finished board, for examples made here and rows read from a file alike."""
+    want = chess.Board(fen).fen() + '+-1.0+1+1'
+    ex = C.environment_example(fen, 'e2e4', [])
+    assert ex['solution'] == want
+    row = load_rows(tmp_path, 'environment', [{'fen': fen, 'move': 'e2e4'}])[0]
+    assert row['solution'] == want
+    assert C.grade(want, row) and C.chess_transition(want, row) == 1.0
+    assert not C.grade(want[:-3] + '0+1', row)
+
+
+def test_legal_move_on_a_board_already_over_ends_the_game_again():
+    ex = C.environment_example(BARE_KINGS, 'a8a7', [])
+    assert ex['solution'] == '8/K7/8/8/8/8/8/7k b - - 1 1+0.5+1+0'
+
+
+@pytest.mark.parametrize('subtask', ['policy', 'move'])
+def test_policy_prompt_keeps_the_fen_as_written(subtask):
+    """A RookWorld P: line holds its source's FEN as written (generate_lichess.py: f"P: {fen:90}"),
+    so the prompt does too, dead en passant square included: then it is a prefix of the line."""
+    ex = C.from_row({'fen': ' ' + DEAD_EP + '\n'}, subtask)
+    assert ex['question'] == 'P: ' + DEAD_EP + ' B:' * (subtask == 'move')
+    assert ex['fen'] == DEAD_EP
+    assert ex['legal'] == sorted(m.uci() for m in chess.Board(DEAD_EP).legal_moves)
+    row = {'fen': DEAD_EP, 'moves': ['e1d2', 'e1f2'], 'evals': [0.1, -0.2], 'best': 'e1d2'}
+    ex = C.from_row(row, 'policy')
+    assert ex['question'] + C.solution(ex) == policy_line(ex, row['moves'], row['evals'], 'e1d2')
+    assert (ex['question'] + C.solution(ex)).startswith('P: ' + DEAD_EP.ljust(90) + 'M: ')
+
+
+def test_environment_prompt_is_the_fen_python_chess_writes():
+    """RookWorld's environment writes board.fen() on both sides of its A: line, so a dead en
+    passant square is '-' there."""
+    ex = C.environment_example(DEAD_EP, 'e1d1', [])
+    assert ex['question'].startswith('A: 4k3/8/8/1p6/8/8/8/4K3 w - - 0 32+e1d1+')
+
+
+@pytest.mark.parametrize('completion', [None, b'e2e4', b'B: e2e4', 42, 1.5, ['B: e2e4'], {}])
+def test_rewards_never_raise_on_completions_that_are_not_text(completion):
+    exs = [C.environment_example(START, 'e2e4', []), C.policy_example(FOOL, 'mate'),
+           C.from_row({'fen': START}, 'move')]
+    for ex in exs:
+        for fn in REWARDS:
+            assert fn(completion, ex) == 0.0, fn.__name__
+        assert C.grade(completion, ex) is False
+    assert C.answer(completion) is None
+    assert C.metrics([completion] * 3, exs) == {'legal_rate': 0.0, 'mate_rate': 0.0,
+                                                'next_state_acc': 0.0, 'format_rate': 0.0}
+
+
+def test_environment_format_is_as_strict_as_rookworld_writes_it():
+    """board.fen() writes six fields on single spaces, and the line has no blanks around '+': a FEN
+    without its move counters, blanks around '+' or a double space are not the format."""
+    ex = C.environment_example(START, 'e2e4', [])
+    right = ex['solution']
+    fen = right.split('+')[0]
+    assert C.chess_format(right, ex) == 1.0
+    no_counters = fen.rsplit(' ', 2)[0] + right[len(fen):]
+    assert math.isclose(C.chess_format(no_counters, ex), 4 / 5)
+    spaced = right.replace('+', ' + ')
+    assert C.chess_format(spaced, ex) < 1 and not C.grade(spaced, ex)
+    assert C.chess_transition(spaced, ex) < 1
+    double = right.replace(' b ', ' b  ')
+    assert math.isclose(C.chess_format(double, ex), 4 / 5) and not C.grade(double, ex)
+
+
+def test_transition_credit_does_not_depend_on_where_a_double_space_falls():
+    """A FEN that is not six single-spaced fields earns its board and the flags only, wherever the
+    extra blank is (split on single spaces, it used to shift every field after it)."""
+    ex = C.environment_example(START, 'e2e4', [])
+    fen, rest = ex['solution'].split('+', 1)
+    fields = fen.split(' ')
+    got = set()
+    for i in range(1, 6):
+        double = ' '.join(fields[:i]) + '  ' + ' '.join(fields[i:])
+        got.add(round(C.chess_transition(double + '+' + rest, ex), 9))
+    assert got == {round(0.8 / 6 + 0.2, 9)}, got
+
+
+def test_policy_fields_count_only_in_rookworld_order():
+    """M:, E:, B:, each once, after padding only: a B: before E: is not the format."""
+    pol = C.policy_example(FOOL, 'mate')
+    good = '  M: d8h4 e8e7    E: 1000.0 -3.1    B: d8h4'
+    assert C.chess_format(good, pol) == 1.0 and C.grade(good, pol)
+    swapped = '  M: d8h4 e8e7    B: d8h4    E: 1000.0 -3.1'
+    assert C.chess_format(swapped, pol) < 1
+    twice = good + ' B: e8e7'
+    assert C.chess_format(twice, pol) < 1 and not C.grade(twice, pol)
+    assert C.chess_format('junk ' + good, pol) == 0.0
+
+
+@pytest.mark.parametrize('number', ['1_000.0', '0.0_01', '١.٥', '1e3', 'inf', 'nan', '.5', '1',
+                                    '1.', '0x1p0'])
+def test_numbers_are_written_as_python_writes_a_float(number):
+    """RookWorld writes str(float): '-2.07', '1000.0', '0.001'. float() also takes '1_000',
+    Unicode digits, exponents and 'inf', none of which RookWorld writes."""
+    pol = C.policy_example(FOOL, 'mate')
+    line = f'  M: d8h4 e8e7    E: 1000.0 {number}    B: d8h4'
+    assert math.isclose(C.chess_format(line, pol), 2 / 3), line
+    ex = C.environment_example(START, 'e2e4', [])
+    fen = ex['solution'].split('+')[0]
+    text = f'{fen}+{number}+0+0'
+    assert math.isclose(C.chess_format(text, ex), 4 / 5), text
+    assert math.isclose(C.chess_transition(text, ex), 0.8 + 0.2 * 2 / 3), text
+    for ok in ('-2.07', '1000.0', '0.001', '-1.0'):
+        assert C.chess_format(f'  M: d8h4 e8e7    E: 1000.0 {ok}    B: d8h4', pol) == 1.0, ok

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from data import batch_at, epoch_order
+from data import batch_at, epoch_order, parse_rows
 from reward import is_correct
 from tasks import gsm8k
 from tasks.arith import DIFFICULTY, arith_splits, count_on, make_arith, slip
@@ -75,6 +75,23 @@ def test_skip_bad_rows_skips_and_counts(tmp_path, capsys):
     assert 'skipped 2 malformed rows' in capsys.readouterr().out
     load_gsm8k('train', data_dir=tmp_path, skip_bad_rows=True, stats=stats)
     assert stats['skipped'] == 4, 'one stats dict must add up the counts of several loads'
+
+
+def test_a_row_its_parser_trips_on_is_a_bad_row_too(capsys):
+    """A parser raises ValueError on the rows it knows are bad; one that trips on a row it did not
+    foresee (IndexError, KeyError, TypeError) still makes that row one bad row: file:line, or
+    skipped and counted, never a traceback past skip_bad_rows."""
+    rows = [('f.jsonl:1', {'xs': [1]}), ('f.jsonl:2', {'xs': []}), ('f.jsonl:3', {}),
+            ('f.jsonl:4', {'xs': None}), ('f.jsonl:5', {'xs': [2]})]
+
+    def first(row):
+        return row['xs'][0]
+    with pytest.raises(ValueError, match=r"^f\.jsonl:2: malformed thing row: IndexError: list"):
+        parse_rows(rows, first, what='thing')
+    stats = {}
+    assert parse_rows(rows, first, True, 'thing', stats) == [1, 2]
+    assert stats['skipped'] == 3 and stats['first_bad'].startswith('f.jsonl:2: IndexError: ')
+    assert 'thing: skipped 3 malformed rows' in capsys.readouterr().out
 
 
 def test_answer_is_the_text_after_the_marker_without_commas(tmp_path):

@@ -237,3 +237,16 @@ def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch
     startup_warnings({**knobs, 'device': 'cuda'})  # a GPU run's CPU threads do not carry the work
     said = 'WARNING [cpu_contention]: the load average is 7.5 on 2 CPU cores'
     assert capsys.readouterr().out.count(said) == 1
+
+
+def test_a_completion_budget_below_one_token_is_a_knob_error(tmp_path):
+    """--max_new_tokens=0 would warm up, then train on empty completions with every warning firing:
+    one line and exit 2 before anything is spent, like --group_size=1; so for the other counts that
+    must be positive, and a negative --eval_max_new_tokens (0 means max_new_tokens)."""
+    for knob in ('--max_new_tokens=0', '--max_new_tokens=-3', '--eval_max_new_tokens=-1',
+                 '--batch_prompts=0', '--micro_batch_size=0', '--num_iterations=0'):
+        p = run(tmp_path, knob, check=False)
+        assert p.returncode == 2, (knob, p.stdout[-2000:], p.stderr[-2000:])
+        err = p.stderr.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith('error: ' + knob), (knob, p.stderr)
+        assert not (tmp_path / 'metrics.jsonl').exists(), knob
