@@ -187,10 +187,11 @@ def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dt
 def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=True,
                mask_truncated=False):
     """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp',
-    'group'}: those of the kept `groups` (the step's prompt indices; row k of adv and zero_std is
-    groups[k]'s, so dynamic sampling can drop groups) that this rank generated (`mine`: it holds
-    their sampler log-probs), less truncated completions (mask_truncated) and empty ones. Returns
-    (rows, n_tok, n_seq, (rows_trained, tokens_trained)): the loss normalisers, counted over every
+    'group'[, 'tool_mask']} (tool_mask: 1 for the tokens a tool's response inserted): those of the
+    kept `groups` (the step's prompt indices; row k of adv and zero_std is groups[k]'s, so dynamic
+    sampling can drop groups) that this rank generated (`mine`: it holds their sampler log-probs),
+    less truncated completions (mask_truncated) and empty ones. Returns (rows, n_tok, n_seq,
+    (rows_trained, tokens_trained)): the loss normalisers (sampled tokens only), counted over every
     rank's rows of the kept groups, and how many of those rows and tokens are trained on (0 rows:
     nothing to update). filter_zero_std leaves out the rows of groups whose rewards were all equal
     after counting them, so it only saves compute: their advantage is 0, and with the normalisers
@@ -202,16 +203,20 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=T
         k = at.get(c['prompt_idx'])
         if k is None or (mask_truncated and c['truncated']) or not c['ids']:
             continue
-        n_tok += len(c['ids'])
+        n_sampled = len(c['ids']) - sum(c.get('tool_mask', ()))  # tool responses are not actions
+        n_tok += n_sampled
         n_seq += 1
         if filter_zero_std and zero_std[k]:
             continue
         n_trained += 1
-        t_trained += len(c['ids'])
+        t_trained += n_sampled
         if c['prompt_idx'] in mine:
-            rows.append({'prompt': prompts[c['prompt_idx']], 'ids': c['ids'],
-                         'adv': float(adv[k, c['sample_idx']]), 'gen_logp': c['logprobs'],
-                         'group': c['prompt_idx']})
+            row = {'prompt': prompts[c['prompt_idx']], 'ids': c['ids'],
+                   'adv': float(adv[k, c['sample_idx']]), 'gen_logp': c['logprobs'],
+                   'group': c['prompt_idx']}
+            if 'tool_mask' in c:
+                row['tool_mask'] = c['tool_mask']
+            rows.append(row)
     return rows, n_tok, n_seq, (n_trained, t_trained)
 
 

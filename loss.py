@@ -29,12 +29,20 @@ def group_advantages(rewards, scale='group', eps=1e-4):
     return torch.where(zero, 0.0, adv), zero.squeeze(1)
 
 
-def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens):
+def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens, *, sampled=None):
     """Per-token weight for the micro-batch whose sequences have these completion lengths (a
     LongTensor). token_mean (DAPO): every token of the step counts the same, 1 / n_tok.
     seq_mean_token_mean (GRPO): mean over each sequence's tokens, then over the step's sequences.
     seq_sum_const (Dr. GRPO): sum over tokens / (n_seq * max_new_tokens), a constant: no length
-    bias."""
+    bias. sampled (flat 0/1 float, rollouts with tools): only these tokens are the policy's
+    actions; the inserted tool responses weigh 0 and do not count in a sequence's length (n_tok
+    counts sampled tokens too)."""
+    if sampled is not None:
+        per_seq = segment_sum(sampled, lens)  # sampled tokens per sequence
+        if loss_agg == 'seq_mean_token_mean':
+            w = 1.0 / (per_seq.clamp(min=1.0) * n_seq)
+            return torch.repeat_interleave(w, lens) * sampled
+        return token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens) * sampled
     if loss_agg == 'token_mean':
         return torch.full((int(lens.sum()),), 1.0 / n_tok, device=lens.device)
     if loss_agg == 'seq_mean_token_mean':

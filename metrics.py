@@ -59,7 +59,7 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     """The step's rewards (r: (groups, G), every group drawn; per function: reward_spread),
     completion lengths, timing and throughput."""
     G = r.shape[1]
-    lens = [len(c['ids']) for c in comps]
+    lens = [len(c['ids']) - sum(c.get('tool_mask', ())) for c in comps]  # sampled tokens
     m = {'reward/mean': r.mean().item(), 'reward/std': r.std().item()}
     for k, v in sc['per_fn'].items():
         m[f'reward/{k}/mean'] = sum(v) / len(v)
@@ -70,11 +70,31 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     m['response_len/mean'] = sum(lens) / len(lens)
     m['response_len/max'] = max(lens)
     m['response_len/clip_frac'] = sum(c['truncated'] for c in comps) / len(comps)
+    if any('tool_calls' in c for c in comps):
+        m.update(tool_metrics(comps))
     for k, v in timing.items():
         m[f'timing_s/{k}'] = v
     m['perf/gen_tokens_per_s'] = sum(lens) / max(timing['gen'], 1e-9)
     tokens = sum(len(p) for p in prompts) * G + sum(lens)
     m['perf/tokens_per_s'] = tokens / max(timing['step'], 1e-9)
+    return m
+
+
+def tool_metrics(comps):
+    """Rollouts with tools: calls per completion, failed calls by kind, call latency, the share of
+    completion tokens that tool responses inserted, and the share of completions that hit
+    max_tool_calls."""
+    calls = [call for c in comps for call in c['tool_calls']]
+    m = {'tools/calls_per_completion': len(calls) / len(comps)}
+    for kind in ('parse', 'unknown', 'raised', 'timeout'):
+        m[f'tools/errors/{kind}'] = sum(call.get('error') == kind for call in calls)
+    seconds = sorted(call.get('seconds', 0.0) for call in calls)
+    if seconds:
+        m['tools/latency_p50'] = seconds[len(seconds) // 2]
+        m['tools/latency_p95'] = seconds[min(len(seconds) - 1, int(0.95 * len(seconds)))]
+    inserted = sum(sum(c['tool_mask']) for c in comps)
+    m['tools/token_frac'] = inserted / max(sum(len(c['ids']) for c in comps), 1)
+    m['tools/turn_limit_frac'] = sum(bool(c.get('turn_limit')) for c in comps) / len(comps)
     return m
 
 
@@ -110,12 +130,12 @@ def moved_sums():
     return {'sum': dict.fromkeys(keys, 0.0), 'max': maxima}
 
 
-def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_tokens):
+def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_tokens, sampled=None):
     """Add one micro-batch's share of iteration 0: the loss, its policy-gradient part, and means
     over the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer|
     log-prob and, with tis, the importance weight and the share of tokens whose ratio was above the
     cap (is_weight: tis_weights' pair). Means divide by n_tokens, the step's trained tokens over
-    every rank."""
+    every rank. sampled (0/1, rollouts with tools): the tokens that count; tool responses do not."""
     s = acc['sum']
     s['loss'] += loss.item()
     s['pg_loss'] += (st['pg'] * w).sum().item()
@@ -124,10 +144,12 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
     if is_weight is not None:
         per_token += [('tis/weight_mean', is_weight[0]), ('tis/capped_frac', is_weight[1].float())]
     for k, v in per_token:
+        if sampled is not None:
+            v = v * sampled
         s[k] += v.sum().item() * (1.0 / n_tokens)
 
 
-def add_moved(acc, st, logp, old_logp, n_tokens):
+def add_moved(acc, st, logp, old_logp, n_tokens, sampled=None):
     """Add one micro-batch's share of the last iteration (num_iterations > 1): the clipped fractions
     on each side, the ratio's mean and range, and KL(old || new) by k3 on the tokens drawn from
     old."""
@@ -138,7 +160,11 @@ def add_moved(acc, st, logp, old_logp, n_tokens):
                  ('clip/high_frac', st['clip_high'].float()),
                  ('ratio/mean', r), ('kl_old_new', d - 1 - d.log())]
     for k, v in per_token:
+        if sampled is not None:
+            v = v * sampled
         s[k] += v.sum().item() / n_tokens
+    if sampled is not None:  # the ratio's range over sampled tokens (inserted ones: ratio 1)
+        r = torch.where(sampled.bool(), r, torch.ones_like(r))
     mx['ratio/max'] = max(mx['ratio/max'], r.max().item())
     mx['ratio/min'] = max(mx['ratio/min'], -r.min().item())  # kept negated: every entry is a max
 
@@ -165,6 +191,8 @@ def step_line(m):
     timing = (f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} "
               f"rew {m['timing_s/reward']:.1f} ref {m['timing_s/ref']:.1f} "
               f"old {m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f})")
+    if 'tools/calls_per_completion' in m:
+        clip += f"calls {m['tools/calls_per_completion']:.2f} | "
     return (f"step {m['step']:5d} | reward {m['reward/mean']:.3f}±{m['reward/std']:.3f} | "
             f"zero_std {m['frac_zero_std']:.2f} | loss {m['loss']:.4f} | kl {m['kl']:.4f} | {clip}"
             f"ent {m['entropy']:.3f} | gnorm {m['grad_norm']:.3f} | "

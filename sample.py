@@ -178,6 +178,166 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     return results
 
 
+
+@torch.no_grad()
+def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *, tools,
+                        tool_style='fenced', max_tool_calls=4, tool_timeout=5.0, temperature=1.0,
+                        top_k=0, top_p=1.0, min_p=0.0, seed=0, stop_ids=None, prompt_index=None,
+                        compile=False, on_step=None):
+    """generate() for rollouts that call tools (tools: {name: function}, tool_calls.py). A row whose
+    turn closes a call (tool_style 'fenced': a ```name block starting a line) pauses; its calls run
+    in a thread pool while the other rows keep decoding; when they return, the response's tokens
+    (tool_calls.response_text, encoded on its own: the sampled tokens are never decoded and encoded
+    again) are prefilled into that row's own KV cache as one chunk, with the token that closed the
+    call in front, and the row goes on. Token in, token out: a completion's ids are its sampled ids
+    and the inserted ids, in order; tool_mask marks the inserted ones (1), whose logprobs are 0.
+    max_new_tokens counts both; a response that does not fit ends the row (truncated); a call past
+    max_tool_calls is not run and ends the row (turn_limit). Each row draws its k-th sampled token
+    with step k, so what a row samples does not depend on how long the tools took or what other rows
+    did. Rows stay in the decode batch when they finish or pause (fed no token), so the batch shape
+    is the same at every step."""
+    import concurrent.futures
+
+    import tool_calls
+    from model import KVCache
+    if tool_style != 'fenced':
+        # hermes answers are chat-template turns, whose tool-response delta is not built yet
+        raise ValueError(f"tool_style={tool_style!r}: rollouts with tools support 'fenced' only")
+    device = next(model.parameters()).device
+    stop_set = set(tok.stop_ids if stop_ids is None else stop_ids)
+    if prompt_index is None:
+        prompt_index = range(len(prompts))
+    prompt_index = list(prompt_index)
+    P, G = len(prompts), group_size
+    N = P * G
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    max_len = int(lens.max()) + max_new_tokens
+    if max_len > model.config.max_seq_len:
+        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's max_seq_len {model.config.max_seq_len}")
+    if int(lens.min()) == 0:
+        raise ValueError("empty prompt: every prompt needs at least one token")
+    idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)
+    for i, p in enumerate(prompts):
+        idx[i, :len(p)] = torch.tensor(p, device=device)
+    # one spare position: a row that has used its whole budget is still fed a pad (length 0)
+    cache = KVCache(model.config, P, max_len + 1, next(model.parameters()).dtype, device)
+    forward = decode_forward(model, compile)
+    logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
+    cache = cache.repeat_interleave(G)
+    logits = logits.repeat_interleave(G, dim=0)
+    seeds = row_seeds(seed, prompt_index, G).to(device)
+
+    # per completion, on the host: its ids so far (sampled and inserted), their log-probs, which
+    # are inserted, where its current turn began, its calls and results, and its state
+    out = [[] for _ in range(N)]
+    out_lp = [[] for _ in range(N)]
+    mask = [[] for _ in range(N)]
+    turn_start = [0] * N
+    n_sampled = [0] * N
+    calls = [[] for _ in range(N)]
+    done = [False] * N
+    finished = [False] * N
+    turn_limit = [False] * N
+    paused = {}  # row -> (the token that closed its call, the futures of its calls)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(32, N)))
+
+    def pause(r, token):
+        parsed = tool_calls.parse_calls(tok.decode(out[r][turn_start[r]:]), tool_style, names=tools)
+        if len(calls[r]) + len(parsed) > max_tool_calls:
+            done[r] = turn_limit[r] = True
+            return
+        paused[r] = (token, tool_calls.start_calls(parsed, tools, tool_timeout, pool))
+
+    def resume(r):
+        """Insert row r's tool responses into its cache, after the token that closed the call."""
+        token, futures = paused.pop(r)
+        results = [f.result() for f in futures]
+        calls[r] += results
+        text = tool_calls.response_text(results, tool_style)
+        if not tok.decode(out[r][-1:]).endswith('\n'):  # the response starts a line of its own
+            text = '\n' + text
+        inserted = tok.encode(text)
+        if len(out[r]) + len(inserted) > max_new_tokens:
+            done[r] = True  # no room for the response: truncated
+            return None
+        out[r] += inserted
+        out_lp[r] += [0.0] * len(inserted)
+        mask[r] += [1] * len(inserted)
+        turn_start[r] = len(out[r])
+        chunk = torch.tensor([[token] + inserted], device=device)
+        row = torch.tensor([r], device=device)
+        sub = cache.select(row)
+        sub.extent = int(sub.lengths[0])  # this row's own length bounds what it attends to
+        row_logits = forward(chunk, kv_cache=sub, last_only=True)[:, -1]
+        for i in range(len(cache.k)):
+            cache.k[i][r] = sub.k[i][0]
+            cache.v[i][r] = sub.v[i][0]
+        cache.lengths[r] = sub.lengths[0]
+        return row_logits[0]
+
+    try:
+        while not all(done):
+            active = [r for r in range(N) if not done[r] and r not in paused]
+            feed = torch.full((N, 1), tok.pad_id, dtype=torch.int64, device=device)
+            fed = torch.zeros(N, dtype=torch.long, device=device)
+            if active:
+                at = torch.tensor(active, device=device)
+                steps = torch.tensor([n_sampled[r] for r in active], device=device)
+                ids, lp = sample_tokens(logits[at], seeds[at], steps, temperature=temperature,
+                                        top_k=top_k, top_p=top_p, min_p=min_p)
+                for r, token, logp in zip(active, ids.tolist(), lp.tolist()):
+                    out[r].append(token)
+                    out_lp[r].append(logp)
+                    mask[r].append(0)
+                    n_sampled[r] += 1
+                    closes = False
+                    if '`' in tok.decode([token]):  # it may close a ```name block
+                        turn = tok.decode(out[r][turn_start[r]:])
+                        closes = tool_calls.call_closed(turn, 'fenced', names=tools)
+                    if closes and len(out[r]) < max_new_tokens:
+                        pause(r, token)
+                    elif token in stop_set:
+                        done[r] = finished[r] = True
+                    elif len(out[r]) >= max_new_tokens:
+                        done[r] = True
+                    else:
+                        feed[r, 0] = token
+                        fed[r] = 1
+            ready = [r for r, (_, fs) in paused.items() if all(f.done() for f in fs)]
+            while paused and not ready and not bool(fed.any()):  # nothing to decode: wait
+                pending = [f for _, fs in paused.values() for f in fs]
+                concurrent.futures.wait(pending, timeout=1.0,
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                if on_step is not None:
+                    on_step()
+                ready = [r for r, (_, fs) in paused.items() if all(f.done() for f in fs)]
+            resumed = {}
+            for r in ready:
+                row_logits = resume(r)
+                if row_logits is not None:
+                    resumed[r] = row_logits
+            if bool(fed.any()):
+                new = forward(feed, kv_cache=cache, input_lengths=fed)[:, -1]
+                logits = torch.where(fed[:, None].bool(), new, logits)
+            for r, row_logits in resumed.items():
+                logits[r] = row_logits
+            cache.extent = int(cache.lengths.max())
+            if on_step is not None:
+                on_step()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    results = []
+    for r in range(N):
+        ids = out[r]
+        text_ids = ids[:-1] if finished[r] and ids and ids[-1] in stop_set else ids
+        results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids,
+                            text=tok.decode(text_ids), logprobs=out_lp[r], tool_mask=mask[r],
+                            tool_calls=calls[r], finished=finished[r],
+                            truncated=not finished[r], turn_limit=turn_limit[r]))
+    return results
+
 def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
     """Token ids of the task's prompt for each example: its chat messages through the tokenizer's
     chat template, or a raw-text prompt as it is. system_prompt/instruction: None = the task's
@@ -193,13 +353,22 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
-             out_path=None, progress=True, compile=False):
+             out_path=None, progress=True, compile=False, max_tool_calls=4, tool_timeout=5.0):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
-    unbiased pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the
-    summary dict."""
+    unbiased pass@1 estimate). A task with tools is evaluated through generate_with_tools, as it
+    trains. Writes one JSON row per problem to out_path when given. Returns the summary dict."""
     import tasks
     answer = tasks.answer_fn(task)
+    tools, tool_style = tasks.tools_of(task)
+
+    def sample(chunk_prompts, n, **kw):
+        if tools:
+            return generate_with_tools(model, tok, chunk_prompts, n, max_new_tokens, tools=tools,
+                                       tool_style=tool_style, max_tool_calls=max_tool_calls,
+                                       tool_timeout=tool_timeout, compile=compile, **kw)
+        return generate(model, tok, chunk_prompts, n, max_new_tokens, compile=compile, **kw)
+
     was_training = model.training
     model.eval()
     prompts = encode_prompts(tok, task, examples, system_prompt, instruction)
@@ -207,13 +376,11 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
         chunk_prompts = [prompts[i] for i in chunk]
-        greedy = generate(model, tok, chunk_prompts, 1, max_new_tokens, temperature=0.0,
-                          prompt_index=chunk, compile=compile)
+        greedy = sample(chunk_prompts, 1, temperature=0.0, prompt_index=chunk)
         sampled = []
         if n_samples > 1:
-            sampled = generate(model, tok, chunk_prompts, n_samples, max_new_tokens,
-                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                               prompt_index=chunk, compile=compile)
+            sampled = sample(chunk_prompts, n_samples, temperature=temperature, top_k=top_k,
+                             top_p=top_p, seed=seed, prompt_index=chunk)
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]

@@ -78,6 +78,9 @@ tis = ''
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
 # rewards: reward.REWARD_FNS names, 'reward_model'/'judge' or 'module:function'; kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
+# tools (tool_calls.py): a task that defines `tools` gets rollouts that call them
+max_tool_calls = 4  # calls per completion; one more ends it (tools/turn_limit_frac)
+tool_timeout = 5.0  # seconds a call may take; past it the model reads a one-line error
 failure_reward = 0.0  # reward of a sample whose reward function raised
 # optimization
 lr = 1e-6  # peak learning rate
@@ -156,6 +159,7 @@ from loss import group_advantages, policy_loss, tis_weights, token_weights  # no
 from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, generate, sampler_model  # noqa: E402
+from sample import generate_with_tools  # noqa: E402
 from sft import warm_start  # noqa: E402
 
 # ------------------------------------------------------------------------- checks and setup
@@ -175,6 +179,7 @@ try:
     reward_config = tasks.default_rewards(task_mod) if rewards is None else rewards
     reward_fns = resolve_rewards(reward_config, grade=task_mod.grade, device=device, dtype=dtype,
                                  messages=task_messages)
+    task_tools, tool_style = tasks.tools_of(task_mod)  # (None, None): no tools
 except ValueError as e:
     die(str(e), 2)
 if sft_steps > 0 and not callable(getattr(task_mod, 'solution', None)):
@@ -275,7 +280,8 @@ def run_eval(at_step):
     hi = len(eval_set) * (rank + 1) // world
     s = evaluate(gen_model, tok, task_mod, eval_set[lo:hi], system_prompt, instruction,
                  max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
-                 compile=compile_decode, progress=verbose and master)
+                 compile=compile_decode, progress=verbose and master, max_tool_calls=max_tool_calls,
+                 tool_timeout=tool_timeout)
     if ddp:  # the task's own metrics are rank 0's share's
         counts = [s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']]
         n, hits, trunc = all_reduce(counts, device)
@@ -360,16 +366,28 @@ def rollout(examples, first, step, timing):
     prompts = prompts_for(examples)
     t = time.time()
     show_progress = master and (step == 0 or verbose)
-    comps = generate(gen_model, tok, [prompts[i - first] for i in mine], G, max_new_tokens,
-                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed * 100_003 + step,
-                     prompt_index=mine, compile=compile_decode, progress=show_progress,
-                     on_step=heartbeat)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed * 100_003 + step,
+                    prompt_index=mine, compile=compile_decode, on_step=heartbeat)
+    my_prompts = [prompts[i - first] for i in mine]
+    if task_tools:
+        comps = generate_with_tools(gen_model, tok, my_prompts, G, max_new_tokens, tools=task_tools,
+                                    tool_style=tool_style, max_tool_calls=max_tool_calls,
+                                    tool_timeout=tool_timeout, **sampling)
+    else:
+        comps = generate(gen_model, tok, my_prompts, G, max_new_tokens, progress=show_progress,
+                         **sampling)
     timing['gen'] = timing.get('gen', 0.0) + time.time() - t
     t = time.time()
     texts = [c['text'] for c in comps]
     graded = [examples[c['prompt_idx'] - first] for c in comps]
-    extra = [{'n_tokens': len(c['ids']), 'truncated': c['truncated'],
-              'max_new_tokens': max_new_tokens} for c in comps]
+    extra = []  # facts a reward function may declare (reward.py)
+    for c in comps:
+        n_sampled = len(c['ids']) - sum(c.get('tool_mask', ()))  # tool responses not counted
+        fact = {'n_tokens': n_sampled, 'truncated': c['truncated'],
+                'max_new_tokens': max_new_tokens}
+        if task_tools:
+            fact['tool_calls'] = c['tool_calls']
+        extra.append(fact)
     sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra)
     timing['reward'] = timing.get('reward', 0.0) + time.time() - t
     comps, sc = gather_step(comps, sc)  # torchrun: every rank's completions and rewards on each
@@ -471,10 +489,16 @@ while step < max_steps:
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
             seq_adv = torch.tensor([rw['adv'] for rw in mb], device=logp.device)
             A = torch.repeat_interleave(seq_adv, lens)  # each token its sequence's advantage
-            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens)
+            sampled = None  # rollouts with tools: 0 on the tokens a tool's response inserted
+            if any('tool_mask' in rw for rw in mb):
+                inserted = [m for rw in mb for m in rw.get('tool_mask', [0] * len(rw['ids']))]
+                sampled = 1.0 - torch.tensor(inserted, dtype=torch.float32, device=logp.device)
+            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens, sampled=sampled)
             w = w * (j < n_real)  # padding passes weigh 0
             old = old_lp[j] if old_lp is not None else logp.detach()
             gen = gen_lp[j]
+            if sampled is not None:  # the sampler drew no inserted token: ratio 1 there
+                gen = torch.where(sampled.bool(), gen, old)
             isw = None  # tis: (weights, above the cap)
             if tis:
                 isw = tis_weights(old, gen, lens, tis, tis_cap)
@@ -489,9 +513,9 @@ while step < max_steps:
             (loss * world).backward()
             if j < n_real and it == 0:
                 metrics.add_rollout(first, loss, st, w, logp, ent, gen_logp=gen, is_weight=isw,
-                                    n_tokens=t_trained)
+                                    n_tokens=t_trained, sampled=sampled)
             elif j < n_real and it == num_iterations - 1:
-                metrics.add_moved(last, st, logp, old, t_trained)
+                metrics.add_moved(last, st, logp, old, t_trained, sampled=sampled)
         if ddp and it == 0:  # each rank summed its own tokens' shares
             metrics.reduce_metrics(first, reduce_across_ranks)
         elif ddp and it == num_iterations - 1:

@@ -17,6 +17,12 @@ Optional:
         the task's own eval numbers beside pass@1, on the greedy completions (tasks/chess.py:
         legal_rate, ...): in evaluate()'s summary and train_grpo's eval/<name> (names other than
         n, pass@1, truncated, seconds)
+    tools = [...]                   tools its rollouts may call (tool_calls.py): names of the built-in
+                                    ones ('calculator', 'python') or functions with type hints and
+                                    a docstring; its completions then run through
+                                    sample.generate_with_tools
+    tool_style = 'fenced'           how a call is written: 'fenced' (a ```name block, answered by
+                                    an ```output block) or 'hermes' (<tool_call>{json}</tool_call>)
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
 None) are its knobs: config files and --key=value set them as they set train_grpo.py's own
 (tasks/arith.py: arith_difficulty, ...).
@@ -31,8 +37,8 @@ import inspect
 import os
 
 REQUIRED = ('load', 'messages', 'grade')
-INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics')
-BUILTIN = ('gsm8k', 'arith', 'chess')
+INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style')
+BUILTIN = ('gsm8k', 'arith', 'arith_tools', 'chess')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
 
@@ -126,3 +132,21 @@ def eval_metrics(task, completions, examples):
     if not callable(hook):
         return {}
     return {k: float(v) for k, v in hook(completions, examples).items()}
+
+
+def tools_of(task):
+    """({name: function}, style) of the tools the task's rollouts may call, or (None, None)."""
+    listed = getattr(task, 'tools', None)
+    if not listed:
+        return None, None
+    import tool_calls
+    tools = {}
+    for t in listed:
+        if isinstance(t, str):
+            if t not in tool_calls.DEFAULT_TOOLS:
+                raise ValueError(f"task tool {t!r}: not a built-in tool "
+                                 f"({', '.join(tool_calls.DEFAULT_TOOLS)}); give the function")
+            tools[t] = tool_calls.DEFAULT_TOOLS[t]
+        else:
+            tools[t.__name__] = t
+    return tools, getattr(task, 'tool_style', 'fenced')

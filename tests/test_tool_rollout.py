@@ -1,0 +1,198 @@
+"""Rollouts that call tools (sample.generate_with_tools) and how they train: token in, token out;
+the KV cache after each inserted tool response equals a fresh forward of the same ids; a row's
+samples do not depend on how long its tools took; budgets and call limits; inserted tokens carry no
+weight in the loss."""
+import random
+import time
+
+import pytest
+import torch
+
+import tool_calls
+from loss import policy_loss, token_weights
+from model import ModelConfig, from_scratch
+from sample import generate_with_tools
+from tokenizer import byte_tokenizer
+
+TOK = byte_tokenizer()
+PROMPT = TOK.encode("Q: 12*7+1?")
+TOOLS = {'calculator': tool_calls.calculator}
+
+
+class Scripted(torch.nn.Module):
+    """A tiny random model whose next-token logits get `strength` added to the token a script
+    wants at each absolute position: the same bias with or without a KV cache, so a cached rollout
+    can be checked against a fresh forward of its ids."""
+
+    def __init__(self, script, strength, seed=0):
+        super().__init__()
+        cfg = ModelConfig(arch='qwen2', vocab_size=TOK.vocab_size, n_layer=2, n_head=4, n_kv_head=2,
+                          n_embd=64, intermediate_size=128, max_seq_len=512,
+                          tie_word_embeddings=True)
+        self.inner = from_scratch(cfg, dtype=torch.float32, device='cpu', seed=seed).eval()
+        self.config = cfg
+        # position -> the token the script wants next (-1: none)
+        self.table = torch.full((cfg.max_seq_len + 1,), -1, dtype=torch.long)
+        for position, token in script.items():
+            self.table[position] = token
+        self.strength = strength
+
+    def forward(self, idx, kv_cache=None, input_lengths=None, *, last_only=False):
+        B, T = idx.shape
+        start = torch.zeros(B, dtype=torch.long)  # the absolute position of idx[:, 0]
+        if kv_cache is not None:
+            start = kv_cache.lengths.clone()
+        logits = self.inner(idx, kv_cache, input_lengths).float()
+        want = self.table[(start[:, None] + torch.arange(T)).clamp(max=len(self.table) - 1)]
+        bias = torch.zeros_like(logits)
+        bias.scatter_(-1, want.clamp(min=0)[..., None], self.strength)
+        logits = logits + bias * (want >= 0)[..., None]
+        if last_only:
+            last = (input_lengths - 1) if input_lengths is not None else torch.full((B,), T - 1)
+            logits = logits[torch.arange(B), last][:, None]
+        return logits
+
+
+def scripted_completion(pieces):
+    """The completion a script writes: text pieces, and ('call', expression) pieces whose call and
+    response (as generate_with_tools inserts it) follow. -> (ids, inserted mask)."""
+    ids, mask = [], []
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            call = f"```calculator\n{piece[1]}\n```"
+            ids += TOK.encode(call)
+            mask += [0] * len(TOK.encode(call))
+            result = tool_calls.run_call(tool_calls.parse_calls(call, 'fenced')[0], TOOLS, 5.0)
+            response = TOK.encode('\n' + tool_calls.response_text([result], 'fenced'))
+            ids += response
+            mask += [1] * len(response)
+        else:
+            ids += TOK.encode(piece)
+            mask += [0] * len(TOK.encode(piece))
+    return ids + [TOK.eos_id], mask + [0]
+
+
+def script_of(ids):
+    return {len(PROMPT) - 1 + k: token for k, token in enumerate(ids)}
+
+
+CALLS_3 = ["First\n", ('call', '12*7'), "then\n", ('call', '84+1'), "check\n", ('call', '85-0'),
+           "#### 85"]
+
+
+@pytest.mark.parametrize('n_calls', [1, 2, 3])
+def test_token_in_token_out_and_cache_equals_fresh_forward(n_calls):
+    pieces = CALLS_3[:2 * n_calls] + ["#### 85"]
+    want, want_mask = scripted_completion(pieces)
+    model = Scripted(script_of(want), strength=60.0)
+    out = generate_with_tools(model, TOK, [PROMPT, PROMPT], 3, 400, tools=TOOLS, temperature=1.0,
+                              seed=5)
+    for c in out:
+        assert c['ids'] == want and c['tool_mask'] == want_mask, TOK.decode(c['ids'])
+        assert len(c['tool_calls']) == n_calls and c['finished'] and not c['truncated']
+        assert [r['error'] for r in c['tool_calls']] == [None] * n_calls
+    # every sampled token's log-prob equals a fresh full forward of prompt + the ids before it
+    for c in out[::3]:  # one row of each prompt (its group's rows are alike)
+        with torch.no_grad():  # one causal forward gives every position's next-token logits
+            logits = model(torch.tensor([PROMPT + c['ids'][:-1]]))[0, len(PROMPT) - 1:]
+        fresh = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c['ids'])[:, None])[:, 0]
+        for i, inserted in enumerate(c['tool_mask']):
+            if inserted:
+                assert c['logprobs'][i] == 0.0
+            else:
+                assert abs(fresh[i].item() - c['logprobs'][i]) <= 1e-5, (i, fresh[i])
+
+
+def test_rows_sample_alike_however_long_their_tools_take():
+    """A moderate bias: rows wander off the script, some call, some do not. Tools that sleep a
+    random while change when a response is inserted, never what a row samples."""
+    want, _ = scripted_completion(CALLS_3)
+    rng = random.Random(0)
+
+    def slow_calculator(expression: str) -> str:
+        """Arithmetic, slowly.
+
+        Args:
+            expression: the arithmetic
+        """
+        time.sleep(rng.random() * 0.2)
+        return tool_calls.calculator(expression)
+
+    runs = []
+    for _ in range(2):
+        model = Scripted(script_of(want), strength=8.0)
+        out = generate_with_tools(model, TOK, [PROMPT] * 3, 4, 300,
+                                  tools={'calculator': slow_calculator}, temperature=1.0, seed=11)
+        runs.append([(c['ids'], c['tool_mask'], c['logprobs']) for c in out])
+    assert runs[0] == runs[1]
+    called = [sum(mask) > 0 for _, mask, _ in runs[0]]
+    assert any(called) and not all(called), "every row alike: the test checks nothing"
+
+
+def test_budget_and_call_limit_end_a_row():
+    want, _ = scripted_completion(CALLS_3)
+    model = Scripted(script_of(want), strength=60.0)
+    first_call_ends = len(TOK.encode("First\n```calculator\n12*7\n```"))
+    out = generate_with_tools(model, TOK, [PROMPT], 1, first_call_ends, tools=TOOLS, seed=1)[0]
+    assert out['truncated'] and out['tool_calls'] == [] and len(out['ids']) == first_call_ends, \
+        "a call that closes on the budget's last token is never run"
+    out = generate_with_tools(model, TOK, [PROMPT], 1, 300, tools=TOOLS, max_tool_calls=1,
+                              seed=1)[0]
+    assert out['turn_limit'] and len(out['tool_calls']) == 1 and out['truncated']
+    assert 'calculator\n84+1' in TOK.decode(out['ids'])  # the second call was written, not run
+
+
+def test_a_hung_tool_returns_an_error_in_time():
+    want, _ = scripted_completion(CALLS_3[:2] + ["#### 85"])
+    model = Scripted(script_of(want), strength=60.0)
+
+    def calculator(expression: str) -> str:
+        """Never answers.
+
+        Args:
+            expression: the arithmetic
+        """
+        time.sleep(10)
+        return '0'
+
+    run = dict(tool_timeout=1.0, max_tool_calls=1, seed=2)
+    t = time.time()
+    generate_with_tools(model, TOK, [PROMPT] * 4, 4, 120, tools=TOOLS, **run)
+    decoding = time.time() - t  # the same rollouts with a tool that answers at once
+    t = time.time()
+    out = generate_with_tools(model, TOK, [PROMPT] * 4, 4, 120, tools={'calculator': calculator},
+                              **run)
+    waited = time.time() - t - decoding
+    # 16 calls at once with a 1 s limit wait about 1 s together (the rollouts after them differ in
+    # length, so the difference is not exactly that): run one after another they would wait 16
+    assert waited < 8.0, (waited, decoding)
+    assert all(c['tool_calls'][0]['error'] == 'timeout' for c in out)
+    assert all(c['tool_calls'][0]['seconds'] < 1.5 for c in out)
+    assert all('timed out' in TOK.decode(c['ids']) for c in out), "the model reads the error"
+
+
+def test_inserted_tokens_carry_no_weight():
+    """Advantages of the inserted tokens times 1e6 change neither the loss nor its gradient; the
+    tokens of each turn, its closing token included, keep their weight."""
+    torch.manual_seed(0)
+    lens = torch.tensor([6, 5])
+    inserted = torch.tensor([0, 0, 1, 1, 0, 0, 0, 1, 1, 0, 0], dtype=torch.float32)
+    sampled = 1.0 - inserted
+    logp = torch.randn(11, requires_grad=True)
+    old = logp.detach() + 0.05 * torch.randn(11)
+    adv = torch.repeat_interleave(torch.tensor([1.0, -0.5]), lens)
+    for agg in ('token_mean', 'seq_mean_token_mean', 'seq_sum_const'):
+        w = token_weights(lens, agg, 7, 2, 8, sampled=sampled)
+        assert bool((w[inserted.bool()] == 0).all()) and bool((w[sampled.bool()] > 0).all())
+        if agg == 'seq_mean_token_mean':  # a sequence's mean runs over its sampled tokens
+            assert torch.allclose(w[:6].sum(), torch.tensor(0.5))
+        grads = []
+        for a in (adv, torch.where(inserted.bool(), adv * 1e6, adv)):
+            logp.grad = None
+            loss, _ = policy_loss(logp, old, a, w, lens, eps_low=0.2, eps_high=0.28)
+            loss.backward()
+            grads.append((loss.item(), logp.grad.clone()))
+        assert grads[0][0] == grads[1][0] and torch.equal(grads[0][1], grads[1][1]), agg
+    leak = token_weights(lens, 'token_mean', 7, 2, 8)  # without the mask: the test would see it
+    a = torch.where(inserted.bool(), adv * 1e6, adv)
+    assert policy_loss(logp, old, a, leak, lens, eps_low=0.2, eps_high=0.28)[0].abs().item() > 1e3
