@@ -17,10 +17,10 @@ Optional:
         the task's own eval numbers beside pass@1, on the greedy completions (tasks/chess.py:
         legal_rate, ...): in evaluate()'s summary and train_grpo's eval/<name> (names other than
         n, pass@1, truncated, seconds)
-    tools = [...]                   tools its rollouts may call (tool_calls.py): names of the built-in
-                                    ones ('calculator', 'python') or functions with type hints and
-                                    a docstring; its completions then run through
-                                    sample.generate_with_tools
+    tools = [...]                   tools its rollouts may call (tool_calls.py): built-in names
+                                    ('calculator', 'python') or functions with type hints and a
+                                    docstring; its completions then run through
+                                    sample.generate_with_tools (docs/tools.md)
     tool_style = 'fenced'           how a call is written: 'fenced' (a ```name block, answered by
                                     an ```output block) or 'hermes' (<tool_call>{json}</tool_call>)
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
