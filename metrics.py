@@ -104,8 +104,10 @@ def rollout_sums(tis=False):
     return {'sum': dict.fromkeys(keys, 0.0), 'max': {}}
 
 
-def moved_sums():
+def moved_sums(dual=False):
     keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
+    if dual:  # clip_ratio_c > 0
+        keys += ('clip/dual_frac',)
     maxima = {'ratio/max': -math.inf, 'ratio/min': -math.inf}
     return {'sum': dict.fromkeys(keys, 0.0), 'max': maxima}
 
@@ -129,14 +131,16 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
 
 def add_moved(acc, st, logp, old_logp, n_tokens):
     """Add one micro-batch's share of the last iteration (num_iterations > 1): the clipped fractions
-    on each side, the ratio's mean and range, and KL(old || new) by k3 on the tokens drawn from
-    old."""
+    on each side (and the dual clip's, with clip_ratio_c), the ratio's mean and range, and
+    KL(old || new) by k3 on the tokens drawn from old."""
     s, mx = acc['sum'], acc['max']
     r = st['ratio']
     d = (logp.detach() - old_logp).exp()
     per_token = [('clip/low_frac', st['clip_low'].float()),
                  ('clip/high_frac', st['clip_high'].float()),
                  ('ratio/mean', r), ('kl_old_new', d - 1 - d.log())]
+    if 'clip_dual' in st:
+        per_token.append(('clip/dual_frac', st['clip_dual'].float()))
     for k, v in per_token:
         s[k] += v.sum().item() / n_tokens
     mx['ratio/max'] = max(mx['ratio/max'], r.max().item())

@@ -38,11 +38,13 @@ def stop(msg, master, code=3):
 
 def bad_knob(c):
     """The first knob whose value the run cannot use, as a one-line error (None: all fine)."""
-    from loss import LOSS_TYPES, TIS_MODES
+    from loss import ADVANTAGES, KL_ESTIMATORS, LOSS_TYPES, TIS_MODES
     choices = {
         'loss_agg': ('token_mean', 'seq_mean_token_mean', 'seq_sum_const'),
         'resume': ('auto', 'never'),
-        'kl_estimator': ('k1', 'k2', 'k3'),
+        'kl_estimator': KL_ESTIMATORS,
+        'advantage': ADVANTAGES,
+        'cispo_bounds': ('high', 'both'),
         'on_kl_max': ('rollback', 'stop'),
         'loss_type': LOSS_TYPES,
         'scale_rewards': ('group', 'batch', 'none'),
@@ -66,9 +68,30 @@ def bad_knob(c):
     for key, what in counts.items():
         if c[key] < 1:
             return f"--{key}={c[key]}: the number of {what}, >= 1"
+    error = bad_objective_knob(c)
+    if error is not None:
+        return error
     if c['eval_max_new_tokens'] < 0:
         return (f"--eval_max_new_tokens={c['eval_max_new_tokens']}: tokens per evaluation "
                 "completion, >= 1 (0 = max_new_tokens)")
+    return None
+
+
+def bad_objective_knob(c):
+    """The objective's knobs that only make sense together, as a one-line error (None: fine)."""
+    if c['clip_ratio_c'] != 0 and c['clip_ratio_c'] <= 1:
+        return (f"--clip_ratio_c={c['clip_ratio_c']}: the dual clip's cap on the ratio of tokens "
+                "with A < 0 must be > 1 (verl uses 3.0); 0 = off")
+    if c['clip_ratio_c'] > 0 and c['loss_type'] == 'cispo':
+        return ("--clip_ratio_c: the dual clip caps the PPO clip of 'grpo' and 'gspo'; CISPO "
+                "clips its weight instead (cispo_bounds)")
+    if not 0 <= c['tis_min'] < c['tis_cap']:
+        return (f"--tis_min={c['tis_min']}: the lower bound on pi_train / pi_sampler, >= 0 and "
+                f"below tis_cap={c['tis_cap']}")
+    own_scale = ('rloo', 'reinforce_pp', 'maxrl')
+    if c['advantage'] in own_scale and c['scale_rewards'] != 'group':
+        return (f"--scale_rewards={c['scale_rewards']!r}: advantage={c['advantage']!r} has its own "
+                "scale; scale_rewards applies to 'grpo' and 'passk' only")
     return None
 
 

@@ -53,6 +53,9 @@ temperature = 1.0  # sampling temperature; the loss's log-probs use the same tem
 top_k = 0  # 0 = off. top_k/top_p make training off-policy (the loss uses the full softmax)
 top_p = 1.0  # 1.0 = off
 # GRPO objective (loss.py)
+# 'grpo' (r - group mean, scaled), 'rloo' (leave-one-out), 'reinforce_pp' (REINFORCE++-baseline:
+# then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin)
+advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
 # 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO)
@@ -61,9 +64,12 @@ loss_agg = 'token_mean'
 loss_type = 'grpo'
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
+clip_ratio_c = 0.0  # dual-clip: A < 0 tokens' loss capped at -A * this (> 1; verl: 3.0); 0 = off
+cispo_bounds = 'high'  # CISPO's weight: 'high' min(ratio, 1 + eps_high), 'both' also >= 1 - eps_low
 num_iterations = 1  # mu: optimizer steps per rollout batch (1 = on-policy: ratio 1, nothing clips)
 beta = 0.0  # KL penalty weight to the frozen reference (0 = no reference model is loaded)
-# 'k3': gradient of KL(ref||pi) (GRPO, TRL); 'k2': of KL(pi||ref); 'k1': in the advantage
+# 'k3': gradient of KL(ref||pi) (GRPO); 'k2': of KL(pi||ref); 'k1': in the advantage; 'k3_is': k3
+# times the ratio, of KL(pi||ref) (TRL); 'k3+': k3's value, k2's gradient (verl)
 kl_estimator = 'k3'
 kl_clamp = 10.0  # log ratios are clamped to +-this before the KL estimate
 kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
@@ -76,6 +82,7 @@ lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round 
 # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*'
 tis = ''
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
+tis_min = 0.0  # its lower bound C_min (truncate: clamp up to it; mask: zero below it); 0 = none
 # rewards: reward.REWARD_FNS names, 'reward_model'/'judge' or 'module:function'; kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
 failure_reward = 0.0  # reward of a sample whose reward function raised
@@ -152,7 +159,8 @@ from checkpoint import load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
-from loss import group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
+from loss import advantages, group_advantages, policy_loss, tis_weights  # noqa: E402
+from loss import token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, generate, sampler_model  # noqa: E402
@@ -412,9 +420,11 @@ while step < max_steps:
         kept = keep_groups(zero_all, P)
     else:
         kept = list(range(P))
-    adv, zero_std = group_advantages(r_all[kept], scale_rewards, adv_eps)
-    # groups of equal rewards have a gradient only through a KL or entropy term
-    skip_zero_std = filter_zero_std and not (beta or entropy_coef)
+    comp_lens = torch.tensor([len(c['ids']) for c in comps]).view(-1, G)[kept]
+    adv, zero_std = advantages(r_all[kept], advantage, scale_rewards, adv_eps, lens=comp_lens)
+    # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over
+    # the step by reinforce_pp, an advantage of their own)
+    skip_zero_std = filter_zero_std and not (beta or entropy_coef or advantage == 'reinforce_pp')
     rows, n_tok, n_seq, trained = train_rows(comps, adv, zero_std, prompts, owned, kept,
                                              filter_zero_std=skip_zero_std,
                                              mask_truncated=mask_truncated)
@@ -456,7 +466,8 @@ while step < max_steps:
         g['lr'] = lr_now
     nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
     first = metrics.rollout_sums(tis=bool(tis))  # iteration 0: the batch as the policy first saw it
-    last = metrics.moved_sums()  # the last iteration (num_iterations > 1): how far the policy moved
+    # the last iteration (num_iterations > 1): how far the policy moved
+    last = metrics.moved_sums(dual=clip_ratio_c > 0)
     grad_norm = 0.0
     skipped = n_trained == 0 or sc['all_failed']  # no update attempted: the gradient is 0
     for it in range(0 if skipped else num_iterations):
@@ -477,12 +488,13 @@ while step < max_steps:
             gen = gen_lp[j]
             isw = None  # tis: (weights, above the cap)
             if tis:
-                isw = tis_weights(old, gen, lens, tis, tis_cap)
+                isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
             ref = ref_lp[j] if ref_lp is not None else None
             loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                                    loss_type=loss_type, ref_logp=ref, beta=beta_now,
                                    kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
-                                   entropy_coef=entropy_coef, is_weight=isw[0] if isw else None)
+                                   entropy_coef=entropy_coef, is_weight=isw[0] if isw else None,
+                                   clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds)
             if nan_loss:
                 loss = loss * float('nan')
             # DDP/FSDP average the ranks' gradients; the step's gradient is their sum

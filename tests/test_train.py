@@ -210,6 +210,25 @@ def test_bf16_with_truncated_importance_sampling(tmp_path):
     assert math.isfinite(row['loss']) and row['grad_norm'] > 0
 
 
+def test_objective_variants_train(tmp_path):
+    """The new objective knobs reach the loss: REINFORCE++-baseline trains on every row (its equal
+    groups have an advantage), the dual clip logs its fraction, k3_is gives a KL, both TIS bounds
+    and CISPO's two bounds run."""
+    args = ['--max_steps=2', '--num_iterations=2', '--lr=3e-2']
+    run_together([tmp_path / 'a', *args, '--advantage=reinforce_pp', '--clip_ratio_c=1.5',
+                  '--beta=0.04', '--kl_estimator=k3_is', '--dtype=bfloat16',
+                  '--tis=token_truncate', '--tis_min=0.5'],
+                 [tmp_path / 'b', *args, '--advantage=rloo', '--loss_type=cispo',
+                  '--cispo_bounds=both', '--kl_estimator=k3+', '--beta=0.04'])
+    a, b = metrics(tmp_path / 'a')[2], metrics(tmp_path / 'b')[2]
+    assert a['frac_zero_std'] > 0 and a['rows_trained'] == 16, a
+    assert 0 <= a['clip/dual_frac'] <= 1, a
+    assert a['kl'] > 0 and 0.5 <= a['tis/weight_mean'] <= 3.0, a
+    assert b['kl'] > 0 and math.isfinite(b['loss']) and b['grad_norm'] > 0, b
+    p = run(tmp_path / 'c', '--advantage=maxrl', '--scale_rewards=none', check=False)
+    assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     p = run(tmp_path, '--max_steps=1', '--top_k=5')
     assert 'WARNING [off_policy_sampling]' in p.stdout and 'top_k=5' in p.stdout
