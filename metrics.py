@@ -62,7 +62,9 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     lens = [len(c['ids']) for c in comps]
     m = {'reward/mean': r.mean().item(), 'reward/std': r.std().item()}
     for k, v in sc['per_fn'].items():
-        m[f'reward/{k}/mean'] = sum(v) / len(v)
+        v = applicable(v)
+        if v:
+            m[f'reward/{k}/mean'] = sum(v) / len(v)
     m.update(reward_spread(sc, G))
     for k, v in sc['errors'].items():
         m[f'reward/{k}/errors'] = v
@@ -78,15 +80,30 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     return m
 
 
+def applicable(values):
+    """A reward function's values less its Nones (the samples it does not apply to)."""
+    return [x for x in values if x is not None]
+
+
+def flat(group):
+    """A group that a reward function gives no signal to: its applicable scores all equal."""
+    group = applicable(group)
+    return not group or max(group) == min(group)
+
+
 def reward_spread(sc, G):
     """Per reward function: the std of its scores and the share of groups (G consecutive samples)
-    whose G scores are all equal, i.e. groups that function gives no signal to."""
+    whose G scores are all equal, i.e. groups that function gives no signal to (samples it does not
+    apply to left out)."""
     out = {}
     for k, v in sc['per_fn'].items():
-        mean = sum(v) / len(v)
         groups = [v[i:i + G] for i in range(0, len(v), G)]
+        v = applicable(v)
+        if not v:
+            continue
+        mean = sum(v) / len(v)
         out[f'reward/{k}/std'] = math.sqrt(sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1))
-        n_flat = sum(max(g) == min(g) for g in groups)
+        n_flat = sum(flat(g) for g in groups)
         out[f'reward/{k}/frac_zero_std'] = n_flat / max(len(groups), 1)
     return out
 

@@ -223,7 +223,10 @@ def zero_reward_report(guards, sc, patience):
     """The stop message when the reward mean has been 0 (or every reward failed) for `patience`
     steps in a row."""
     errs = {k: v for k, v in sc['errors'].items() if v}
-    means = {k: round(sum(v) / max(len(v), 1), 4) for k, v in sc['per_fn'].items()}
+    means = {}
+    for k, v in sc['per_fn'].items():
+        v = [x for x in v if x is not None]  # the samples it applies to
+        means[k] = round(sum(v) / max(len(v), 1), 4)
     recent = '\n---\n'.join(x[:300] for x in guards['recent'])
     msg = (f"reward mean has been 0 (or every reward failed) for {guards['zero_streak']} steps "
            f"in a row (zero_reward_patience={patience}).\nReward means this step: {means}; "

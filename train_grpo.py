@@ -378,7 +378,8 @@ def rollout(examples, first, step, timing):
     graded = [examples[c['prompt_idx'] - first] for c in comps]
     extra = [{'n_tokens': len(c['ids']), 'truncated': c['truncated'],
               'max_new_tokens': max_new_tokens} for c in comps]
-    sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra)
+    sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra,
+               step=step)
     timing['reward'] = timing.get('reward', 0.0) + time.time() - t
     comps, sc = gather_step(comps, sc)  # torchrun: every rank's completions and rewards on each
     return prompts, mine, comps, sc

@@ -317,7 +317,8 @@ def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch
 
 def kl_gradients_off_policy(estimator):
     """The exact expected gradient of the penalty over tokens drawn from an old policy pi_old that
-    is not pi (sampling weight pi_old(a)), and grad KL(pi || ref), on a categorical over 6 tokens."""
+    is not pi (sampling weight pi_old(a)), and grad KL(pi || ref), on a categorical over 6
+    tokens."""
     torch.manual_seed(2)
     theta = torch.randn(6, dtype=torch.float64, requires_grad=True)
     ref = torch.log_softmax(torch.randn(6, dtype=torch.float64), 0)
@@ -362,7 +363,7 @@ def test_k3_is_and_k3_plus_values():
     plus = kl_estimate(logp, ref, 'k3+')
     assert torch.allclose(plus, k3), plus
     plus.sum().backward()
-    assert torch.allclose(logp.grad, -lr), f"k3+ passes k2's gradient, log pi - log ref: {logp.grad}"
+    assert torch.allclose(logp.grad, -lr), f"k3+ passes k2's gradient, logp - ref: {logp.grad}"
     with pytest.raises(ValueError, match='kl_estimator'):
         kl_estimate(logp, ref, 'k4')
 
@@ -470,7 +471,8 @@ def test_passk_rewards_only_the_best_by_its_margin():
 def test_reinforce_pp_whitens_over_tokens():
     """Rewards [1, 0] and [0, 0] with lengths [1, 3] and [2, 2]: centred 0.5, -0.5, 0, 0. Over the
     8 tokens: mean -1/8, unbiased variance (0.625^2 + 3 * 0.375^2 + 4 * 0.125^2) / 7 = 1/8, so the
-    advantages are 0.625, -0.375 and 0.125 times sqrt(8); the equal group gets 0.125 sqrt(8), not 0."""
+    advantages are 0.625, -0.375 and 0.125 times sqrt(8); the equal group gets 0.125 sqrt(8),
+    not 0."""
     r = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
     lens = torch.tensor([[1, 3], [2, 2]])
     adv, zero = advantages(r, 'reinforce_pp', lens=lens)

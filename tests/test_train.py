@@ -229,6 +229,19 @@ def test_objective_variants_train(tmp_path):
     assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
 
 
+def test_rewards_get_the_step_and_may_not_apply(tmp_path):
+    """A reward that names `step` gets the steps done (0, then 1); one that returns None for every
+    sample logs no mean and no error, and the run trains on the other reward."""
+    rewards = ("--rewards=[{'name': 'grpo_test_rewards:step_count'}, "
+               "{'name': 'grpo_test_rewards:digit_fraction'}, "
+               "{'name': 'grpo_test_rewards:not_applicable'}]")
+    run(tmp_path, '--max_steps=2', rewards)
+    rows = metrics(tmp_path)[1:]
+    assert [r['reward/step_count/mean'] for r in rows] == [0.0, 1.0], rows
+    assert all('reward/not_applicable/mean' not in r for r in rows), rows[0]
+    assert all(r['reward/not_applicable/errors'] == 0 for r in rows), rows[0]
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     p = run(tmp_path, '--max_steps=1', '--top_k=5')
     assert 'WARNING [off_policy_sampling]' in p.stdout and 'top_k=5' in p.stdout
