@@ -71,6 +71,9 @@ def bad_knob(c):
     error = bad_objective_knob(c)
     if error is not None:
         return error
+    if c['eval_samples'] == 1 or c['eval_samples'] < 0:
+        return (f"--eval_samples={c['eval_samples']}: sampled completions per evaluation problem, "
+                ">= 2 for pass@k and mean@k (0 = greedy pass@1 only)")
     if c['eval_max_new_tokens'] < 0:
         return (f"--eval_max_new_tokens={c['eval_max_new_tokens']}: tokens per evaluation "
                 "completion, >= 1 (0 = max_new_tokens)")

@@ -193,11 +193,12 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
-             out_path=None, progress=True, compile=False):
+             out_path=None, progress=True, compile=False, first=0):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). Writes one JSON row per problem to out_path when given. Returns the
-    summary dict."""
+    summary dict. first: the index of examples[0] among all problems evaluated (a rank's share
+    under torchrun), so that a problem's samples do not depend on how the problems were shared."""
     import tasks
     answer = tasks.answer_fn(task)
     was_training = model.training
@@ -207,13 +208,14 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
         chunk_prompts = [prompts[i] for i in chunk]
+        index = range(first + chunk.start, first + chunk.stop)
         greedy = generate(model, tok, chunk_prompts, 1, max_new_tokens, temperature=0.0,
-                          prompt_index=chunk, compile=compile)
+                          prompt_index=index, compile=compile)
         sampled = []
         if n_samples > 1:
             sampled = generate(model, tok, chunk_prompts, n_samples, max_new_tokens,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                               prompt_index=chunk, compile=compile)
+                               prompt_index=index, compile=compile)
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]

@@ -99,6 +99,8 @@ eval_every = 50  # greedy pass@1 on held-out problems every N steps, at start an
 eval_examples = 200  # held-out problems per evaluation (0 = all)
 eval_max_new_tokens = 0  # 0 = max_new_tokens
 eval_batch_size = 64  # problems per generate() call during eval
+eval_samples = 0  # k >= 2: also k sampled completions per problem: eval/pass@k, mean@k, maj@k
+eval_temperature = 1.0  # their temperature (the same seed at every eval; greedy pass@1 stays)
 log_samples_every = 10  # every N steps, a few completions with their rewards to samples.jsonl
 verbose = False  # numbered per-stage lines with elapsed time and memory
 # checkpoints and guards
@@ -277,18 +279,25 @@ log_metrics = metrics.metrics_log(metrics_path, master, out_dir=out_dir, wandb_l
 
 
 def run_eval(at_step):
-    """Greedy pass@1 on the held-out problems (each rank its share), as metrics eval/*."""
+    """Greedy pass@1 on the held-out problems (each rank its share), as metrics eval/*; with
+    eval_samples = k, also pass@k, mean@k and maj@k of k samples at eval_temperature."""
     t = time.time()
     lo = len(eval_set) * rank // world
     hi = len(eval_set) * (rank + 1) // world
     s = evaluate(gen_model, tok, task_mod, eval_set[lo:hi], system_prompt, instruction,
                  max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
-                 compile=compile_decode, progress=verbose and master)
+                 compile=compile_decode, progress=verbose and master, n_samples=eval_samples or 1,
+                 temperature=eval_temperature, seed=seed, first=lo)
+    k = eval_samples
+    sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
     if ddp:  # the task's own metrics are rank 0's share's
         counts = [s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']]
-        n, hits, trunc = all_reduce(counts, device)
+        counts += [s[key] * s['n'] for key in sampled]
+        n, hits, trunc, *more = all_reduce(counts, device)
         s = {**s, 'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
-    print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f} on {s['n']} problems "
+        s.update({key: v / max(n, 1) for key, v in zip(sampled, more)})
+    also = ''.join(f", {key} {s[key]:.3f}" for key in sampled)
+    print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f}{also} on {s['n']} problems "
           f"({time.time() - t:.1f}s)", flush=True)
     out = {f'eval/{k}': v for k, v in s.items() if k not in ('n', 'seconds')}
     out['timing_s/eval'] = time.time() - t

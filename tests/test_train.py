@@ -242,6 +242,23 @@ def test_rewards_get_the_step_and_may_not_apply(tmp_path):
     assert all(r['reward/not_applicable/errors'] == 0 for r in rows), rows[0]
 
 
+def test_sampled_evaluation_logs_pass_at_k_and_leaves_training_alone(tmp_path):
+    """eval_samples=4: eval/pass@4, eval/mean@4 beside greedy eval/pass@1 at every evaluation; the
+    sampler's own seeds leave the training RNG alone: the same training rows and weights as a run
+    without them."""
+    args = ['--max_steps=2', '--eval_every=1', '--eval_examples=6']
+    run_together([tmp_path / 'k', *args, '--eval_samples=4', '--eval_temperature=1.5'],
+                 [tmp_path / 'greedy', *args])
+    rows, plain = metrics(tmp_path / 'k'), metrics(tmp_path / 'greedy')
+    for r, p in zip(rows, plain):
+        assert 0 <= r['eval/mean@4'] <= r['eval/pass@4'] <= 1 and 'eval/maj@4' in r, r
+        assert r['eval/pass@1'] == p['eval/pass@1'], "greedy pass@1 is unchanged"
+        assert {k: v for k, v in stable(r).items() if not k.startswith('eval/')} == \
+            {k: v for k, v in stable(p).items() if not k.startswith('eval/')}, r['step']
+    wk, wg = weights(tmp_path / 'k', 2), weights(tmp_path / 'greedy', 2)
+    assert all(torch.equal(wk[k], wg[k]) for k in wk), "sampled evaluation changed the training"
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     p = run(tmp_path, '--max_steps=1', '--top_k=5')
     assert 'WARNING [off_policy_sampling]' in p.stdout and 'top_k=5' in p.stdout
