@@ -64,10 +64,14 @@ def bad_knob(c):
                 "of prompts, >= 0")
     counts = {'max_new_tokens': 'tokens per completion', 'batch_prompts': 'prompts per step',
               'micro_batch_size': 'rows per forward pass',
-              'num_iterations': 'optimizer steps per rollout batch'}
+              'num_iterations': 'optimizer steps per rollout batch',
+              'mini_batches': 'mini-batches (optimizer steps) per iteration'}
     for key, what in counts.items():
         if c[key] < 1:
             return f"--{key}={c[key]}: the number of {what}, >= 1"
+    if c['mini_batches'] > c['batch_prompts']:
+        return (f"--mini_batches={c['mini_batches']}: each mini-batch holds whole groups, at most "
+                f"batch_prompts={c['batch_prompts']} of them")
     error = bad_objective_knob(c)
     if error is not None:
         return error
@@ -299,6 +303,13 @@ def injected_faults(step, nan_steps, stall_step, stall_s):
     if step == stall_step:
         injected_stall(stall_s)
     return step in nan_steps
+
+
+def injected_kill(done, at):
+    """fault_kill_opt_step: SIGKILL this process right after its `at`-th GRPO optimizer step, as a
+    kill at that instant would (no handler runs, nothing is saved)."""
+    if done == at:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def injected_stall(seconds):  # named so the watchdog's stack dump points straight at it

@@ -67,6 +67,9 @@ eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
 clip_ratio_c = 0.0  # dual-clip: A < 0 tokens' loss capped at -A * this (> 1; verl: 3.0); 0 = off
 cispo_bounds = 'high'  # CISPO's weight: 'high' min(ratio, 1 + eps_high), 'both' also >= 1 - eps_low
 num_iterations = 1  # mu: optimizer steps per rollout batch (1 = on-policy: ratio 1, nothing clips)
+# PPO mini-batches: the step's groups dealt into this many disjoint sets, one optimizer step each
+# (per iteration), each normalised over its own rows; > 1: old log-probs are taken before the first
+mini_batches = 1
 beta = 0.0  # KL penalty weight to the frozen reference (0 = no reference model is loaded)
 # 'k3': gradient of KL(ref||pi) (GRPO); 'k2': of KL(pi||ref); 'k1': in the advantage; 'k3_is': k3
 # times the ratio, of KL(pi||ref) (TRL); 'k3+': k3's value, k2's gradient (verl)
@@ -125,6 +128,7 @@ plot_every = 10  # redraw curves.png every N steps (and at the end)
 fault_nan_steps = []  # testing: steps whose loss is made NaN
 fault_stall_step = -1  # testing: step that sleeps fault_stall_s before its update (the watchdog)
 fault_stall_s = 0.0  # testing: length of that stall
+fault_kill_opt_step = 0  # testing: SIGKILL this process right after its N-th GRPO optimizer step
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32)
@@ -156,7 +160,7 @@ import lora  # noqa: E402
 import metrics  # noqa: E402
 import safety  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
-from batch import pad_micro_batches, train_rows  # noqa: E402
+from batch import mini_batch_groups, pad_micro_batches, train_rows  # noqa: E402
 from checkpoint import load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
@@ -363,6 +367,7 @@ def reduce_across_ranks(values, op):
 
 # ------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
+opt_steps = 0  # GRPO optimizer steps this process has taken (fault_kill_opt_step counts them)
 print(metrics.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode),
       flush=True)
 
@@ -443,16 +448,32 @@ while step < max_steps:
         step_share = choose_share_prompt(rows, model.config, model.packed_kind())
     else:
         step_share = share_prompt
-    micro = micro_batches(rows, micro_batch_size, whole_groups=step_share)  # packed: whole groups
-    n_real = len(micro)
-    if ddp:  # every rank runs as many passes: padded with passes of weight 0
-        micro = pad_micro_batches(micro, tok.pad_id, device)
+    # mini_batches > 1: disjoint sets of groups, each with its own rows and loss normalisers and its
+    # own optimizer step
+    parts = [(rows, n_tok, n_seq, trained)]
+    if mini_batches > 1:
+        parts = []
+        for pos in mini_batch_groups(len(kept), mini_batches):
+            parts.append(train_rows(comps, adv[pos], zero_std[pos], prompts, owned,
+                                    [kept[k] for k in pos], filter_zero_std=skip_zero_std,
+                                    mask_truncated=mask_truncated))
+    micro, plan, mini_of = [], [], []  # micro-batches; mini-batches; each micro-batch's mini-batch
+    for part_rows, part_tok, part_seq, part_trained in parts:
+        mbs = micro_batches(part_rows, micro_batch_size, whole_groups=step_share)  # packed: groups
+        n_real = len(mbs)
+        if ddp:  # every rank runs as many passes: padded with passes of weight 0
+            mbs = pad_micro_batches(mbs, tok.pad_id, device)
+        plan.append({'end': len(micro) + len(mbs), 'real_end': len(micro) + n_real,
+                     'n_tok': part_tok, 'n_seq': part_seq, 'rows': part_trained[0]})
+        mini_of += [len(plan) - 1] * len(mbs)
+        micro += mbs
+    moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
 
-    # 4. old (num_iterations > 1) and reference (beta > 0) log-probs, no grad
+    # 4. old (when the policy moves within the step) and reference (beta > 0) log-probs, no grad
     t = time.time()
     with torch.no_grad():
         old_lp = None
-        if num_iterations > 1:
+        if moved:
             old_lp = [logprobs(train_model, mb)[0] for mb in micro]
         timing['old_logprob'] = time.time() - t
         t = time.time()
@@ -476,24 +497,27 @@ while step < max_steps:
         g['lr'] = lr_now
     nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
     first = metrics.rollout_sums(tis=bool(tis))  # iteration 0: the batch as the policy first saw it
-    # the last iteration (num_iterations > 1): how far the policy moved
+    # the last iteration (num_iterations > 1 or mini_batches > 1): how far the policy moved, each
+    # mini-batch's tokens measured at its own optimizer step
     last = metrics.moved_sums(dual=clip_ratio_c > 0)
     grad_norm = 0.0
     skipped = n_trained == 0 or sc['all_failed']  # no update attempted: the gradient is 0
+    finite = True
     for it in range(0 if skipped else num_iterations):
         for j, mb in enumerate(micro):
-            # DDP all-reduces the gradients once, in the last micro-batch's backward (FSDP
-            # reduce-scatters each)
+            part = plan[mini_of[j]]  # its mini-batch (mini_batches = 1: the whole step)
+            # DDP all-reduces the gradients once, in the mini-batch's last micro-batch's backward
+            # (FSDP reduce-scatters each)
             no_sync = contextlib.nullcontext()
-            if ddp and not fsdp and j < len(micro) - 1:
+            if ddp and not fsdp and j < part['end'] - 1:
                 no_sync = train_model.no_sync()
             with no_sync:
                 logp, ent = logprobs(train_model, mb)
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
             seq_adv = torch.tensor([rw['adv'] for rw in mb], device=logp.device)
             A = torch.repeat_interleave(seq_adv, lens)  # each token its sequence's advantage
-            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens)
-            w = w * (j < n_real)  # padding passes weigh 0
+            w = token_weights(lens, loss_agg, part['n_tok'], part['n_seq'], max_new_tokens)
+            w = w * (j < part['real_end'])  # padding passes weigh 0
             old = old_lp[j] if old_lp is not None else logp.detach()
             gen = gen_lp[j]
             isw = None  # tis: (weights, above the cap)
@@ -509,21 +533,32 @@ while step < max_steps:
                 loss = loss * float('nan')
             # DDP/FSDP average the ranks' gradients; the step's gradient is their sum
             (loss * world).backward()
-            if j < n_real and it == 0:
+            if mini_batches > 1:  # the logged loss: the mean of the mini-batches' losses
+                loss, w = loss / mini_batches, w / mini_batches
+            if j < part['real_end'] and it == 0:
                 metrics.add_rollout(first, loss, st, w, logp, ent, gen_logp=gen, is_weight=isw,
                                     n_tokens=t_trained)
-            elif j < n_real and it == num_iterations - 1:
+            if j < part['real_end'] and it == num_iterations - 1 and moved:
                 metrics.add_moved(last, st, logp, old, t_trained)
-        if ddp and it == 0:  # each rank summed its own tokens' shares
-            metrics.reduce_metrics(first, reduce_across_ranks)
-        elif ddp and it == num_iterations - 1:
-            metrics.reduce_metrics(last, reduce_across_ranks)
-        max_norm = grad_clip if grad_clip > 0 else float('inf')
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
-        if not (math.isfinite(grad_norm) and math.isfinite(first['sum']['loss'])):
+            if j < part['end'] - 1:  # the mini-batch's optimizer step follows its last micro-batch
+                continue
+            if ddp and j == len(micro) - 1 and it == 0:  # each rank summed its own tokens' shares
+                metrics.reduce_metrics(first, reduce_across_ranks)
+            if ddp and j == len(micro) - 1 and it == num_iterations - 1 and moved:
+                metrics.reduce_metrics(last, reduce_across_ranks)
+            if part['rows'] == 0:  # a mini-batch with nothing to train on takes no step
+                continue
+            max_norm = grad_clip if grad_clip > 0 else float('inf')
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+            finite = math.isfinite(grad_norm) and math.isfinite(first['sum']['loss'])
+            if not finite:
+                break
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            opt_steps += 1
+            safety.injected_kill(opt_steps, fault_kill_opt_step)
+        if not finite:
             break
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
     optimizer.zero_grad(set_to_none=True)  # a skipped (non-finite) update leaves no gradient behind
     sync_gen_model()
     timing['update'] = time.time() - t
@@ -542,7 +577,7 @@ while step < max_steps:
         m['dynamic/groups_short'] = P - len(kept)
     m.update(metrics.metrics_of(first))
     m['grad_norm'] = grad_norm
-    if num_iterations > 1 and not skipped:
+    if moved and not skipped:
         m.update(metrics.metrics_of(last))
     m.update({'kl_coef': beta_now, 'rows_trained': n_trained, 'tokens_trained': t_trained,
               'packed': int(step_share)})

@@ -306,6 +306,42 @@ def test_exact_resume_after_sigkill(tmp_path):
         "final weights are not bit-identical after resume"
 
 
+def test_mini_batches_resume_exactly_after_a_kill_between_optimizer_steps(tmp_path):
+    """mini_batches=2 x num_iterations=2: four optimizer steps per GRPO step, each mini-batch's
+    ratio against the old log-probs taken before the first. Killed (SIGKILL) right after the 4th
+    optimizer step (step 1's last, before its checkpoint) and after the 5th, 6th and 7th (between
+    each two of step 2's), then rerun: the same metrics and weights as the run that was not."""
+    args = ['--max_steps=2', '--mini_batches=2', '--num_iterations=2', '--save_every=1',
+            '--keep_last=10', '--lr=3e-2']
+    kills = (4, 5, 6, 7)
+    jobs = [[tmp_path / 'straight', *args], [tmp_path / 'mu1', '--max_steps=1', '--mini_batches=2']]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(run, *job) for job in jobs]
+        killed = [pool.submit(run, tmp_path / f'kill{n}', *args, f'--fault_kill_opt_step={n}',
+                              check=False) for n in kills]
+        for n, k in zip(kills, killed):
+            assert k.result().returncode == -signal.SIGKILL, f"kill {n}: the run was not killed"
+            newest = newest_ckpt(tmp_path / f'kill{n}')[0]
+            assert newest == (n - 1) // 4, f"kill {n}: newest checkpoint {newest}"
+        resumed = [pool.submit(run, tmp_path / f'kill{n}', *args) for n in kills]
+        [f.result() for f in done + resumed]
+    ra = metrics(tmp_path / 'straight')
+    wa = weights(tmp_path / 'straight', 2)
+    opt = torch.load(tmp_path / 'straight' / 'ckpt_0000002.pt', weights_only=False)['optimizer']
+    assert all(int(st['step']) == 8 for st in opt['state'].values()), "2 steps x 2 x 2"
+    for n in kills:
+        rb = metrics(tmp_path / f'kill{n}')
+        assert [r['step'] for r in rb] == [0, 1, 2], f"kill {n}: steps {rb}"
+        for x, y in zip(ra, rb):
+            assert stable(x) == stable(y), f"kill {n}: step {x['step']} differs after resume"
+        wb = weights(tmp_path / f'kill{n}', 2)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), f"kill {n}: weights differ"
+    # one iteration of two mini-batches: the second is trained by a policy the first moved
+    row = metrics(tmp_path / 'mu1')[1]
+    assert row['ratio/min'] < 1 < row['ratio/max'] and row['kl_old_new'] > 0, row
+    assert ra[1]['clip/low_frac'] + ra[1]['clip/high_frac'] > 0, ra[1]
+
+
 def newest_ckpt(out_dir, pid=None):
     """Step of the newest complete checkpoint in out_dir (-1: none), and whether process pid is
     writing one now (its temporary file exists: a checkpoint is written under a temporary name and
