@@ -154,6 +154,23 @@ def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0, *, log_ratio=None):
     raise ValueError(f"kl_estimator={estimator!r}: expected one of {KL_ESTIMATORS}")
 
 
+def entropy_cut(entropies, quantile):
+    """The entropy at or above which a token is among the top `quantile` share of entropies
+    (top_entropy_quantile, "Beyond the 80/20 rule", arXiv 2506.01939; TRL's get_high_entropy_mask):
+    torch.quantile(entropies, 1 - quantile), linear interpolation. 0 keeps the highest only."""
+    return torch.quantile(entropies.float(), 1 - quantile).item()
+
+
+def adapt_entropy_coef(coef, entropy, *, target, delta, lo, hi):
+    """Adaptive entropy control (Skywork-OR1, arXiv 2505.22312; TRL's use_adaptive_entropy): the
+    coefficient rises by delta when the entropy is at or below target, else falls by delta, within
+    [lo, hi]. The bonus is applied (at the new coefficient) only while the last entropy measured is
+    at or below target."""
+    if entropy <= target:
+        return min(coef + delta, hi)
+    return max(coef - delta, lo)
+
+
 LOSS_TYPES = ('grpo', 'gspo', 'cispo')
 TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask')
 
@@ -185,7 +202,7 @@ def tis_weights(train_logp, gen_logp, lens, mode, cap, *, floor=0.0):
 
 def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None,
                 beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
-                is_weight=None, clip_ratio_c=0.0, cispo_bounds='high'):
+                is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None):
     """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
     Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
     advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:
@@ -198,6 +215,8 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
                cispo_bounds='both': the weight is clip(ratio, 1 - eps_low, 1 + eps_high) (verl).
     clip_ratio_c > 1 (dual-clip, 'grpo'/'gspo'): where A < 0 the per-token loss is also capped at
     -A * clip_ratio_c, so a token whose ratio ran past clip_ratio_c passes no gradient (dual_clip).
+    token_mask (top_entropy_quantile): 1 for the tokens the policy-gradient and entropy terms act
+    on, 0 for the rest (the KL term acts on every token, as in TRL).
     On-policy (ratio 1) all three give the same gradient, -A grad log pi. kl_estimator 'k1' enters
     as a detached penalty in the advantage, A - beta * (k1 summed from this token to the sequence's
     end); 'k2'/'k3' as loss terms. is_weight (tis_weights): multiplies the policy-gradient term per
@@ -229,6 +248,9 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         clip_high = ratio > 1 + eps_high
     else:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {LOSS_TYPES}")
+    if token_mask is not None:
+        pg = pg * token_mask
+        entropy = entropy * token_mask if entropy is not None else None
     tok_loss = pg if is_weight is None else pg * is_weight
     if ref_logp is not None and kl_estimator != 'k1':
         tok_loss = tok_loss + beta * kl

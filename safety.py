@@ -95,6 +95,12 @@ def bad_objective_knob(c):
     if not 0 <= c['tis_min'] < c['tis_cap']:
         return (f"--tis_min={c['tis_min']}: the lower bound on pi_train / pi_sampler, >= 0 and "
                 f"below tis_cap={c['tis_cap']}")
+    if not 0 <= c['top_entropy_quantile'] <= 1:
+        return (f"--top_entropy_quantile={c['top_entropy_quantile']}: the share of tokens (by "
+                "entropy) trained on, in [0, 1] (1 = all)")
+    if c['adaptive_entropy'] and not (0 <= c['entropy_coef_min'] <= c['entropy_coef_max']):
+        return (f"--entropy_coef_min={c['entropy_coef_min']}, --entropy_coef_max="
+                f"{c['entropy_coef_max']}: adaptive entropy needs 0 <= min <= max")
     own_scale = ('rloo', 'reinforce_pp', 'maxrl')
     if c['advantage'] in own_scale and c['scale_rewards'] != 'group':
         return (f"--scale_rewards={c['scale_rewards']!r}: advantage={c['advantage']!r} has its own "
@@ -108,7 +114,7 @@ def startup_warnings(c):
         print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']} truncate "
               "the sampler's distribution, while the loss scores tokens under the full softmax: "
               "training is off-policy; use top_k=0, top_p=1.0 for on-policy GRPO", flush=True)
-    if c['filter_zero_std'] and (c['beta'] or c['entropy_coef']):
+    if c['filter_zero_std'] and (c['beta'] or c['entropy_coef'] or c['adaptive_entropy']):
         print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal "
               "rewards still have a KL or entropy gradient, so they are trained on", flush=True)
     if c['device'] == 'cpu':

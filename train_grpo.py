@@ -80,6 +80,16 @@ filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 with
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
+# adaptive entropy (Skywork-OR1): entropy_coef is the start; each step it moves by entropy_coef_delta
+# (up while the entropy is <= entropy_target, else down) within [entropy_coef_min, entropy_coef_max]
+adaptive_entropy = False
+entropy_target = 0.2  # nats per token; the bonus acts only while the entropy is at or below it
+entropy_coef_delta = 0.005  # the coefficient's step
+entropy_coef_min = 0.0  # its lower bound
+entropy_coef_max = 1.0  # its upper bound
+# train the policy-gradient (and entropy) term on the top share of tokens by entropy, the rest
+# masked (Beyond the 80/20 rule: 0.2); 1.0 = every token
+top_entropy_quantile = 1.0
 lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: at most that many logits; 0: kernels.py
 lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob)
 # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*'
@@ -166,8 +176,8 @@ from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
 from loss import advantages, group_advantages, policy_loss, tis_weights  # noqa: E402
-from loss import token_weights  # noqa: E402
-from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
+from loss import adapt_entropy_coef, entropy_cut, token_weights  # noqa: E402
+from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, generate, sampler_model  # noqa: E402
 from sft import warm_start  # noqa: E402
@@ -258,6 +268,8 @@ def lr_at(step, peak, total, warmup):  # linear warmup, then cosine down to peak
 
 # ------------------------------------------------------------------------- resume or start fresh
 step, cursor, lr_scale, rollbacks = 0, 0, 1.0, 0  # cursor: where the next step's prompts start
+# adaptive_entropy: the coefficient and the last entropy measured (none yet: the bonus waits)
+entropy_state = {'coef': entropy_coef, 'last': math.inf}
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
@@ -265,12 +277,14 @@ state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=confi
 if state is not None:  # None: a fresh start
     step, cursor = state['step'], state['cursor']
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
+    entropy_state = state.get('entropy_state', entropy_state)
     sync_gen_model()
 
 
 def save(step_done):
     """checkpoint.py: atomic, finite weights only, rank 0 writes; with the HF export."""
     run_state = {'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks, 'guards': guards,
+                 'entropy_state': entropy_state,
                  'ref_source': init_from}
     return save_run(out_dir, step_done, model, optimizer, fsdp, master, keep_last=keep_last,
                     run_state=run_state, tok=tok if export_hf else None, config=config,
@@ -439,7 +453,8 @@ while step < max_steps:
     adv, zero_std = advantages(r_all[kept], advantage, scale_rewards, adv_eps, lens=comp_lens)
     # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over
     # the step by reinforce_pp, an advantage of their own)
-    skip_zero_std = filter_zero_std and not (beta or entropy_coef or advantage == 'reinforce_pp')
+    entropy_term = entropy_coef or adaptive_entropy
+    skip_zero_std = filter_zero_std and not (beta or entropy_term or advantage == 'reinforce_pp')
     rows, n_tok, n_seq, trained = train_rows(comps, adv, zero_std, prompts, owned, kept,
                                              filter_zero_std=skip_zero_std,
                                              mask_truncated=mask_truncated)
@@ -475,6 +490,14 @@ while step < max_steps:
         old_lp = None
         if moved:
             old_lp = [logprobs(train_model, mb)[0] for mb in micro]
+        # top_entropy_quantile < 1: the entropy cut over the step's tokens, before the update
+        # (every rank runs every pass, padding included: FSDP's gathers pair up)
+        cut = None
+        if top_entropy_quantile < 1 and n_trained > 0:
+            ents = [logprobs(train_model, mb)[1] for mb in micro]
+            real = [e for j, e in enumerate(ents) if j < plan[mini_of[j]]['real_end']]
+            ents = gather_tensor(torch.cat(real or [torch.zeros(0)]).float().cpu())
+            cut = entropy_cut(ents, top_entropy_quantile)
         timing['old_logprob'] = time.time() - t
         t = time.time()
         ref_lp = None
@@ -495,6 +518,9 @@ while step < max_steps:
     lr_now = lr_at(step, lr, max_steps, warmup_steps) * lr_scale
     for g in optimizer.param_groups:
         g['lr'] = lr_now
+    coef_now = entropy_coef
+    if adaptive_entropy:  # the coefficient only while the last entropy was at or below the target
+        coef_now = entropy_state['coef'] * (entropy_state['last'] <= entropy_target)
     nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
     first = metrics.rollout_sums(tis=bool(tis))  # iteration 0: the batch as the policy first saw it
     # the last iteration (num_iterations > 1 or mini_batches > 1): how far the policy moved, each
@@ -527,8 +553,9 @@ while step < max_steps:
             loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                                    loss_type=loss_type, ref_logp=ref, beta=beta_now,
                                    kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
-                                   entropy_coef=entropy_coef, is_weight=isw[0] if isw else None,
-                                   clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds)
+                                   entropy_coef=coef_now, is_weight=isw[0] if isw else None,
+                                   clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds,
+                                   token_mask=None if cut is None else (ent.detach() >= cut).float())
             if nan_loss:
                 loss = loss * float('nan')
             # DDP/FSDP average the ranks' gradients; the step's gradient is their sum
@@ -581,6 +608,15 @@ while step < max_steps:
         m.update(metrics.metrics_of(last))
     m.update({'kl_coef': beta_now, 'rows_trained': n_trained, 'tokens_trained': t_trained,
               'packed': int(step_share)})
+    if cut is not None:
+        m['entropy_cut'] = cut
+    if adaptive_entropy:  # the coefficient this step applied; the next step's from its entropy
+        m['entropy_coef'] = coef_now
+    if adaptive_entropy and not skipped:
+        entropy_state['last'] = m['entropy']
+        entropy_state['coef'] = adapt_entropy_coef(entropy_state['coef'], m['entropy'],
+                                                   target=entropy_target, delta=entropy_coef_delta,
+                                                   lo=entropy_coef_min, hi=entropy_coef_max)
     m.update(metrics.mem_stats(device))
     has_kl = ref_model is not None  # the KL is only measured against a reference
     m.update(safety.warn(guards, m, skipped=skipped, max_new_tokens=max_new_tokens,

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from batch import micro_batches
-from loss import (advantages, group_advantages, kl_estimate, policy_loss, reverse_cumsum,
-                  segment_sum, tis_weights, token_weights)
+from loss import (adapt_entropy_coef, advantages, entropy_cut, group_advantages, kl_estimate,
+                  policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights)
 
 CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
 SYMMETRIC = dict(eps_low=0.2, eps_high=0.2)
@@ -494,7 +494,8 @@ def test_grpo_advantage_is_group_advantages():
 def test_objective_knobs_that_do_not_fit_together_are_refused():
     from safety import bad_objective_knob
     ok = {'clip_ratio_c': 0.0, 'loss_type': 'grpo', 'tis_min': 0.0, 'tis_cap': 3.0,
-          'advantage': 'grpo', 'scale_rewards': 'group'}
+          'advantage': 'grpo', 'scale_rewards': 'group', 'top_entropy_quantile': 1.0,
+          'adaptive_entropy': False, 'entropy_coef_min': 0.0, 'entropy_coef_max': 1.0}
     assert bad_objective_knob(ok) is None
     assert bad_objective_knob({**ok, 'clip_ratio_c': 3.0}) is None
     assert '--clip_ratio_c=0.5' in bad_objective_knob({**ok, 'clip_ratio_c': 0.5})
@@ -504,3 +505,40 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
     assert "'rloo' has its own" in bad_objective_knob({**ok, 'advantage': 'rloo',
                                                        'scale_rewards': 'none'})
     assert bad_objective_knob({**ok, 'advantage': 'passk', 'scale_rewards': 'none'}) is None
+    assert '--top_entropy_quantile=1.5' in bad_objective_knob({**ok, 'top_entropy_quantile': 1.5})
+    assert 'min <= max' in bad_objective_knob({**ok, 'adaptive_entropy': True,
+                                               'entropy_coef_min': 0.5, 'entropy_coef_max': 0.1})
+
+
+def test_entropy_cut_keeps_the_top_share():
+    """Entropies 0.1 ... 0.9, top 40%: the 0.6 quantile, 0.5 + 0.4 * 0.2 = 0.58, keeps 0.7 and
+    0.9; quantile 0 keeps the highest only (TRL's top_entropy_quantile)."""
+    ent = torch.tensor([0.1, 0.5, 0.9, 0.3, 0.7])
+    cut = entropy_cut(ent, 0.4)
+    assert abs(cut - 0.58) < 1e-6 and (ent >= cut).tolist() == [False, False, True, False, True]
+    assert (ent >= entropy_cut(ent, 0.0)).tolist() == [False, False, True, False, False]
+    assert (ent >= entropy_cut(ent, 1.0)).all()
+
+
+def test_token_mask_drops_the_policy_gradient_and_entropy_terms_of_masked_tokens():
+    """Masked tokens pass neither the policy-gradient nor the entropy gradient; the KL acts on
+    every token (TRL masks per_token_loss before adding beta * KL)."""
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    ref, ent = torch.tensor([-1.5, -1.0]), torch.tensor([2.0, 3.0], requires_grad=True)
+    adv, lens = torch.tensor([1.0, -1.0]), torch.ones(2, dtype=torch.long)
+    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(2), lens, **CLIP, ref_logp=ref,
+                          beta=0.1, entropy=ent, entropy_coef=0.01,
+                          token_mask=torch.tensor([1.0, 0.0]))
+    loss.backward()
+    k3_grad = 1 - torch.exp(ref - logp.detach())  # d k3 / d logp
+    assert torch.allclose(logp.grad, torch.tensor([-1.0, 0.0]) + 0.1 * k3_grad), logp.grad
+    assert torch.allclose(ent.grad, torch.tensor([-0.01, 0.0])), ent.grad
+
+
+def test_adaptive_entropy_coefficient_steps_toward_the_target():
+    """Skywork-OR1 / TRL: +delta at or below the target, -delta above, within [lo, hi]."""
+    kw = dict(target=0.2, delta=0.005, lo=0.0, hi=0.012)
+    assert abs(adapt_entropy_coef(0.001, 0.1, **kw) - 0.006) < 1e-12
+    assert abs(adapt_entropy_coef(0.001, 0.2, **kw) - 0.006) < 1e-12, "at the target: up"
+    assert adapt_entropy_coef(0.001, 0.3, **kw) == 0.0, "down, not below lo"
+    assert adapt_entropy_coef(0.01, 0.1, **kw) == 0.012, "up, not above hi"

@@ -259,6 +259,27 @@ def test_sampled_evaluation_logs_pass_at_k_and_leaves_training_alone(tmp_path):
     assert all(torch.equal(wk[k], wg[k]) for k in wk), "sampled evaluation changed the training"
 
 
+def test_entropy_control_trains_and_resumes(tmp_path):
+    """adaptive_entropy with a target above any entropy: no bonus at step 1 (no entropy measured
+    yet), then 0.01 + 0.05 and + 0.10; killed after step 3's update and rerun, the coefficient
+    resumes from the checkpoint. top_entropy_quantile=0.2 logs the entropy cut it trained above."""
+    args = ['--max_steps=3', '--save_every=1', '--adaptive_entropy=True', '--entropy_coef=0.01',
+            '--entropy_coef_delta=0.05', '--entropy_target=100.0', '--top_entropy_quantile=0.2']
+    straight, killed = tmp_path / 'straight', tmp_path / 'killed'
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = pool.submit(run, straight, *args)
+        k = run(killed, *args, '--fault_kill_opt_step=3', check=False)
+        done.result()
+    assert k.returncode == -signal.SIGKILL and newest_ckpt(killed)[0] == 2, k.returncode
+    rows = metrics(straight)
+    assert [round(r['entropy_coef'], 6) for r in rows[1:]] == [0.0, 0.06, 0.11], rows
+    assert all(0 < r['entropy_cut'] for r in rows[1:]), rows
+    run(killed, *args)
+    assert [stable(r) for r in metrics(killed)] == [stable(r) for r in rows]
+    wa, wb = weights(straight, 3), weights(killed, 3)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "weights differ after resume"
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     p = run(tmp_path, '--max_steps=1', '--top_k=5')
     assert 'WARNING [off_policy_sampling]' in p.stdout and 'top_k=5' in p.stdout
