@@ -114,7 +114,7 @@ def startup_warnings(c):
         print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']} truncate "
               "the sampler's distribution, while the loss scores tokens under the full softmax: "
               "training is off-policy; use top_k=0, top_p=1.0 for on-policy GRPO", flush=True)
-    if c['filter_zero_std'] and (c['beta'] or c['entropy_coef'] or c['adaptive_entropy']):
+    if c['filter_zero_std'] and (c['beta'] or c['entropy_coef'] or c.get('adaptive_entropy')):
         print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal "
               "rewards still have a KL or entropy gradient, so they are trained on", flush=True)
     if c['device'] == 'cpu':

@@ -550,12 +550,15 @@ while step < max_steps:
             if tis:
                 isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
             ref = ref_lp[j] if ref_lp is not None else None
+            keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
+            if cut is not None:
+                keep = (ent.detach() >= cut).float()
             loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                                    loss_type=loss_type, ref_logp=ref, beta=beta_now,
                                    kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
                                    entropy_coef=coef_now, is_weight=isw[0] if isw else None,
                                    clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds,
-                                   token_mask=None if cut is None else (ent.detach() >= cut).float())
+                                   token_mask=keep)
             if nan_loss:
                 loss = loss * float('nan')
             # DDP/FSDP average the ranks' gradients; the step's gradient is their sum
