@@ -220,6 +220,13 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=T
     return rows, n_tok, n_seq, (n_trained, t_trained)
 
 
+def mini_batch_groups(n_groups, n):
+    """PPO mini-batches: the step's groups (by their row in the advantages) dealt into n disjoint
+    sets, group k into set k % n, so that each set draws on every rank's share of the prompts (a
+    rank holds consecutive ones). Groups stay whole: a group's rows share one optimizer step."""
+    return [list(range(b, n_groups, n)) for b in range(n)]
+
+
 def keep_groups(zero_std, n_groups):
     """Dynamic sampling (DAPO): the indices of the first n_groups groups whose rewards differ, in
     the order drawn."""

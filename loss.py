@@ -29,6 +29,66 @@ def group_advantages(rewards, scale='group', eps=1e-4):
     return torch.where(zero, 0.0, adv), zero.squeeze(1)
 
 
+ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk')
+
+
+def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None):
+    """rewards (P, G) -> advantages (P, G), zero_std (P,) bool, by one of ADVANTAGES:
+    'grpo': group_advantages (r - group mean, scaled as `scale` says);
+    'rloo': r minus the mean of the group's other G - 1 rewards, = G / (G - 1) * (r - group mean),
+        not scaled (RLOO; verl 'rloo', OpenRLHF 'rloo', TRL's RLOOTrainer);
+    'reinforce_pp': r - group mean, then whitened over the step's completion tokens: each
+        completion's value counts once per token (lens (P, G): its length), unbiased variance,
+        (x - mean) / sqrt(var + 1e-8) (REINFORCE++-baseline; verl 'reinforce_plus_plus_baseline').
+        A group of equal rewards gets -mean / std, not 0;
+    'maxrl': (r - group mean) / group mean, 0 where the mean is <= 0 (MaxRL; prime-rl max_rl);
+    'passk': only the group's best completion gets an advantage, r_max - r_second_max, scaled as
+        `scale` says (pass@k training; verl 'grpo_passk').
+    zero_std marks the groups whose G rewards are all equal, whatever the estimator."""
+    if estimator == 'grpo':
+        return group_advantages(rewards, scale, eps)
+    std = rewards.std(dim=1, keepdim=True)
+    zero = std < 1e-6
+    mean = rewards.mean(dim=1, keepdim=True)
+    G = rewards.shape[1]
+    if estimator == 'rloo':
+        adv = (rewards - mean) * (G / (G - 1))
+    elif estimator == 'reinforce_pp':
+        adv = whiten(rewards - mean, lens)
+    elif estimator == 'maxrl':
+        adv = torch.where(mean > 0, (rewards - mean) / mean.clamp(min=1e-30), 0.0)
+    elif estimator == 'passk':
+        adv = passk_advantages(rewards, scale, eps)
+    else:
+        raise ValueError(f"advantage={estimator!r}: expected one of {ADVANTAGES}")
+    if estimator != 'reinforce_pp':  # all-equal groups: exactly 0
+        adv = torch.where(zero, 0.0, adv)
+    return adv, zero.squeeze(1)
+
+
+def whiten(x, lens):
+    """x (P, G) whitened over tokens: each entry weighted by its completion's length lens (P, G),
+    unbiased variance over the token count (verl's masked_whiten)."""
+    n = lens.sum()
+    mean = (x * lens).sum() / n
+    var = ((x - mean) ** 2 * lens).sum() / n * (n / (n - 1))
+    return (x - mean) * torch.rsqrt(var + 1e-8)
+
+
+def passk_advantages(rewards, scale, eps):
+    """Each group's best completion gets r_max - r_second_max (divided by the group's std + eps,
+    or the step's, as `scale` says), the others 0. Ties for the best give 0, whichever is picked."""
+    top, idx = torch.topk(rewards, 2, dim=1)
+    gap = top[:, :1] - top[:, 1:]
+    if scale == 'group':
+        gap = gap / (rewards.std(dim=1, keepdim=True) + eps)
+    elif scale == 'batch':
+        gap = gap / (rewards.std() + eps)
+    elif scale != 'none':
+        raise ValueError(f"scale_rewards={scale!r}: expected 'group', 'batch' or 'none'")
+    return torch.zeros_like(rewards).scatter(1, idx[:, :1], gap)
+
+
 def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens, *, sampled=None):
     """Per-token weight for the micro-batch whose sequences have these completion lengths (a
     LongTensor). token_mean (DAPO): every token of the step counts the same, 1 / n_tok.
@@ -68,7 +128,10 @@ def reverse_cumsum(x, lens):
     return c[ends - 1] - c + x
 
 
-def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0):
+KL_ESTIMATORS = ('k1', 'k2', 'k3', 'k3_is', 'k3+')
+
+
+def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0, *, log_ratio=None):
     """Per-token estimates of KL(policy || reference) from tokens sampled from the policy,
     log r = log ref - log pi (Schulman, "Approximating KL divergence"). Their values all estimate
     KL(pi || ref); their gradients in a loss do not all follow it:
@@ -77,7 +140,12 @@ def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0):
          the advantage (OpenRLHF's KL-in-reward);
     k2 = (log r)^2 / 2: biased value (>= 0); its expected gradient is exactly grad KL(pi || ref);
     k3 = r - log r - 1: unbiased value (>= 0); its expected gradient is grad KL(ref || pi), the
-         reverse direction (what GRPO's paper and TRL use)."""
+         reverse direction (what GRPO's paper uses);
+    k3_is = k3 * pi / pi_old, the ratio differentiable (log_ratio = log pi - log pi_old): its
+         expected gradient over tokens drawn from pi_old is exactly grad KL(pi || ref), on-policy
+         or not (TRL's use_bias_correction_kl, its default; DeepSeek-V3.2);
+    k3+ = k3's value with k2's gradient, straight through (verl's 'k3+'): grad KL(pi || ref)
+         on-policy."""
     log_r = (ref_logp - logp).clamp(-clamp, clamp)
     if estimator == 'k1':
         return -log_r
@@ -85,34 +153,64 @@ def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0):
         return 0.5 * log_r ** 2
     if estimator == 'k3':
         return torch.exp(log_r) - log_r - 1
-    raise ValueError(f"kl_estimator={estimator!r}: expected 'k1', 'k2' or 'k3'")
+    if estimator == 'k3_is':
+        return (torch.exp(log_r) - log_r - 1) * torch.exp(log_ratio)
+    if estimator == 'k3+':
+        k2 = 0.5 * log_r ** 2
+        k3 = torch.exp(log_r) - log_r - 1
+        return k2 - k2.detach() + k3.detach()
+    raise ValueError(f"kl_estimator={estimator!r}: expected one of {KL_ESTIMATORS}")
+
+
+def entropy_cut(entropies, quantile):
+    """The entropy at or above which a token is among the top `quantile` share of entropies
+    (top_entropy_quantile, "Beyond the 80/20 rule", arXiv 2506.01939; TRL's get_high_entropy_mask):
+    torch.quantile(entropies, 1 - quantile), linear interpolation. 0 keeps the highest only."""
+    return torch.quantile(entropies.float(), 1 - quantile).item()
+
+
+def adapt_entropy_coef(coef, entropy, *, target, delta, lo, hi):
+    """Adaptive entropy control (Skywork-OR1, arXiv 2505.22312; TRL's use_adaptive_entropy): the
+    coefficient rises by delta when the entropy is at or below target, else falls by delta, within
+    [lo, hi]. The bonus is applied (at the new coefficient) only while the last entropy measured is
+    at or below target."""
+    if entropy <= target:
+        return min(coef + delta, hi)
+    return max(coef - delta, lo)
 
 
 LOSS_TYPES = ('grpo', 'gspo', 'cispo')
 TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask')
 
 
-def tis_weights(train_logp, gen_logp, lens, mode, cap):
+def tis_weights(train_logp, gen_logp, lens, mode, cap, *, floor=0.0):
     """Truncated importance sampling against the sampler: rho = pi_train_old / pi_sampler per token
     (the two compute the same policy in different numerics: bf16 residual stream and head in the
     sampler, fp32 master weights in the trainer), or per sequence (the product over its tokens).
     'truncate': min(rho, cap); 'mask': rho, or 0 where rho > cap (TRL's
-    vllm_importance_sampling_mode, no lower bound, as its default). Returns detached per-token
-    weights and where rho was above the cap (capped or masked)."""
+    vllm_importance_sampling_mode). floor > 0, a lower bound too (TRL's
+    vllm_importance_sampling_clip_min; verl's rollout_is_threshold='lo_hi' for 'mask'):
+    'truncate' clamps rho to [floor, cap], 'mask' zeroes it outside [floor, cap]. Returns detached
+    per-token weights and where rho was outside the bounds (clamped or masked)."""
     log_rho = (train_logp - gen_logp).detach()
     if mode.startswith('sequence'):
         log_rho = torch.repeat_interleave(segment_sum(log_rho, lens), lens)
     rho = torch.exp(log_rho)
+    outside = rho > cap
+    if floor > 0:
+        outside = outside | (rho < floor)
+    if mode.endswith('truncate') and floor > 0:
+        return rho.clamp(min=floor, max=cap), outside
     if mode.endswith('truncate'):
-        return rho.clamp(max=cap), rho > cap
+        return rho.clamp(max=cap), outside
     if mode.endswith('mask'):
-        return torch.where(rho > cap, 0.0, rho), rho > cap
+        return torch.where(outside, 0.0, rho), outside
     raise ValueError(f"tis={mode!r}: expected one of {TIS_MODES}")
 
 
 def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None,
                 beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
-                is_weight=None):
+                is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None):
     """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
     Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
     advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:
@@ -121,19 +219,24 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
       'gspo':  one ratio per sequence, the geometric mean of its token ratios (length-normalised),
                clipped as above per sequence (GSPO, arXiv 2507.18071; its eps are ~1e-4, not 0.2);
       'cispo': -min(ratio, 1 + eps_high) (detached) * A * log pi: the importance weight is clipped,
-               not the gradient, so every token keeps its gradient (CISPO, MiniMax-M1).
+               not the gradient, so every token keeps its gradient (CISPO, MiniMax-M1);
+               cispo_bounds='both': the weight is clip(ratio, 1 - eps_low, 1 + eps_high) (verl).
+    clip_ratio_c > 1 (dual-clip, 'grpo'/'gspo'): where A < 0 the per-token loss is also capped at
+    -A * clip_ratio_c, so a token whose ratio ran past clip_ratio_c passes no gradient (dual_clip).
+    token_mask (top_entropy_quantile): 1 for the tokens the policy-gradient and entropy terms act
+    on, 0 for the rest (the KL term acts on every token, as in TRL).
     On-policy (ratio 1) all three give the same gradient, -A grad log pi. kl_estimator 'k1' enters
     as a detached penalty in the advantage, A - beta * (k1 summed from this token to the sequence's
     end); 'k2'/'k3' as loss terms. is_weight (tis_weights): multiplies the policy-gradient term per
     token, as TRL does, not the KL/entropy terms.
     Returns (loss, stats): per-token tensors for metrics (pg, kl, ratio, clip_low, clip_high)."""
+    log_ratio = logp - old_logp
     if ref_logp is None:
         kl = torch.zeros_like(logp)
     else:
-        kl = kl_estimate(logp, ref_logp, kl_estimator, kl_clamp)
+        kl = kl_estimate(logp, ref_logp, kl_estimator, kl_clamp, log_ratio=log_ratio)
     if ref_logp is not None and kl_estimator == 'k1':
         adv = adv - beta * reverse_cumsum(kl.detach(), lens)
-    log_ratio = logp - old_logp
     if loss_type == 'gspo':  # the sequence's mean log ratio, on every one of its tokens
         log_ratio = torch.repeat_interleave(segment_sum(log_ratio, lens) / lens, lens)
     ratio = torch.exp(log_ratio)
@@ -141,12 +244,21 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
         clip_low = (ratio < 1 - eps_low) & (adv < 0)
         clip_high = (ratio > 1 + eps_high) & (adv > 0)
+        if clip_ratio_c > 0:
+            pg, clip_dual = dual_clip(pg, adv, clip_ratio_c)
+    elif loss_type == 'cispo' and cispo_bounds == 'both':
+        pg = -ratio.clamp(1 - eps_low, 1 + eps_high).detach() * adv * logp
+        clip_low = ratio < 1 - eps_low
+        clip_high = ratio > 1 + eps_high
     elif loss_type == 'cispo':
         pg = -ratio.clamp(max=1 + eps_high).detach() * adv * logp
         clip_low = torch.zeros_like(ratio, dtype=torch.bool)
         clip_high = ratio > 1 + eps_high
     else:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {LOSS_TYPES}")
+    if token_mask is not None:
+        pg = pg * token_mask
+        entropy = entropy * token_mask if entropy is not None else None
     tok_loss = pg if is_weight is None else pg * is_weight
     if ref_logp is not None and kl_estimator != 'k1':
         tok_loss = tok_loss + beta * kl
@@ -154,4 +266,15 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         tok_loss = tok_loss - entropy_coef * entropy
     stats = {'pg': pg.detach(), 'kl': kl.detach(), 'ratio': ratio.detach(), 'clip_low': clip_low,
              'clip_high': clip_high}
+    if clip_ratio_c > 0 and loss_type != 'cispo':
+        stats['clip_dual'] = clip_dual
     return (tok_loss * w).sum(), stats
+
+
+def dual_clip(pg, adv, c):
+    """Dual-clip PPO (Ye et al., arXiv 1912.09729; verl's clip_ratio_c, OpenRLHF's dual_clip): for
+    A < 0 the clipped loss max(-A ratio, -A clip(ratio)) grows with the ratio without bound; cap it
+    at -A c. Returns the loss and where the cap took effect. TRL's delta (INTELLECT-2) caps the
+    ratio at delta on both sides of the min, which is the same loss when delta > 1 + eps_high."""
+    cap = -adv * c
+    return torch.where(adv < 0, torch.minimum(pg, cap), pg), (adv < 0) & (pg > cap)

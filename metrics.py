@@ -62,7 +62,9 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     lens = [len(c['ids']) - sum(c.get('tool_mask', ())) for c in comps]  # sampled tokens
     m = {'reward/mean': r.mean().item(), 'reward/std': r.std().item()}
     for k, v in sc['per_fn'].items():
-        m[f'reward/{k}/mean'] = sum(v) / len(v)
+        v = applicable(v)
+        if v:
+            m[f'reward/{k}/mean'] = sum(v) / len(v)
     m.update(reward_spread(sc, G))
     for k, v in sc['errors'].items():
         m[f'reward/{k}/errors'] = v
@@ -98,15 +100,30 @@ def tool_metrics(comps):
     return m
 
 
+def applicable(values):
+    """A reward function's values less its Nones (the samples it does not apply to)."""
+    return [x for x in values if x is not None]
+
+
+def flat(group):
+    """A group that a reward function gives no signal to: its applicable scores all equal."""
+    group = applicable(group)
+    return not group or max(group) == min(group)
+
+
 def reward_spread(sc, G):
     """Per reward function: the std of its scores and the share of groups (G consecutive samples)
-    whose G scores are all equal, i.e. groups that function gives no signal to."""
+    whose G scores are all equal, i.e. groups that function gives no signal to (samples it does not
+    apply to left out)."""
     out = {}
     for k, v in sc['per_fn'].items():
-        mean = sum(v) / len(v)
         groups = [v[i:i + G] for i in range(0, len(v), G)]
+        v = applicable(v)
+        if not v:
+            continue
+        mean = sum(v) / len(v)
         out[f'reward/{k}/std'] = math.sqrt(sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1))
-        n_flat = sum(max(g) == min(g) for g in groups)
+        n_flat = sum(flat(g) for g in groups)
         out[f'reward/{k}/frac_zero_std'] = n_flat / max(len(groups), 1)
     return out
 
@@ -124,8 +141,10 @@ def rollout_sums(tis=False):
     return {'sum': dict.fromkeys(keys, 0.0), 'max': {}}
 
 
-def moved_sums():
+def moved_sums(dual=False):
     keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
+    if dual:  # clip_ratio_c > 0
+        keys += ('clip/dual_frac',)
     maxima = {'ratio/max': -math.inf, 'ratio/min': -math.inf}
     return {'sum': dict.fromkeys(keys, 0.0), 'max': maxima}
 
@@ -151,14 +170,16 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
 
 def add_moved(acc, st, logp, old_logp, n_tokens, sampled=None):
     """Add one micro-batch's share of the last iteration (num_iterations > 1): the clipped fractions
-    on each side, the ratio's mean and range, and KL(old || new) by k3 on the tokens drawn from
-    old."""
+    on each side (and the dual clip's, with clip_ratio_c), the ratio's mean and range, and
+    KL(old || new) by k3 on the tokens drawn from old."""
     s, mx = acc['sum'], acc['max']
     r = st['ratio']
     d = (logp.detach() - old_logp).exp()
     per_token = [('clip/low_frac', st['clip_low'].float()),
                  ('clip/high_frac', st['clip_high'].float()),
                  ('ratio/mean', r), ('kl_old_new', d - 1 - d.log())]
+    if 'clip_dual' in st:
+        per_token.append(('clip/dual_frac', st['clip_dual'].float()))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled

@@ -80,6 +80,16 @@ def gather_step(comps, sc):
     return all_comps, merge_scores([s for _, s in parts])
 
 
+def gather_tensor(x):
+    """A 1-D tensor of each rank's values, joined in rank order on every rank (unchanged in one
+    process)."""
+    if not dist.is_initialized():
+        return x
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, x.cpu())
+    return torch.cat(parts).to(x.device)
+
+
 def finish(code=0, together=True):
     """Exit. Under torchrun: (when every rank gets here together) a barrier and the process group
     torn down, then os._exit, skipping interpreter teardown: gloo's worker threads may still be

@@ -3,8 +3,12 @@ Answer extraction, grading and the reward functions GRPO optimises.
 
 Every reward function has one contract, fn(completion: str, example: dict, **kwargs) -> float, or
 its batched form (fn.batched = True), fn(completions: [str], examples: [dict], **kwargs) -> [float],
-called once per step with every completion (a model scores them in batches, not one call each); the
-config says which run, with what weight and what keyword arguments:
+called once per step with every completion (a model scores them in batches, not one call each). A
+value may be None: the function does not apply to that sample (a batch mixing tasks), which is left
+out of the function's mean and adds nothing to the total. A fn that names `step` in its signature
+gets the number of GRPO steps done before this one (0 at the first: TRL's
+trainer_state.global_step), e.g. to anneal a format reward. The config says which run, with what
+weight and what keyword arguments:
     rewards = [{'name': 'correct', 'weight': 1.0, 'kwargs': {'correct': 1.0}},
                ('format', 0.1, {'pattern': 'boxed'}), ('length', 1.0),
                ('reward_model', 1.0, {'path': DIR})]
@@ -198,7 +202,7 @@ REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': 
 # reward_model.py's, imported on first use: it needs torch and hf.py
 MODEL_REWARDS = ('reward_model', 'judge')
 # per-sample facts, as train_grpo passes them
-DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512}
+DRY_RUN_FACTS = {'n_tokens': 0, 'truncated': False, 'max_new_tokens': 512, 'step': 0}
 
 
 def check_reward_config(rewards):
@@ -251,7 +255,9 @@ def check_reward_config(rewards):
                 accepts = _accepts(fn)
                 facts = {k: v for k, v in DRY_RUN_FACTS.items() if accepts is None or k in accepts}
                 example = {'question': '', 'answer': '0', 'solution': ''}
-                float(fn('', example, **{**kwargs, **facts}))
+                value = fn('', example, **{**kwargs, **facts})
+                if value is not None:
+                    float(value)
             except Exception as e:
                 raise ValueError(f"reward config: {name!r} rejects kwargs {kwargs}: {e}") from e
         out.append((name, fn, float(weight), dict(kwargs)))
@@ -324,11 +330,13 @@ def _accepts(fn):
     return None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else set(params)
 
 
-def _values(fn, completions, examples, kwargs, extra_kwargs):
+def _values(fn, completions, examples, kwargs, extra_kwargs, step=None):
     """fn's value for each sample, or the exception raised in its place. A batched fn is called once
     for them all, with each per-sample fact it accepts as a list over the samples; any other fn once
-    per sample."""
+    per sample. step (when not None) goes to a fn that accepts it, as one number."""
     accepts = _accepts(fn)
+    if step is not None and (accepts is None or 'step' in accepts):
+        kwargs = {**kwargs, 'step': step}
     if getattr(fn, 'batched', False):
         names = {k for extra in extra_kwargs for k in extra if accepts is None or k in accepts}
         try:
@@ -349,12 +357,15 @@ def _values(fn, completions, examples, kwargs, extra_kwargs):
     return out
 
 
-def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None, max_msgs=5):
+def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None, max_msgs=5, *,
+          step=None):
     """Weighted sum of the configured rewards per sample (a batched fn called once for all of them).
     extra_kwargs: None or one dict per sample (e.g. {'n_tokens': 87}), passed to the fns that accept
-    them. A fn that raises (or returns a non-finite value) scores failure_reward for that sample,
-    weighted like a normal value; it is counted in errors[name], and the first max_msgs messages are
-    kept. Returns dict(total=[float], per_fn={name: [float]} (unweighted), errors={name: int},
+    them; step: the GRPO steps done, for the fns that take it. A fn that raises (or returns a
+    non-finite value) scores failure_reward for that sample, weighted like a normal value; it is
+    counted in errors[name], and the first max_msgs messages are kept. A None is kept as None in
+    per_fn and adds nothing to the total. Returns dict(total=[float],
+    per_fn={name: [float or None]} (unweighted), errors={name: int},
     error_msgs=[str], all_failed=bool: every sample had at least one failing fn, which the training
     loop's guards watch)."""
     assert len(completions) == len(examples), (len(completions), len(examples))
@@ -369,8 +380,12 @@ def score(completions, examples, rewards, failure_reward=0.0, extra_kwargs=None,
     for name, fn, weight, kwargs in config:
         per_fn[name] = []
         errors[name] = 0
-        values = _values(fn, completions, examples, kwargs=kwargs, extra_kwargs=extra_kwargs)
+        values = _values(fn, completions, examples, kwargs=kwargs, extra_kwargs=extra_kwargs,
+                         step=step)
         for i, v in enumerate(values):
+            if v is None:  # does not apply to this sample
+                per_fn[name].append(None)
+                continue
             try:
                 if isinstance(v, Exception):
                     raise v

@@ -38,11 +38,13 @@ def stop(msg, master, code=3):
 
 def bad_knob(c):
     """The first knob whose value the run cannot use, as a one-line error (None: all fine)."""
-    from loss import LOSS_TYPES, TIS_MODES
+    from loss import ADVANTAGES, KL_ESTIMATORS, LOSS_TYPES, TIS_MODES
     choices = {
         'loss_agg': ('token_mean', 'seq_mean_token_mean', 'seq_sum_const'),
         'resume': ('auto', 'never'),
-        'kl_estimator': ('k1', 'k2', 'k3'),
+        'kl_estimator': KL_ESTIMATORS,
+        'advantage': ADVANTAGES,
+        'cispo_bounds': ('high', 'both'),
         'on_kl_max': ('rollback', 'stop'),
         'loss_type': LOSS_TYPES,
         'scale_rewards': ('group', 'batch', 'none'),
@@ -62,13 +64,47 @@ def bad_knob(c):
                 "of prompts, >= 0")
     counts = {'max_new_tokens': 'tokens per completion', 'batch_prompts': 'prompts per step',
               'micro_batch_size': 'rows per forward pass',
-              'num_iterations': 'optimizer steps per rollout batch'}
+              'num_iterations': 'optimizer steps per rollout batch',
+              'mini_batches': 'mini-batches (optimizer steps) per iteration'}
     for key, what in counts.items():
         if c[key] < 1:
             return f"--{key}={c[key]}: the number of {what}, >= 1"
+    if c['mini_batches'] > c['batch_prompts']:
+        return (f"--mini_batches={c['mini_batches']}: each mini-batch holds whole groups, at most "
+                f"batch_prompts={c['batch_prompts']} of them")
+    error = bad_objective_knob(c)
+    if error is not None:
+        return error
+    if c['eval_samples'] == 1 or c['eval_samples'] < 0:
+        return (f"--eval_samples={c['eval_samples']}: sampled completions per evaluation problem, "
+                ">= 2 for pass@k and mean@k (0 = greedy pass@1 only)")
     if c['eval_max_new_tokens'] < 0:
         return (f"--eval_max_new_tokens={c['eval_max_new_tokens']}: tokens per evaluation "
                 "completion, >= 1 (0 = max_new_tokens)")
+    return None
+
+
+def bad_objective_knob(c):
+    """The objective's knobs that only make sense together, as a one-line error (None: fine)."""
+    if c['clip_ratio_c'] != 0 and c['clip_ratio_c'] <= 1:
+        return (f"--clip_ratio_c={c['clip_ratio_c']}: the dual clip's cap on the ratio of tokens "
+                "with A < 0 must be > 1 (verl uses 3.0); 0 = off")
+    if c['clip_ratio_c'] > 0 and c['loss_type'] == 'cispo':
+        return ("--clip_ratio_c: the dual clip caps the PPO clip of 'grpo' and 'gspo'; CISPO "
+                "clips its weight instead (cispo_bounds)")
+    if not 0 <= c['tis_min'] < c['tis_cap']:
+        return (f"--tis_min={c['tis_min']}: the lower bound on pi_train / pi_sampler, >= 0 and "
+                f"below tis_cap={c['tis_cap']}")
+    if not 0 <= c['top_entropy_quantile'] <= 1:
+        return (f"--top_entropy_quantile={c['top_entropy_quantile']}: the share of tokens (by "
+                "entropy) trained on, in [0, 1] (1 = all)")
+    if c['adaptive_entropy'] and not (0 <= c['entropy_coef_min'] <= c['entropy_coef_max']):
+        return (f"--entropy_coef_min={c['entropy_coef_min']}, --entropy_coef_max="
+                f"{c['entropy_coef_max']}: adaptive entropy needs 0 <= min <= max")
+    own_scale = ('rloo', 'reinforce_pp', 'maxrl')
+    if c['advantage'] in own_scale and c['scale_rewards'] != 'group':
+        return (f"--scale_rewards={c['scale_rewards']!r}: advantage={c['advantage']!r} has its own "
+                "scale; scale_rewards applies to 'grpo' and 'passk' only")
     return None
 
 
@@ -78,7 +114,7 @@ def startup_warnings(c):
         print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']} truncate "
               "the sampler's distribution, while the loss scores tokens under the full softmax: "
               "training is off-policy; use top_k=0, top_p=1.0 for on-policy GRPO", flush=True)
-    if c['filter_zero_std'] and (c['beta'] or c['entropy_coef']):
+    if c['filter_zero_std'] and (c['beta'] or c['entropy_coef'] or c.get('adaptive_entropy')):
         print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal "
               "rewards still have a KL or entropy gradient, so they are trained on", flush=True)
     if c['device'] == 'cpu':
@@ -200,7 +236,10 @@ def zero_reward_report(guards, sc, patience):
     """The stop message when the reward mean has been 0 (or every reward failed) for `patience`
     steps in a row."""
     errs = {k: v for k, v in sc['errors'].items() if v}
-    means = {k: round(sum(v) / max(len(v), 1), 4) for k, v in sc['per_fn'].items()}
+    means = {}
+    for k, v in sc['per_fn'].items():
+        v = [x for x in v if x is not None]  # the samples it applies to
+        means[k] = round(sum(v) / max(len(v), 1), 4)
     recent = '\n---\n'.join(x[:300] for x in guards['recent'])
     msg = (f"reward mean has been 0 (or every reward failed) for {guards['zero_streak']} steps "
            f"in a row (zero_reward_patience={patience}).\nReward means this step: {means}; "
@@ -270,6 +309,13 @@ def injected_faults(step, nan_steps, stall_step, stall_s):
     if step == stall_step:
         injected_stall(stall_s)
     return step in nan_steps
+
+
+def injected_kill(done, at):
+    """fault_kill_opt_step: SIGKILL this process right after its `at`-th GRPO optimizer step, as a
+    kill at that instant would (no handler runs, nothing is saved)."""
+    if done == at:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def injected_stall(seconds):  # named so the watchdog's stack dump points straight at it

@@ -353,11 +353,14 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
-             out_path=None, progress=True, compile=False, max_tool_calls=4, tool_timeout=5.0):
+             out_path=None, progress=True, compile=False, first=0, max_tool_calls=4,
+             tool_timeout=5.0):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). A task with tools is evaluated through generate_with_tools, as it
-    trains. Writes one JSON row per problem to out_path when given. Returns the summary dict."""
+    trains. Writes one JSON row per problem to out_path when given. Returns the summary dict.
+    first: the index of examples[0] among all problems evaluated (a rank's share under torchrun),
+    so that a problem's samples do not depend on how the problems were shared."""
     import tasks
     answer = tasks.answer_fn(task)
     tools, tool_style = tasks.tools_of(task)
@@ -376,11 +379,12 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
         chunk_prompts = [prompts[i] for i in chunk]
-        greedy = sample(chunk_prompts, 1, temperature=0.0, prompt_index=chunk)
+        index = range(first + chunk.start, first + chunk.stop)
+        greedy = sample(chunk_prompts, 1, temperature=0.0, prompt_index=index)
         sampled = []
         if n_samples > 1:
             sampled = sample(chunk_prompts, n_samples, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, prompt_index=chunk)
+                             top_p=top_p, seed=seed, prompt_index=index)
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]

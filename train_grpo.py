@@ -53,6 +53,9 @@ temperature = 1.0  # sampling temperature; the loss's log-probs use the same tem
 top_k = 0  # 0 = off. top_k/top_p make training off-policy (the loss uses the full softmax)
 top_p = 1.0  # 1.0 = off
 # GRPO objective (loss.py)
+# 'grpo' (r - group mean, scaled), 'rloo' (leave-one-out), 'reinforce_pp' (REINFORCE++-baseline:
+# then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin)
+advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
 # 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO)
@@ -61,9 +64,15 @@ loss_agg = 'token_mean'
 loss_type = 'grpo'
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
+clip_ratio_c = 0.0  # dual-clip: A < 0 tokens' loss capped at -A * this (> 1; verl: 3.0); 0 = off
+cispo_bounds = 'high'  # CISPO's weight: 'high' min(ratio, 1 + eps_high), 'both' also >= 1 - eps_low
 num_iterations = 1  # mu: optimizer steps per rollout batch (1 = on-policy: ratio 1, nothing clips)
+# PPO mini-batches: the step's groups dealt into this many disjoint sets, one optimizer step each
+# (per iteration), each normalised over its own rows; > 1: old log-probs are taken before the first
+mini_batches = 1
 beta = 0.0  # KL penalty weight to the frozen reference (0 = no reference model is loaded)
-# 'k3': gradient of KL(ref||pi) (GRPO, TRL); 'k2': of KL(pi||ref); 'k1': in the advantage
+# 'k3': gradient of KL(ref||pi) (GRPO); 'k2': of KL(pi||ref); 'k1': in the advantage; 'k3_is': k3
+# times the ratio, of KL(pi||ref) (TRL); 'k3+': k3's value, k2's gradient (verl)
 kl_estimator = 'k3'
 kl_clamp = 10.0  # log ratios are clamped to +-this before the KL estimate
 kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
@@ -71,11 +80,22 @@ filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 with
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
+# adaptive entropy (Skywork-OR1): entropy_coef is the start; each step it moves by entropy_coef_delta
+# (up while the entropy is <= entropy_target, else down) within [entropy_coef_min, entropy_coef_max]
+adaptive_entropy = False
+entropy_target = 0.2  # nats per token; the bonus acts only while the entropy is at or below it
+entropy_coef_delta = 0.005  # the coefficient's step
+entropy_coef_min = 0.0  # its lower bound
+entropy_coef_max = 1.0  # its upper bound
+# train the policy-gradient (and entropy) term on the top share of tokens by entropy, the rest
+# masked (Beyond the 80/20 rule: 0.2); 1.0 = every token
+top_entropy_quantile = 1.0
 lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: at most that many logits; 0: kernels.py
 lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob)
 # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*'
 tis = ''
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
+tis_min = 0.0  # its lower bound C_min (truncate: clamp up to it; mask: zero below it); 0 = none
 # rewards: reward.REWARD_FNS names, 'reward_model'/'judge' or 'module:function'; kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
 # tools (tool_calls.py): a task that defines `tools` gets rollouts that call them
@@ -95,6 +115,8 @@ eval_every = 50  # greedy pass@1 on held-out problems every N steps, at start an
 eval_examples = 200  # held-out problems per evaluation (0 = all)
 eval_max_new_tokens = 0  # 0 = max_new_tokens
 eval_batch_size = 64  # problems per generate() call during eval
+eval_samples = 0  # k >= 2: also k sampled completions per problem: eval/pass@k, mean@k, maj@k
+eval_temperature = 1.0  # their temperature (the same seed at every eval; greedy pass@1 stays)
 log_samples_every = 10  # every N steps, a few completions with their rewards to samples.jsonl
 verbose = False  # numbered per-stage lines with elapsed time and memory
 # checkpoints and guards
@@ -119,6 +141,7 @@ plot_every = 10  # redraw curves.png every N steps (and at the end)
 fault_nan_steps = []  # testing: steps whose loss is made NaN
 fault_stall_step = -1  # testing: step that sleeps fault_stall_s before its update (the watchdog)
 fault_stall_s = 0.0  # testing: length of that stall
+fault_kill_opt_step = 0  # testing: SIGKILL this process right after its N-th GRPO optimizer step
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32)
@@ -150,13 +173,14 @@ import lora  # noqa: E402
 import metrics  # noqa: E402
 import safety  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
-from batch import pad_micro_batches, train_rows  # noqa: E402
+from batch import mini_batch_groups, pad_micro_batches, train_rows  # noqa: E402
 from checkpoint import load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
-from loss import group_advantages, policy_loss, tis_weights, token_weights  # noqa: E402
-from parallel import all_reduce, die, finish, gather_step, setup, wrap  # noqa: E402
+from loss import advantages, group_advantages, policy_loss, tis_weights  # noqa: E402
+from loss import adapt_entropy_coef, entropy_cut, token_weights  # noqa: E402
+from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, generate, sampler_model  # noqa: E402
 from sample import generate_with_tools  # noqa: E402
@@ -249,6 +273,8 @@ def lr_at(step, peak, total, warmup):  # linear warmup, then cosine down to peak
 
 # ------------------------------------------------------------------------- resume or start fresh
 step, cursor, lr_scale, rollbacks = 0, 0, 1.0, 0  # cursor: where the next step's prompts start
+# adaptive_entropy: the coefficient and the last entropy measured (none yet: the bonus waits)
+entropy_state = {'coef': entropy_coef, 'last': math.inf}
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
@@ -256,12 +282,14 @@ state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=confi
 if state is not None:  # None: a fresh start
     step, cursor = state['step'], state['cursor']
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
+    entropy_state = state.get('entropy_state', entropy_state)
     sync_gen_model()
 
 
 def save(step_done):
     """checkpoint.py: atomic, finite weights only, rank 0 writes; with the HF export."""
     run_state = {'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks, 'guards': guards,
+                 'entropy_state': entropy_state,
                  'ref_source': init_from}
     return save_run(out_dir, step_done, model, optimizer, fsdp, master, keep_last=keep_last,
                     run_state=run_state, tok=tok if export_hf else None, config=config,
@@ -274,19 +302,26 @@ log_metrics = metrics.metrics_log(metrics_path, master, out_dir=out_dir, wandb_l
 
 
 def run_eval(at_step):
-    """Greedy pass@1 on the held-out problems (each rank its share), as metrics eval/*."""
+    """Greedy pass@1 on the held-out problems (each rank its share), as metrics eval/*; with
+    eval_samples = k, also pass@k, mean@k and maj@k of k samples at eval_temperature."""
     t = time.time()
     lo = len(eval_set) * rank // world
     hi = len(eval_set) * (rank + 1) // world
     s = evaluate(gen_model, tok, task_mod, eval_set[lo:hi], system_prompt, instruction,
                  max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
-                 compile=compile_decode, progress=verbose and master, max_tool_calls=max_tool_calls,
-                 tool_timeout=tool_timeout)
+                 compile=compile_decode, progress=verbose and master, n_samples=eval_samples or 1,
+                 temperature=eval_temperature, seed=seed, first=lo,
+                 max_tool_calls=max_tool_calls, tool_timeout=tool_timeout)
+    k = eval_samples
+    sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
     if ddp:  # the task's own metrics are rank 0's share's
         counts = [s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']]
-        n, hits, trunc = all_reduce(counts, device)
+        counts += [s[key] * s['n'] for key in sampled]
+        n, hits, trunc, *more = all_reduce(counts, device)
         s = {**s, 'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
-    print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f} on {s['n']} problems "
+        s.update({key: v / max(n, 1) for key, v in zip(sampled, more)})
+    also = ''.join(f", {key} {s[key]:.3f}" for key in sampled)
+    print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f}{also} on {s['n']} problems "
           f"({time.time() - t:.1f}s)", flush=True)
     out = {f'eval/{k}': v for k, v in s.items() if k not in ('n', 'seconds')}
     out['timing_s/eval'] = time.time() - t
@@ -352,6 +387,7 @@ def reduce_across_ranks(values, op):
 
 # ------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
+opt_steps = 0  # GRPO optimizer steps this process has taken (fault_kill_opt_step counts them)
 print(metrics.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode),
       flush=True)
 
@@ -388,7 +424,8 @@ def rollout(examples, first, step, timing):
         if task_tools:
             fact['tool_calls'] = c['tool_calls']
         extra.append(fact)
-    sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra)
+    sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra,
+               step=step)
     timing['reward'] = timing.get('reward', 0.0) + time.time() - t
     comps, sc = gather_step(comps, sc)  # torchrun: every rank's completions and rewards on each
     return prompts, mine, comps, sc
@@ -430,9 +467,12 @@ while step < max_steps:
         kept = keep_groups(zero_all, P)
     else:
         kept = list(range(P))
-    adv, zero_std = group_advantages(r_all[kept], scale_rewards, adv_eps)
-    # groups of equal rewards have a gradient only through a KL or entropy term
-    skip_zero_std = filter_zero_std and not (beta or entropy_coef)
+    comp_lens = torch.tensor([len(c['ids']) for c in comps]).view(-1, G)[kept]
+    adv, zero_std = advantages(r_all[kept], advantage, scale_rewards, adv_eps, lens=comp_lens)
+    # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over
+    # the step by reinforce_pp, an advantage of their own)
+    entropy_term = entropy_coef or adaptive_entropy
+    skip_zero_std = filter_zero_std and not (beta or entropy_term or advantage == 'reinforce_pp')
     rows, n_tok, n_seq, trained = train_rows(comps, adv, zero_std, prompts, owned, kept,
                                              filter_zero_std=skip_zero_std,
                                              mask_truncated=mask_truncated)
@@ -441,17 +481,41 @@ while step < max_steps:
         step_share = choose_share_prompt(rows, model.config, model.packed_kind())
     else:
         step_share = share_prompt
-    micro = micro_batches(rows, micro_batch_size, whole_groups=step_share)  # packed: whole groups
-    n_real = len(micro)
-    if ddp:  # every rank runs as many passes: padded with passes of weight 0
-        micro = pad_micro_batches(micro, tok.pad_id, device)
+    # mini_batches > 1: disjoint sets of groups, each with its own rows and loss normalisers and its
+    # own optimizer step
+    parts = [(rows, n_tok, n_seq, trained)]
+    if mini_batches > 1:
+        parts = []
+        for pos in mini_batch_groups(len(kept), mini_batches):
+            parts.append(train_rows(comps, adv[pos], zero_std[pos], prompts, owned,
+                                    [kept[k] for k in pos], filter_zero_std=skip_zero_std,
+                                    mask_truncated=mask_truncated))
+    micro, plan, mini_of = [], [], []  # micro-batches; mini-batches; each micro-batch's mini-batch
+    for part_rows, part_tok, part_seq, part_trained in parts:
+        mbs = micro_batches(part_rows, micro_batch_size, whole_groups=step_share)  # packed: groups
+        n_real = len(mbs)
+        if ddp:  # every rank runs as many passes: padded with passes of weight 0
+            mbs = pad_micro_batches(mbs, tok.pad_id, device)
+        plan.append({'end': len(micro) + len(mbs), 'real_end': len(micro) + n_real,
+                     'n_tok': part_tok, 'n_seq': part_seq, 'rows': part_trained[0]})
+        mini_of += [len(plan) - 1] * len(mbs)
+        micro += mbs
+    moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
 
-    # 4. old (num_iterations > 1) and reference (beta > 0) log-probs, no grad
+    # 4. old (when the policy moves within the step) and reference (beta > 0) log-probs, no grad
     t = time.time()
     with torch.no_grad():
         old_lp = None
-        if num_iterations > 1:
+        if moved:
             old_lp = [logprobs(train_model, mb)[0] for mb in micro]
+        # top_entropy_quantile < 1: the entropy cut over the step's tokens, before the update
+        # (every rank runs every pass, padding included: FSDP's gathers pair up)
+        cut = None
+        if top_entropy_quantile < 1 and n_trained > 0:
+            ents = [logprobs(train_model, mb)[1] for mb in micro]
+            real = [e for j, e in enumerate(ents) if j < plan[mini_of[j]]['real_end']]
+            ents = gather_tensor(torch.cat(real or [torch.zeros(0)]).float().cpu())
+            cut = entropy_cut(ents, top_entropy_quantile)
         timing['old_logprob'] = time.time() - t
         t = time.time()
         ref_lp = None
@@ -472,17 +536,24 @@ while step < max_steps:
     lr_now = lr_at(step, lr, max_steps, warmup_steps) * lr_scale
     for g in optimizer.param_groups:
         g['lr'] = lr_now
+    coef_now = entropy_coef
+    if adaptive_entropy:  # the coefficient only while the last entropy was at or below the target
+        coef_now = entropy_state['coef'] * (entropy_state['last'] <= entropy_target)
     nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
     first = metrics.rollout_sums(tis=bool(tis))  # iteration 0: the batch as the policy first saw it
-    last = metrics.moved_sums()  # the last iteration (num_iterations > 1): how far the policy moved
+    # the last iteration (num_iterations > 1 or mini_batches > 1): how far the policy moved, each
+    # mini-batch's tokens measured at its own optimizer step
+    last = metrics.moved_sums(dual=clip_ratio_c > 0)
     grad_norm = 0.0
     skipped = n_trained == 0 or sc['all_failed']  # no update attempted: the gradient is 0
+    finite = True
     for it in range(0 if skipped else num_iterations):
         for j, mb in enumerate(micro):
-            # DDP all-reduces the gradients once, in the last micro-batch's backward (FSDP
-            # reduce-scatters each)
+            part = plan[mini_of[j]]  # its mini-batch (mini_batches = 1: the whole step)
+            # DDP all-reduces the gradients once, in the mini-batch's last micro-batch's backward
+            # (FSDP reduce-scatters each)
             no_sync = contextlib.nullcontext()
-            if ddp and not fsdp and j < len(micro) - 1:
+            if ddp and not fsdp and j < part['end'] - 1:
                 no_sync = train_model.no_sync()
             with no_sync:
                 logp, ent = logprobs(train_model, mb)
@@ -493,39 +564,56 @@ while step < max_steps:
             if any('tool_mask' in rw for rw in mb):
                 inserted = [m for rw in mb for m in rw.get('tool_mask', [0] * len(rw['ids']))]
                 sampled = 1.0 - torch.tensor(inserted, dtype=torch.float32, device=logp.device)
-            w = token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens, sampled=sampled)
-            w = w * (j < n_real)  # padding passes weigh 0
+            w = token_weights(lens, loss_agg, part['n_tok'], part['n_seq'], max_new_tokens,
+                              sampled=sampled)
+            w = w * (j < part['real_end'])  # padding passes weigh 0
             old = old_lp[j] if old_lp is not None else logp.detach()
             gen = gen_lp[j]
             if sampled is not None:  # the sampler drew no inserted token: ratio 1 there
                 gen = torch.where(sampled.bool(), gen, old)
             isw = None  # tis: (weights, above the cap)
             if tis:
-                isw = tis_weights(old, gen, lens, tis, tis_cap)
+                isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
             ref = ref_lp[j] if ref_lp is not None else None
+            keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
+            if cut is not None:
+                keep = (ent.detach() >= cut).float()
             loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                                    loss_type=loss_type, ref_logp=ref, beta=beta_now,
                                    kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
-                                   entropy_coef=entropy_coef, is_weight=isw[0] if isw else None)
+                                   entropy_coef=coef_now, is_weight=isw[0] if isw else None,
+                                   clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds,
+                                   token_mask=keep)
             if nan_loss:
                 loss = loss * float('nan')
             # DDP/FSDP average the ranks' gradients; the step's gradient is their sum
             (loss * world).backward()
-            if j < n_real and it == 0:
+            if mini_batches > 1:  # the logged loss: the mean of the mini-batches' losses
+                loss, w = loss / mini_batches, w / mini_batches
+            if j < part['real_end'] and it == 0:
                 metrics.add_rollout(first, loss, st, w, logp, ent, gen_logp=gen, is_weight=isw,
                                     n_tokens=t_trained, sampled=sampled)
-            elif j < n_real and it == num_iterations - 1:
+            if j < part['real_end'] and it == num_iterations - 1 and moved:
                 metrics.add_moved(last, st, logp, old, t_trained, sampled=sampled)
-        if ddp and it == 0:  # each rank summed its own tokens' shares
-            metrics.reduce_metrics(first, reduce_across_ranks)
-        elif ddp and it == num_iterations - 1:
-            metrics.reduce_metrics(last, reduce_across_ranks)
-        max_norm = grad_clip if grad_clip > 0 else float('inf')
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
-        if not (math.isfinite(grad_norm) and math.isfinite(first['sum']['loss'])):
+            if j < part['end'] - 1:  # the mini-batch's optimizer step follows its last micro-batch
+                continue
+            if ddp and j == len(micro) - 1 and it == 0:  # each rank summed its own tokens' shares
+                metrics.reduce_metrics(first, reduce_across_ranks)
+            if ddp and j == len(micro) - 1 and it == num_iterations - 1 and moved:
+                metrics.reduce_metrics(last, reduce_across_ranks)
+            if part['rows'] == 0:  # a mini-batch with nothing to train on takes no step
+                continue
+            max_norm = grad_clip if grad_clip > 0 else float('inf')
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+            finite = math.isfinite(grad_norm) and math.isfinite(first['sum']['loss'])
+            if not finite:
+                break
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            opt_steps += 1
+            safety.injected_kill(opt_steps, fault_kill_opt_step)
+        if not finite:
             break
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
     optimizer.zero_grad(set_to_none=True)  # a skipped (non-finite) update leaves no gradient behind
     sync_gen_model()
     timing['update'] = time.time() - t
@@ -544,10 +632,19 @@ while step < max_steps:
         m['dynamic/groups_short'] = P - len(kept)
     m.update(metrics.metrics_of(first))
     m['grad_norm'] = grad_norm
-    if num_iterations > 1 and not skipped:
+    if moved and not skipped:
         m.update(metrics.metrics_of(last))
     m.update({'kl_coef': beta_now, 'rows_trained': n_trained, 'tokens_trained': t_trained,
               'packed': int(step_share)})
+    if cut is not None:
+        m['entropy_cut'] = cut
+    if adaptive_entropy:  # the coefficient this step applied; the next step's from its entropy
+        m['entropy_coef'] = coef_now
+    if adaptive_entropy and not skipped:
+        entropy_state['last'] = m['entropy']
+        entropy_state['coef'] = adapt_entropy_coef(entropy_state['coef'], m['entropy'],
+                                                   target=entropy_target, delta=entropy_coef_delta,
+                                                   lo=entropy_coef_min, hi=entropy_coef_max)
     m.update(metrics.mem_stats(device))
     has_kl = ref_model is not None  # the KL is only measured against a reference
     m.update(safety.warn(guards, m, skipped=skipped, max_new_tokens=max_new_tokens,

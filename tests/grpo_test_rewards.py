@@ -19,3 +19,13 @@ def first_char_even(completion, example):
     """A coin flip per completion for a random model: about half of the groups of 2 get identical
     rewards."""
     return float(ord(completion[:1] or 'a') % 2 == 0)
+
+
+def step_count(completion, example, step):
+    """The GRPO steps done before this one: the step reaches a reward that names it."""
+    return float(step)
+
+
+def not_applicable(completion, example):
+    """A checker for another task's samples: applies to none of these."""
+    return None

@@ -80,3 +80,10 @@ def test_flex_cost_counts_the_blocks_the_block_mask_keeps():
         blocks = int(packed_mask(seg, 'flex').to_dense().sum())
         packed, _ = layout_flops(rows, cfg, 'flex')
         assert packed == x.shape[1] * per_token + blocks * 128 * 128 * per_pair, (P, C)
+
+
+def test_mini_batch_groups_deal_whole_groups_round_robin():
+    """7 groups into 3 mini-batches: group k to mini-batch k % 3, disjoint, every group once."""
+    from batch import mini_batch_groups
+    assert mini_batch_groups(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert mini_batch_groups(4, 1) == [[0, 1, 2, 3]]

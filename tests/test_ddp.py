@@ -122,6 +122,20 @@ def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp)
     assert all('.lora_' in k for k in weights(tmp_path, 3)), "a LoRA checkpoint holds adapters only"
 
 
+def test_mini_batches_and_entropy_cut_on_two_ranks_match_one_process(tmp_path):
+    """mini_batches=2 x num_iterations=2: each mini-batch holds a group of each rank (dealt round
+    robin); its optimizer step all-reduces its own gradient; the clip statistics are summed over
+    the ranks. top_entropy_quantile: the entropy cut is taken over both ranks' tokens."""
+    args = ['--mini_batches=2', '--num_iterations=2', '--top_entropy_quantile=0.5']
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    run(one, 0, *args)
+    run(two, 2, *args)
+    assert_same_run(one, two, 'DDP with 2 mini-batches, 2 ranks')
+    for a, b in zip(metrics(one)[1:], metrics(two)[1:]):
+        for k in ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new', 'entropy_cut'):
+            assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-6), (a['step'], k, a[k], b[k])
+
+
 def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):
     """Refill rounds split each round's prompts between the ranks, and a kept group trains on the
     rank that sampled it (it holds the sampler's log-probs): the same prompts, completions and

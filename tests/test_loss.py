@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from batch import micro_batches
-from loss import (group_advantages, kl_estimate, policy_loss, reverse_cumsum, segment_sum,
-                  tis_weights, token_weights)
+from loss import (adapt_entropy_coef, advantages, entropy_cut, group_advantages, kl_estimate,
+                  policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights)
 
 CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
 SYMMETRIC = dict(eps_low=0.2, eps_high=0.2)
@@ -135,12 +135,14 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
 
 
 @pytest.mark.parametrize('estimator, direction',
-                         [('k1', 'forward'), ('k2', 'forward'), ('k3', 'reverse')])
+                         [('k1', 'forward'), ('k2', 'forward'), ('k3', 'reverse'),
+                          ('k3_is', 'forward'), ('k3+', 'forward')])
 def test_kl_estimators_expected_gradient_is_the_kl_gradient(estimator, direction):
     """On a categorical policy softmax(theta) over 6 tokens, each token a one-token completion: the
     exact expected gradient of the penalty (sum over tokens of pi(a) * grad loss(a), pi(a) a fixed
-    sampling weight) equals the gradient of KL(pi || ref) (k1 through the advantage, k2) or of
-    KL(ref || pi) (k3). The old k1 in the loss has expected gradient 0 and fails here."""
+    sampling weight) equals the gradient of KL(pi || ref) (k1 through the advantage, k2, k3 times
+    the ratio, k3+) or of KL(ref || pi) (k3). The old k1 in the loss has expected gradient 0 and
+    fails here."""
     torch.manual_seed(1)
     theta = torch.randn(6, dtype=torch.float64, requires_grad=True)
     ref = torch.log_softmax(torch.randn(6, dtype=torch.float64), 0)
@@ -311,3 +313,232 @@ def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch
         # a mask or position error is ~1e-2
         assert torch.allclose(a, b, atol=1e-6, rtol=0), \
             f"{name}: gradients differ by {(a - b).abs().max():.2e}"
+
+
+def kl_gradients_off_policy(estimator):
+    """The exact expected gradient of the penalty over tokens drawn from an old policy pi_old that
+    is not pi (sampling weight pi_old(a)), and grad KL(pi || ref), on a categorical over 6
+    tokens."""
+    torch.manual_seed(2)
+    theta = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.randn(6, dtype=torch.float64), 0)
+    logp = torch.log_softmax(theta, 0)
+    # pi_old a little off pi: ratios within the clip range, so the clip does not interfere
+    old = torch.log_softmax(theta.detach() + 0.1 * torch.randn(6, dtype=torch.float64), 0)
+    ones = torch.ones(6, dtype=torch.long)
+    adv = torch.zeros(6, dtype=torch.float64)
+    loss, _ = policy_loss(logp, old, adv, old.exp(), ones, eps_low=0.5, eps_high=0.5,
+                          ref_logp=ref, beta=1.0, kl_estimator=estimator, kl_clamp=100.0)
+    got, = torch.autograd.grad(loss, theta)
+    p = torch.softmax(theta, 0)
+    want, = torch.autograd.grad((p * (torch.log_softmax(theta, 0) - ref)).sum(), theta)
+    return got, want
+
+
+@pytest.mark.parametrize('estimator', ['k1', 'k3_is'])
+def test_kl_gradient_stays_exact_off_policy(estimator):
+    """num_iterations > 1: tokens come from pi_old. k3 times the differentiable ratio pi / pi_old
+    (TRL's use_bias_correction_kl) and k1 through the advantage (times the ratio) keep the exact
+    gradient of KL(pi || ref)."""
+    got, want = kl_gradients_off_policy(estimator)
+    assert torch.allclose(got, want, atol=1e-10), f"{estimator}: {got} vs grad KL {want}"
+
+
+@pytest.mark.parametrize('estimator', ['k2', 'k3+'])
+def test_k2_gradient_is_not_exact_off_policy(estimator):
+    """k2 and k3+ (k2's gradient) have no ratio: off-policy they follow pi_old's weights, not pi's.
+    The check above would catch an estimator that lost its ratio."""
+    got, want = kl_gradients_off_policy(estimator)
+    assert not torch.allclose(got, want, atol=1e-4), f"{estimator}: unexpectedly exact"
+
+
+def test_k3_is_and_k3_plus_values():
+    """k3_is: k3 times the ratio; k3+: k3's value with k2's gradient (1/2 (log r)^2 -> -log r)."""
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    ref, old = torch.tensor([-1.5, -1.0]), torch.tensor([-1.2, -2.0])
+    lr = torch.tensor([-0.5, 1.0])  # ref - logp
+    k3 = torch.exp(lr) - lr - 1
+    got = kl_estimate(logp, ref, 'k3_is', log_ratio=logp - old)
+    assert torch.allclose(got, k3 * torch.exp(torch.tensor([0.2, 0.0]))), got
+    plus = kl_estimate(logp, ref, 'k3+')
+    assert torch.allclose(plus, k3), plus
+    plus.sum().backward()
+    assert torch.allclose(logp.grad, -lr), f"k3+ passes k2's gradient, logp - ref: {logp.grad}"
+    with pytest.raises(ValueError, match='kl_estimator'):
+        kl_estimate(logp, ref, 'k4')
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages():
+    """clip_ratio_c = 3 (verl's default): A = -1, ratio 4: the PPO loss max(4, 1.28) = 4 is capped
+    at -A c = 3 and passes no gradient; ratio 2 < 3 keeps max(2, 1.28) = 2 and its gradient; A > 0
+    and ratios below the clip are as without it."""
+    old = torch.zeros(4)
+    logp = torch.log(torch.tensor([4.0, 2.0, 4.0, 0.5])).requires_grad_(True)
+    adv = torch.tensor([-1.0, -1.0, 1.0, -2.0])
+    lens = torch.ones(4, dtype=torch.long)
+    loss, st = policy_loss(logp, old, adv, torch.ones(4), lens, **CLIP, clip_ratio_c=3.0)
+    # A=-2, r=0.5: max(1, 1.6) = 1.6 < 6
+    assert torch.allclose(st['pg'], torch.tensor([3.0, 2.0, -1.28, 1.6])), st['pg']
+    assert st['clip_dual'].tolist() == [True, False, False, False], st['clip_dual']
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([0.0, 2.0, 0.0, 0.0])), logp.grad
+    plain, st = policy_loss(logp.detach(), old, adv, torch.ones(4), lens, **CLIP)
+    assert abs(plain.item() - (4.0 + 2.0 - 1.28 + 1.6)) < 1e-6 and 'clip_dual' not in st
+
+
+def test_dual_clip_is_trl_delta_when_delta_exceeds_one_plus_eps_high():
+    """TRL's two-sided clip (delta, INTELLECT-2): -min(min(r, delta) A, clip(r) A), the same loss
+    as the dual clip for delta > 1 + eps_high, on ratios and advantages of either sign."""
+    g = torch.Generator().manual_seed(0)
+    ratio = torch.exp(torch.randn(200, generator=g) * 1.5)
+    adv = torch.randn(200, generator=g)
+    delta = 2.5
+    clipped = ratio.clamp(1 - CLIP['eps_low'], 1 + CLIP['eps_high'])
+    trl = -torch.minimum(ratio.clamp(max=delta) * adv, clipped * adv)
+    _, st = policy_loss(ratio.log(), torch.zeros(200), adv, torch.ones(200),
+                        torch.ones(200, dtype=torch.long), **CLIP, clip_ratio_c=delta)
+    assert torch.allclose(st['pg'], trl, atol=1e-6), (st['pg'] - trl).abs().max()
+
+
+def test_cispo_both_bounds_clamps_the_weight_below_too():
+    """cispo_bounds='both' (verl): the weight is clip(r, 0.8, 1.28), so r = 0.5 weighs 0.8 where
+    MiniMax's upper bound alone leaves 0.5."""
+    old = torch.zeros(3)
+    logp = torch.log(torch.tensor([1.5, 0.5, 1.0])).requires_grad_(True)
+    adv, lens = torch.tensor([1.0, 1.0, -2.0]), torch.ones(3, dtype=torch.long)
+    loss, st = policy_loss(logp, old, adv, torch.ones(3), lens, **CLIP, loss_type='cispo',
+                           cispo_bounds='both')
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([-1.28, -0.8, 2.0])), logp.grad
+    assert st['clip_low'].tolist() == [False, True, False]
+    assert st['clip_high'].tolist() == [True, False, False]
+    logp.grad = None
+    policy_loss(logp, old, adv, torch.ones(3), lens, **CLIP, loss_type='cispo')[0].backward()
+    assert torch.allclose(logp.grad, torch.tensor([-1.28, -0.5, 2.0])), logp.grad
+
+
+def test_tis_lower_bound():
+    """floor 0.6, cap 3; rho per token 4, 0.5, 1 (sequences of 2 and 1: products 2 and 1).
+    truncate clamps into [0.6, 3], mask zeroes what is outside (TRL's clip_min, verl's 'lo_hi')."""
+    train, gen = torch.log(torch.tensor([4.0, 0.5, 1.0])), torch.zeros(3)
+    lens = torch.tensor([2, 1])
+    cases = {('token_truncate', 0.6): ([3.0, 0.6, 1.0], [True, True, False]),
+             ('token_mask', 0.6): ([0.0, 0.0, 1.0], [True, True, False]),
+             ('sequence_truncate', 1.5): ([2.0, 2.0, 1.5], [False, False, True]),
+             ('sequence_mask', 1.5): ([2.0, 2.0, 0.0], [False, False, True])}
+    for (mode, floor), (want, outside) in cases.items():
+        w, out = tis_weights(train, gen, lens, mode, 3.0, floor=floor)
+        assert torch.allclose(w, torch.tensor(want)), (mode, w)
+        assert out.tolist() == outside, (mode, out)
+
+
+R = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0], [1.0, 0.0, 0.0, 0.0],
+                  [0.0, 0.0, 0.0, 0.0], [0.5, 0.2, 0.9, 0.1]])
+
+
+def test_rloo_is_r_minus_the_mean_of_the_others():
+    adv, zero = advantages(R, 'rloo')
+    want = [[2 / 3, -2 / 3, -2 / 3, 2 / 3], [0.0] * 4, [1.0, -1 / 3, -1 / 3, -1 / 3], [0.0] * 4,
+            [0.5 - 1.2 / 3, 0.2 - 1.5 / 3, 0.9 - 0.8 / 3, 0.1 - 1.6 / 3]]
+    assert torch.allclose(adv, torch.tensor(want)), adv
+    assert zero.tolist() == [False, True, False, True, False]
+
+
+def test_maxrl_divides_by_the_group_mean():
+    """(r - mean) / mean: group 3 (mean 1/4) gives 3 and -1; a group of mean <= 0 gives 0, even
+    with a spread (prime-rl: no signal)."""
+    adv, _ = advantages(R, 'maxrl')
+    want = [[1.0, -1.0, -1.0, 1.0], [0.0] * 4, [3.0, -1.0, -1.0, -1.0], [0.0] * 4,
+            [v / 0.425 - 1 for v in (0.5, 0.2, 0.9, 0.1)]]
+    assert torch.allclose(adv, torch.tensor(want)), adv
+    adv, zero = advantages(torch.tensor([[-1.0, 1.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0]]), 'maxrl')
+    assert torch.equal(adv, torch.zeros(2, 4)) and zero.tolist() == [False, False], adv
+
+
+def test_passk_rewards_only_the_best_by_its_margin():
+    """Group 1 ties for the best (1, 1): margin 0. Group 3: 1 - 0 on the first; group 5: 0.9 - 0.5
+    on the third, divided by the group's std with scale 'group'."""
+    adv, _ = advantages(R, 'passk', scale='none')
+    want = torch.zeros(5, 4)
+    want[2, 0], want[4, 2] = 1.0, 0.4
+    assert torch.allclose(adv, want), adv
+    adv, _ = advantages(R, 'passk', scale='group', eps=1e-4)
+    assert abs(adv[4, 2].item() - 0.4 / (R[4].std().item() + 1e-4)) < 1e-6, adv
+    assert abs(adv[2, 0].item() - 1.0 / (R[2].std().item() + 1e-4)) < 1e-6, adv
+    assert adv.count_nonzero() == 2
+
+
+def test_reinforce_pp_whitens_over_tokens():
+    """Rewards [1, 0] and [0, 0] with lengths [1, 3] and [2, 2]: centred 0.5, -0.5, 0, 0. Over the
+    8 tokens: mean -1/8, unbiased variance (0.625^2 + 3 * 0.375^2 + 4 * 0.125^2) / 7 = 1/8, so the
+    advantages are 0.625, -0.375 and 0.125 times sqrt(8); the equal group gets 0.125 sqrt(8),
+    not 0."""
+    r = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    lens = torch.tensor([[1, 3], [2, 2]])
+    adv, zero = advantages(r, 'reinforce_pp', lens=lens)
+    s8 = math.sqrt(8)
+    want = torch.tensor([[0.625 * s8, -0.375 * s8], [0.125 * s8, 0.125 * s8]])
+    assert torch.allclose(adv, want, atol=1e-6), adv
+    assert zero.tolist() == [False, True]
+
+
+def test_grpo_advantage_is_group_advantages():
+    for scale in ('group', 'batch', 'none'):
+        a, za = advantages(R, 'grpo', scale=scale)
+        b, zb = group_advantages(R, scale=scale)
+        assert torch.equal(a, b) and torch.equal(za, zb), scale
+    with pytest.raises(ValueError, match='advantage'):
+        advantages(R, 'ppo')
+
+
+def test_objective_knobs_that_do_not_fit_together_are_refused():
+    from safety import bad_objective_knob
+    ok = {'clip_ratio_c': 0.0, 'loss_type': 'grpo', 'tis_min': 0.0, 'tis_cap': 3.0,
+          'advantage': 'grpo', 'scale_rewards': 'group', 'top_entropy_quantile': 1.0,
+          'adaptive_entropy': False, 'entropy_coef_min': 0.0, 'entropy_coef_max': 1.0}
+    assert bad_objective_knob(ok) is None
+    assert bad_objective_knob({**ok, 'clip_ratio_c': 3.0}) is None
+    assert '--clip_ratio_c=0.5' in bad_objective_knob({**ok, 'clip_ratio_c': 0.5})
+    assert 'CISPO' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'cispo'})
+    assert '--tis_min=3.0' in bad_objective_knob({**ok, 'tis_min': 3.0})
+    assert bad_objective_knob({**ok, 'advantage': 'rloo'}) is None
+    assert "'rloo' has its own" in bad_objective_knob({**ok, 'advantage': 'rloo',
+                                                       'scale_rewards': 'none'})
+    assert bad_objective_knob({**ok, 'advantage': 'passk', 'scale_rewards': 'none'}) is None
+    assert '--top_entropy_quantile=1.5' in bad_objective_knob({**ok, 'top_entropy_quantile': 1.5})
+    assert 'min <= max' in bad_objective_knob({**ok, 'adaptive_entropy': True,
+                                               'entropy_coef_min': 0.5, 'entropy_coef_max': 0.1})
+
+
+def test_entropy_cut_keeps_the_top_share():
+    """Entropies 0.1 ... 0.9, top 40%: the 0.6 quantile, 0.5 + 0.4 * 0.2 = 0.58, keeps 0.7 and
+    0.9; quantile 0 keeps the highest only (TRL's top_entropy_quantile)."""
+    ent = torch.tensor([0.1, 0.5, 0.9, 0.3, 0.7])
+    cut = entropy_cut(ent, 0.4)
+    assert abs(cut - 0.58) < 1e-6 and (ent >= cut).tolist() == [False, False, True, False, True]
+    assert (ent >= entropy_cut(ent, 0.0)).tolist() == [False, False, True, False, False]
+    assert (ent >= entropy_cut(ent, 1.0)).all()
+
+
+def test_token_mask_drops_the_policy_gradient_and_entropy_terms_of_masked_tokens():
+    """Masked tokens pass neither the policy-gradient nor the entropy gradient; the KL acts on
+    every token (TRL masks per_token_loss before adding beta * KL)."""
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    ref, ent = torch.tensor([-1.5, -1.0]), torch.tensor([2.0, 3.0], requires_grad=True)
+    adv, lens = torch.tensor([1.0, -1.0]), torch.ones(2, dtype=torch.long)
+    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(2), lens, **CLIP, ref_logp=ref,
+                          beta=0.1, entropy=ent, entropy_coef=0.01,
+                          token_mask=torch.tensor([1.0, 0.0]))
+    loss.backward()
+    k3_grad = 1 - torch.exp(ref - logp.detach())  # d k3 / d logp
+    assert torch.allclose(logp.grad, torch.tensor([-1.0, 0.0]) + 0.1 * k3_grad), logp.grad
+    assert torch.allclose(ent.grad, torch.tensor([-0.01, 0.0])), ent.grad
+
+
+def test_adaptive_entropy_coefficient_steps_toward_the_target():
+    """Skywork-OR1 / TRL: +delta at or below the target, -delta above, within [lo, hi]."""
+    kw = dict(target=0.2, delta=0.005, lo=0.0, hi=0.012)
+    assert abs(adapt_entropy_coef(0.001, 0.1, **kw) - 0.006) < 1e-12
+    assert abs(adapt_entropy_coef(0.001, 0.2, **kw) - 0.006) < 1e-12, "at the target: up"
+    assert adapt_entropy_coef(0.001, 0.3, **kw) == 0.0, "down, not below lo"
+    assert adapt_entropy_coef(0.01, 0.1, **kw) == 0.012, "up, not above hi"

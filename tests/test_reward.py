@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from reward import (REWARD_FNS, check_reward_config, extract_answer, is_correct, length_penalty,
@@ -343,3 +344,51 @@ def test_all_failed_flags_a_batch_where_every_sample_errored():
     out = score(['a'] * 7, [EX] * 7, [(nan, 1.0), ('correct', 1.0)], max_msgs=3)
     assert out['all_failed'] is True and out['errors']['nan'] == 7 and len(out['error_msgs']) == 3
     assert out['total'] == [0.0] * 7
+
+
+def test_none_is_not_applicable_not_zero():
+    """A batch mixing tasks: 'math_only' applies to the first two samples only. Its None adds
+    nothing to the total and is left out of its mean and spread (TRL: None -> NaN, nansum,
+    nanmean); a 0 there would pull the mean from 0.75 to 0.5."""
+    from metrics import reward_spread, rollout_metrics
+
+    def math_only(completion, example):
+        return {'a': 1.0, 'b': 0.5}.get(completion)
+
+    out = score(['a', 'b', 'c', 'd'], [EX] * 4, [(math_only, 2.0), ('correct', 1.0)])
+    assert out['per_fn']['math_only'] == [1.0, 0.5, None, None]
+    assert out['total'] == [2.0, 1.0, 0.0, 0.0] and out['errors']['math_only'] == 0
+    sc = {**out, 'per_fn': {'math_only': out['per_fn']['math_only'], 'correct': [1.0, 0, 0, 0]}}
+    comps = [{'ids': [1], 'truncated': False}] * 4
+    m = rollout_metrics(torch.tensor([out['total']]).view(2, 2), torch.zeros(2, dtype=torch.bool),
+                        sc, comps, [[0], [0]], {'gen': 1.0, 'step': 1.0})
+    assert m['reward/math_only/mean'] == 0.75, m
+    spread = reward_spread(sc, 2)
+    assert math.isclose(spread['reward/math_only/std'], 0.125 ** 0.5), spread
+    # group 1: scores 1.0 and 0.5 differ; group 2: nothing applies, so no signal
+    assert spread['reward/math_only/frac_zero_std'] == 0.5, spread
+    nothing = rollout_metrics(torch.zeros(1, 2), torch.ones(1, dtype=torch.bool),
+                              {**sc, 'per_fn': {'math_only': [None, None]}},
+                              comps[:2], [[0]], {'gen': 1.0, 'step': 1.0})
+    assert 'reward/math_only/mean' not in nothing, "no applicable sample: no mean to log"
+
+
+def test_a_reward_function_that_names_step_gets_it():
+    """TRL's trainer_state: anneal a format reward over the steps. A plain and a batched fn get the
+    step as one number; a fn that does not name it does not get it."""
+    seen = []
+
+    def annealed(completion, example, step):
+        return max(0.0, 1.0 - step / 10)
+
+    def batched(completions, examples, step):
+        seen.append(step)
+        return [float(step)] * len(completions)
+    batched.batched = True
+
+    def plain(completion, example):
+        return 1.0
+
+    out = score(['a', 'b'], [EX] * 2, [(annealed, 1.0), (batched, 1.0), (plain, 1.0)], step=4)
+    assert out['per_fn'] == {'annealed': [0.6, 0.6], 'batched': [4.0, 4.0], 'plain': [1.0, 1.0]}
+    assert seen == [4] and out['errors'] == {'annealed': 0, 'batched': 0, 'plain': 0}

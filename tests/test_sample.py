@@ -1,5 +1,7 @@
 """generate(): cached = uncached, per-row randomness, stops, limits, batching and compaction change
 nothing."""
+import json
+
 import pytest
 import torch
 
@@ -179,3 +181,29 @@ def test_evaluate_writes_rows_and_summary(tmp_path):
     assert s['n'] == 2 and 0 <= s['pass@1'] <= 1 and {'pass@3', 'maj@3', 'mean@3'} <= set(s)
     rows = (tmp_path / 'eval.jsonl').read_text().splitlines()
     assert len(rows) == 2 and '"completions"' in rows[0]
+
+
+def even_first_byte(completion, example):
+    """A grade a random model passes about half the time."""
+    return len(completion) > 0 and ord(completion[0]) % 2 == 0
+
+
+def test_sampled_pass_at_k_and_mean_at_k_from_the_rows(tmp_path):
+    """pass@k: a problem counts when any of its k samples is right; mean@k: the share of right
+    samples; both averaged over problems, from the rows written (greedy completion first). A rank's
+    share evaluated with `first` gets the same samples as the whole list."""
+    from types import SimpleNamespace
+    task = SimpleNamespace(messages=arith.messages, grade=even_first_byte)
+    examples = [{'question': f'What is {i}+{i}?', 'answer': str(2 * i)} for i in range(4)]
+    s = evaluate(tiny(), TOK, task, examples, '', '', n_samples=5, max_new_tokens=6,
+                 batch_size=3, out_path=str(tmp_path / 'all.jsonl'), progress=False, seed=7)
+    rows = [json.loads(x) for x in (tmp_path / 'all.jsonl').read_text().splitlines()]
+    right = [r['correct'][1:] for r in rows]
+    assert s['pass@5'] == sum(any(c) for c in right) / 4, (s, right)
+    assert s['mean@5'] == sum(sum(c) / 5 for c in right) / 4, (s, right)
+    assert 0 < s['mean@5'] < s['pass@5'], f"the test needs a mix of right and wrong: {right}"
+    evaluate(tiny(), TOK, task, examples[2:], '', '', n_samples=5, max_new_tokens=6, batch_size=3,
+             out_path=str(tmp_path / 'share.jsonl'), progress=False, seed=7, first=2)
+    share = [json.loads(x) for x in (tmp_path / 'share.jsonl').read_text().splitlines()]
+    assert [r['completions'] for r in share] == [r['completions'] for r in rows[2:]], \
+        "a problem's samples depend on its index among all problems, not on its rank's share"

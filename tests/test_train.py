@@ -210,6 +210,76 @@ def test_bf16_with_truncated_importance_sampling(tmp_path):
     assert math.isfinite(row['loss']) and row['grad_norm'] > 0
 
 
+def test_objective_variants_train(tmp_path):
+    """The new objective knobs reach the loss: REINFORCE++-baseline trains on every row (its equal
+    groups have an advantage), the dual clip logs its fraction, k3_is gives a KL, both TIS bounds
+    and CISPO's two bounds run."""
+    args = ['--max_steps=2', '--num_iterations=2', '--lr=3e-2']
+    run_together([tmp_path / 'a', *args, '--advantage=reinforce_pp', '--clip_ratio_c=1.5',
+                  '--beta=0.04', '--kl_estimator=k3_is', '--dtype=bfloat16',
+                  '--tis=token_truncate', '--tis_min=0.5'],
+                 [tmp_path / 'b', *args, '--advantage=rloo', '--loss_type=cispo',
+                  '--cispo_bounds=both', '--kl_estimator=k3+', '--beta=0.04'])
+    a, b = metrics(tmp_path / 'a')[2], metrics(tmp_path / 'b')[2]
+    assert a['frac_zero_std'] > 0 and a['rows_trained'] == 16, a
+    assert 0 <= a['clip/dual_frac'] <= 1, a
+    assert a['kl'] > 0 and 0.5 <= a['tis/weight_mean'] <= 3.0, a
+    assert b['kl'] > 0 and math.isfinite(b['loss']) and b['grad_norm'] > 0, b
+    p = run(tmp_path / 'c', '--advantage=maxrl', '--scale_rewards=none', check=False)
+    assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
+
+
+def test_rewards_get_the_step_and_may_not_apply(tmp_path):
+    """A reward that names `step` gets the steps done (0, then 1); one that returns None for every
+    sample logs no mean and no error, and the run trains on the other reward."""
+    rewards = ("--rewards=[{'name': 'grpo_test_rewards:step_count'}, "
+               "{'name': 'grpo_test_rewards:digit_fraction'}, "
+               "{'name': 'grpo_test_rewards:not_applicable'}]")
+    run(tmp_path, '--max_steps=2', rewards)
+    rows = metrics(tmp_path)[1:]
+    assert [r['reward/step_count/mean'] for r in rows] == [0.0, 1.0], rows
+    assert all('reward/not_applicable/mean' not in r for r in rows), rows[0]
+    assert all(r['reward/not_applicable/errors'] == 0 for r in rows), rows[0]
+
+
+def test_sampled_evaluation_logs_pass_at_k_and_leaves_training_alone(tmp_path):
+    """eval_samples=4: eval/pass@4, eval/mean@4 beside greedy eval/pass@1 at every evaluation; the
+    sampler's own seeds leave the training RNG alone: the same training rows and weights as a run
+    without them."""
+    args = ['--max_steps=2', '--eval_every=1', '--eval_examples=6']
+    run_together([tmp_path / 'k', *args, '--eval_samples=4', '--eval_temperature=1.5'],
+                 [tmp_path / 'greedy', *args])
+    rows, plain = metrics(tmp_path / 'k'), metrics(tmp_path / 'greedy')
+    for r, p in zip(rows, plain):
+        assert 0 <= r['eval/mean@4'] <= r['eval/pass@4'] <= 1 and 'eval/maj@4' in r, r
+        assert r['eval/pass@1'] == p['eval/pass@1'], "greedy pass@1 is unchanged"
+        assert {k: v for k, v in stable(r).items() if not k.startswith('eval/')} == \
+            {k: v for k, v in stable(p).items() if not k.startswith('eval/')}, r['step']
+    wk, wg = weights(tmp_path / 'k', 2), weights(tmp_path / 'greedy', 2)
+    assert all(torch.equal(wk[k], wg[k]) for k in wk), "sampled evaluation changed the training"
+
+
+def test_entropy_control_trains_and_resumes(tmp_path):
+    """adaptive_entropy with a target above any entropy: no bonus at step 1 (no entropy measured
+    yet), then 0.01 + 0.05 and + 0.10; killed after step 3's update and rerun, the coefficient
+    resumes from the checkpoint. top_entropy_quantile=0.2 logs the entropy cut it trained above."""
+    args = ['--max_steps=3', '--save_every=1', '--adaptive_entropy=True', '--entropy_coef=0.01',
+            '--entropy_coef_delta=0.05', '--entropy_target=100.0', '--top_entropy_quantile=0.2']
+    straight, killed = tmp_path / 'straight', tmp_path / 'killed'
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = pool.submit(run, straight, *args)
+        k = run(killed, *args, '--fault_kill_opt_step=3', check=False)
+        done.result()
+    assert k.returncode == -signal.SIGKILL and newest_ckpt(killed)[0] == 2, k.returncode
+    rows = metrics(straight)
+    assert [round(r['entropy_coef'], 6) for r in rows[1:]] == [0.0, 0.06, 0.11], rows
+    assert all(0 < r['entropy_cut'] for r in rows[1:]), rows
+    run(killed, *args)
+    assert [stable(r) for r in metrics(killed)] == [stable(r) for r in rows]
+    wa, wb = weights(straight, 3), weights(killed, 3)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "weights differ after resume"
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     p = run(tmp_path, '--max_steps=1', '--top_k=5')
     assert 'WARNING [off_policy_sampling]' in p.stdout and 'top_k=5' in p.stdout
@@ -255,6 +325,42 @@ def test_exact_resume_after_sigkill(tmp_path):
     wb = weights(b, 6)
     assert all(torch.equal(wa[k], wb[k]) for k in wa), \
         "final weights are not bit-identical after resume"
+
+
+def test_mini_batches_resume_exactly_after_a_kill_between_optimizer_steps(tmp_path):
+    """mini_batches=2 x num_iterations=2: four optimizer steps per GRPO step, each mini-batch's
+    ratio against the old log-probs taken before the first. Killed (SIGKILL) right after the 4th
+    optimizer step (step 1's last, before its checkpoint) and after the 5th, 6th and 7th (between
+    each two of step 2's), then rerun: the same metrics and weights as the run that was not."""
+    args = ['--max_steps=2', '--mini_batches=2', '--num_iterations=2', '--save_every=1',
+            '--keep_last=10', '--lr=3e-2']
+    kills = (4, 5, 6, 7)
+    jobs = [[tmp_path / 'straight', *args], [tmp_path / 'mu1', '--max_steps=1', '--mini_batches=2']]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(run, *job) for job in jobs]
+        killed = [pool.submit(run, tmp_path / f'kill{n}', *args, f'--fault_kill_opt_step={n}',
+                              check=False) for n in kills]
+        for n, k in zip(kills, killed):
+            assert k.result().returncode == -signal.SIGKILL, f"kill {n}: the run was not killed"
+            newest = newest_ckpt(tmp_path / f'kill{n}')[0]
+            assert newest == (n - 1) // 4, f"kill {n}: newest checkpoint {newest}"
+        resumed = [pool.submit(run, tmp_path / f'kill{n}', *args) for n in kills]
+        [f.result() for f in done + resumed]
+    ra = metrics(tmp_path / 'straight')
+    wa = weights(tmp_path / 'straight', 2)
+    opt = torch.load(tmp_path / 'straight' / 'ckpt_0000002.pt', weights_only=False)['optimizer']
+    assert all(int(st['step']) == 8 for st in opt['state'].values()), "2 steps x 2 x 2"
+    for n in kills:
+        rb = metrics(tmp_path / f'kill{n}')
+        assert [r['step'] for r in rb] == [0, 1, 2], f"kill {n}: steps {rb}"
+        for x, y in zip(ra, rb):
+            assert stable(x) == stable(y), f"kill {n}: step {x['step']} differs after resume"
+        wb = weights(tmp_path / f'kill{n}', 2)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), f"kill {n}: weights differ"
+    # one iteration of two mini-batches: the second is trained by a policy the first moved
+    row = metrics(tmp_path / 'mu1')[1]
+    assert row['ratio/min'] < 1 < row['ratio/max'] and row['kl_old_new'] > 0, row
+    assert ra[1]['clip/low_frac'] + ra[1]['clip/high_frac'] > 0, ra[1]
 
 
 def newest_ckpt(out_dir, pid=None):
