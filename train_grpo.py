@@ -467,7 +467,9 @@ while step < max_steps:
         kept = keep_groups(zero_all, P)
     else:
         kept = list(range(P))
-    comp_lens = torch.tensor([len(c['ids']) for c in comps]).view(-1, G)[kept]
+    # completion lengths in sampled tokens (reinforce_pp whitens over them)
+    sampled_lens = [len(c['ids']) - sum(c.get('tool_mask', ())) for c in comps]
+    comp_lens = torch.tensor(sampled_lens).view(-1, G)[kept]
     adv, zero_std = advantages(r_all[kept], advantage, scale_rewards, adv_eps, lens=comp_lens)
     # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over
     # the step by reinforce_pp, an advantage of their own)
