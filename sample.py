@@ -338,6 +338,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                             truncated=not finished[r], turn_limit=turn_limit[r]))
     return results
 
+
 def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
     """Token ids of the task's prompt for each example: its chat messages through the tokenizer's
     chat template, or a raw-text prompt as it is. system_prompt/instruction: None = the task's
