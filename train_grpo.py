@@ -80,8 +80,9 @@ filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 with
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
-# adaptive entropy (Skywork-OR1): entropy_coef is the start; each step it moves by entropy_coef_delta
-# (up while the entropy is <= entropy_target, else down) within [entropy_coef_min, entropy_coef_max]
+# adaptive entropy (Skywork-OR1): entropy_coef is the start; each step it moves by
+# entropy_coef_delta (up while the entropy is <= entropy_target, else down) within
+# [entropy_coef_min, entropy_coef_max]
 adaptive_entropy = False
 entropy_target = 0.2  # nats per token; the bonus acts only while the entropy is at or below it
 entropy_coef_delta = 0.005  # the coefficient's step
