@@ -4,10 +4,13 @@ samples do not depend on how long its tools took; budgets and call limits; inser
 weight in the loss."""
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+import sample
+import tasks
 import tool_calls
 from loss import policy_loss, token_weights
 from model import ModelConfig, from_scratch
@@ -196,3 +199,27 @@ def test_inserted_tokens_carry_no_weight():
     leak = token_weights(lens, 'token_mean', 7, 2, 8)  # without the mask: the test would see it
     a = torch.where(inserted.bool(), adv * 1e6, adv)
     assert policy_loss(logp, old, a, leak, lens, eps_low=0.2, eps_high=0.28)[0].abs().item() > 1e3
+
+
+def test_the_docs_task_with_a_tool_plugs_in(tmp_path, monkeypatch):
+    """docs/tools.md's example task, as printed there: resolved by its path, its tools found, and
+    evaluate() runs it through generate_with_tools (tool_mask on every completion)."""
+    doc = (Path(__file__).resolve().parents[1] / 'docs' / 'tools.md').read_text()
+    start = doc.index('```python\n') + len('```python\n')
+    (tmp_path / 'calc_task.py').write_text(doc[start:doc.index('```\n', start)])
+    task = tasks.resolve(str(tmp_path / 'calc_task.py'))
+    tools, style = tasks.tools_of(task)
+    assert list(tools) == ['calculator'] and style == 'fenced'
+    seen = []
+    real = sample.generate_with_tools
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        seen.extend(out)
+        return out
+
+    monkeypatch.setattr(sample, 'generate_with_tools', spy)
+    model = Scripted({}, strength=0.0)
+    summary = sample.evaluate(model, TOK, task, task.load('test')[:3], max_new_tokens=12,
+                              progress=False)
+    assert summary['n'] == 3 and len(seen) == 3 and all('tool_mask' in c for c in seen)
