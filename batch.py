@@ -6,6 +6,7 @@ that pass gives.
 import torch
 
 from kernels import lm_head_logprobs
+from sample import sampled_count
 
 
 def micro_batches(rows, size, whole_groups):
@@ -203,7 +204,7 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=T
         k = at.get(c['prompt_idx'])
         if k is None or (mask_truncated and c['truncated']) or not c['ids']:
             continue
-        n_sampled = len(c['ids']) - sum(c.get('tool_mask', ()))  # tool responses are not actions
+        n_sampled = sampled_count(c)  # tool responses are not actions
         n_tok += n_sampled
         n_seq += 1
         if filter_zero_std and zero_std[k]:

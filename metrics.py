@@ -13,6 +13,7 @@ import time
 import torch
 
 import tasks
+from sample import sampled_count
 
 
 def mem_stats(device):
@@ -59,7 +60,7 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     """The step's rewards (r: (groups, G), every group drawn; per function: reward_spread),
     completion lengths, timing and throughput."""
     G = r.shape[1]
-    lens = [len(c['ids']) - sum(c.get('tool_mask', ())) for c in comps]  # sampled tokens
+    lens = [sampled_count(c) for c in comps]  # sampled tokens: tool responses left out
     m = {'reward/mean': r.mean().item(), 'reward/std': r.std().item()}
     for k, v in sc['per_fn'].items():
         v = applicable(v)

@@ -68,6 +68,37 @@ def sampler_model(model, dtype, fsdp):
     return gen, functools.partial(copy_weights, gen, model)
 
 
+def prefill(model, tok, prompts, group_size, max_new_tokens, *, compile=False, spare=0):
+    """Checks the prompts fit, prefills every prompt once (right-padded, per-row lengths) and copies
+    its cache for its group_size samples. Returns (cache with room for max_new_tokens + spare more
+    positions, the next-token logits of each sample's row, the forward decode steps use)."""
+    from model import KVCache
+    device = next(model.parameters()).device
+    P, G = len(prompts), group_size
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    max_len = int(lens.max()) + max_new_tokens
+    if max_len > model.config.max_seq_len:
+        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's max_seq_len {model.config.max_seq_len}")
+    if int(lens.min()) == 0:
+        raise ValueError("empty prompt: every prompt needs at least one token")
+    idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)
+    for i, p in enumerate(prompts):
+        idx[i, :len(p)] = torch.tensor(p, device=device)
+    cache = KVCache(model.config, P, max_len + spare, next(model.parameters()).dtype, device)
+    forward = decode_forward(model, compile)
+    logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
+    cache = cache.repeat_interleave(G)
+    logits = logits.repeat_interleave(G, dim=0)
+    return cache, logits, forward
+
+
+def sampled_count(completion):
+    """The tokens the policy sampled in a completion: its ids less any a tool's response inserted
+    (generate_with_tools' tool_mask)."""
+    return len(completion['ids']) - sum(completion.get('tool_mask', ()))
+
+
 @torch.no_grad()
 def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperature=1.0, top_k=0,
              top_p=1.0, min_p=0.0, seed=0, stop_ids=None, stop_strings=(), prompt_index=None,
@@ -78,7 +109,6 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     compile: the prefill and decode steps run through torch.compile (see decode_forward; the first
     call compiles, seconds to a minute). on_step() is called after every decode step (the training
     loop's watchdog heartbeat)."""
-    from model import KVCache
     device = next(model.parameters()).device
     if stop_ids is None:
         stop_ids = tok.stop_ids
@@ -87,23 +117,7 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         prompt_index = range(len(prompts))
     prompt_index = list(prompt_index)
     P, G = len(prompts), group_size
-    lens = torch.tensor([len(p) for p in prompts], device=device)
-    max_len = int(lens.max()) + max_new_tokens
-    if max_len > model.config.max_seq_len:
-        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) "
-                         f"exceeds the model's max_seq_len {model.config.max_seq_len}")
-    if int(lens.min()) == 0:
-        raise ValueError("empty prompt: every prompt needs at least one token")
-    # prefill every prompt once (right-padded, per-row lengths), then copy its cache for its G
-    # samples
-    idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)
-    for i, p in enumerate(prompts):
-        idx[i, :len(p)] = torch.tensor(p, device=device)
-    cache = KVCache(model.config, P, max_len, next(model.parameters()).dtype, device)
-    forward = decode_forward(model, compile)
-    logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
-    cache = cache.repeat_interleave(G)
-    logits = logits.repeat_interleave(G, dim=0)
+    cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile)
     N = P * G
     seeds = row_seeds(seed, prompt_index, G).to(device)
     # every completion's tokens and log-probs, by step. Rows that stopped but are still in the
@@ -199,7 +213,6 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     import concurrent.futures
 
     import tool_calls
-    from model import KVCache
     if tool_style != 'fenced':
         # hermes answers are chat-template turns, whose tool-response delta is not built yet
         raise ValueError(f"tool_style={tool_style!r}: rollouts with tools support 'fenced' only")
@@ -210,22 +223,9 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     prompt_index = list(prompt_index)
     P, G = len(prompts), group_size
     N = P * G
-    lens = torch.tensor([len(p) for p in prompts], device=device)
-    max_len = int(lens.max()) + max_new_tokens
-    if max_len > model.config.max_seq_len:
-        raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) "
-                         f"exceeds the model's max_seq_len {model.config.max_seq_len}")
-    if int(lens.min()) == 0:
-        raise ValueError("empty prompt: every prompt needs at least one token")
-    idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)
-    for i, p in enumerate(prompts):
-        idx[i, :len(p)] = torch.tensor(p, device=device)
     # one spare position: a row that has used its whole budget is still fed a pad (length 0)
-    cache = KVCache(model.config, P, max_len + 1, next(model.parameters()).dtype, device)
-    forward = decode_forward(model, compile)
-    logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
-    cache = cache.repeat_interleave(G)
-    logits = logits.repeat_interleave(G, dim=0)
+    cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile,
+                                     spare=1)
     seeds = row_seeds(seed, prompt_index, G).to(device)
 
     # per completion, on the host: its ids so far (sampled and inserted), their log-probs, which
@@ -242,8 +242,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     paused = {}  # row -> (the token that closed its call, the futures of its calls)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(32, N)))
 
-    def pause(r, token):
-        parsed = tool_calls.parse_calls(tok.decode(out[r][turn_start[r]:]), tool_style, names=tools)
+    def pause(r, token, turn):
+        parsed = tool_calls.parse_calls(turn, tool_style, names=tools)
         if len(calls[r]) + len(parsed) > max_tool_calls:
             done[r] = turn_limit[r] = True
             return
@@ -296,7 +296,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                         turn = tok.decode(out[r][turn_start[r]:])
                         closes = tool_calls.call_closed(turn, 'fenced', names=tools)
                     if closes and len(out[r]) < max_new_tokens:
-                        pause(r, token)
+                        pause(r, token, turn)
                     elif token in stop_set:
                         done[r] = finished[r] = True
                     elif len(out[r]) >= max_new_tokens:

@@ -283,6 +283,14 @@ def _arithmetic(node):
     raise ValueError(f"{what} is not allowed: only numbers, + - * / // % ** and parentheses")
 
 
+def _check_text(value, name, limit):
+    """A tool's text argument, as the model sent it: a string of at most limit characters."""
+    if not isinstance(value, str):
+        raise ValueError(f"the {name} must be a string, not {type(value).__name__}")
+    if len(value) > limit:
+        raise ValueError(f"the {name} is longer than {limit} characters")
+
+
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression: numbers, + - * / // % ** and parentheses.
 
@@ -291,10 +299,7 @@ def calculator(expression: str) -> str:
     """
     # Integers stay exact (7/2 is 3.5 but 8/2 is 4); a float anywhere makes the result a float,
     # printed in Python's shortest round-trip form (2.5*2 is 5.0, 0.1+0.2 is 0.30000000000000004).
-    if not isinstance(expression, str):
-        raise ValueError(f"the expression must be a string, not {type(expression).__name__}")
-    if len(expression) > CALC_MAX_CHARS:
-        raise ValueError(f"the expression is longer than {CALC_MAX_CHARS} characters")
+    _check_text(expression, 'expression', CALC_MAX_CHARS)
     try:
         tree = ast.parse(expression.strip(), mode='eval')
     except SyntaxError as e:
@@ -493,10 +498,7 @@ def python(code: str, *, timeout: float = PYTHON_TIMEOUT_S) -> str:
     """
     # Returns the output; a program that overruns the time limit raises TimeoutError carrying what
     # it had printed and one line saying so (run_call reports it as a 'timeout').
-    if not isinstance(code, str):
-        raise ValueError(f"the code must be a string, not {type(code).__name__}")
-    if len(code) > PYTHON_MAX_CODE_CHARS:
-        raise ValueError(f"the code is longer than {PYTHON_MAX_CODE_CHARS} characters")
+    _check_text(code, 'code', PYTHON_MAX_CODE_CHARS)
     root = tempfile.mkdtemp(prefix='tool-python-')
     try:
         with open(os.path.join(root, 'main.py'), 'w', encoding='utf-8') as f:

@@ -184,7 +184,7 @@ from loss import adapt_entropy_coef, entropy_cut, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, generate, sampler_model  # noqa: E402
-from sample import generate_with_tools  # noqa: E402
+from sample import generate_with_tools, sampled_count  # noqa: E402
 from sft import warm_start  # noqa: E402
 
 # ------------------------------------------------------------------------- checks and setup
@@ -419,8 +419,7 @@ def rollout(examples, first, step, timing):
     graded = [examples[c['prompt_idx'] - first] for c in comps]
     extra = []  # facts a reward function may declare (reward.py)
     for c in comps:
-        n_sampled = len(c['ids']) - sum(c.get('tool_mask', ()))  # tool responses not counted
-        fact = {'n_tokens': n_sampled, 'truncated': c['truncated'],
+        fact = {'n_tokens': sampled_count(c), 'truncated': c['truncated'],
                 'max_new_tokens': max_new_tokens}
         if task_tools:
             fact['tool_calls'] = c['tool_calls']
@@ -469,8 +468,7 @@ while step < max_steps:
     else:
         kept = list(range(P))
     # completion lengths in sampled tokens (reinforce_pp whitens over them)
-    sampled_lens = [len(c['ids']) - sum(c.get('tool_mask', ())) for c in comps]
-    comp_lens = torch.tensor(sampled_lens).view(-1, G)[kept]
+    comp_lens = torch.tensor([sampled_count(c) for c in comps]).view(-1, G)[kept]
     adv, zero_std = advantages(r_all[kept], advantage, scale_rewards, adv_eps, lens=comp_lens)
     # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over
     # the step by reinforce_pp, an advantage of their own)

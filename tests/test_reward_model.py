@@ -16,6 +16,7 @@ import hf as H
 import model as M
 import reward_model as RM
 from reward import check_reward_config, resolve_rewards, score
+from test_chat_template import QWEN25 as QWEN25_TEMPLATE
 from tokenizer import byte_tokenizer
 
 transformers = pytest.importorskip('transformers')
@@ -33,17 +34,6 @@ CLASSIFIERS = {  # name -> (config class, kwargs)
     'gpt2_2labels': ('GPT2Config', dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4,
                                         n_positions=256, pad_token_id=PAD, num_labels=2)),
 }
-# Qwen2.5's template, less its tool branches: a default system turn when the conversation has none
-QWEN25_TEMPLATE = (
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    "<|im_end|>\\n' }}{%- endif %}\n{%- for message in messages %}"
-    "{%- if not (message.role == 'system' and loop.first)"
-    " %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}\n{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
 EX = [{'question': 'Tom has 12 apples and gets 7 more. How many?', 'answer': '19'},
       {'question': 'What is 3 + 4?', 'answer': '7'}]
 COMPLETIONS = ['12+7=19\n#### 19', 'I think it is 8.', '3+4=7 so \\boxed{7}', '']
