@@ -199,11 +199,13 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                         top_k=0, top_p=1.0, min_p=0.0, seed=0, stop_ids=None, prompt_index=None,
                         compile=False, on_step=None):
     """generate() for rollouts that call tools (tools: {name: function}, tool_calls.py). A row whose
-    turn closes a call (tool_style 'fenced': a ```name block starting a line) pauses; its calls run
-    in a thread pool while the other rows keep decoding; when they return, the response's tokens
-    (tool_calls.response_text, encoded on its own: the sampled tokens are never decoded and encoded
-    again) are prefilled into that row's own KV cache as one chunk, with the token that closed the
-    call in front, and the row goes on. Token in, token out: a completion's ids are its sampled ids
+    turn closes a call pauses: tool_style 'fenced', at the closing fence of a ```name block
+    starting a line; 'hermes', at the stop token ending a turn that holds <tool_call> blocks. Its
+    calls run in a thread pool while the other rows keep decoding; when they return, the response's
+    tokens (fenced: tool_calls.response_text encoded on its own; hermes: the chat template's delta,
+    tool_calls.template_answers; the sampled tokens are never decoded and encoded again) are
+    prefilled into that row's own KV cache as one chunk, with the token that closed the call in
+    front, and the row goes on. Token in, token out: a completion's ids are its sampled ids
     and the inserted ids, in order; tool_mask marks the inserted ones (1), whose logprobs are 0.
     max_new_tokens counts both; a response that does not fit ends the row (truncated); a call past
     max_tool_calls is not run and ends the row (turn_limit). Each row draws its k-th sampled token
@@ -213,9 +215,11 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     import concurrent.futures
 
     import tool_calls
-    if tool_style != 'fenced':
-        # hermes answers are chat-template turns, whose tool-response delta is not built yet
-        raise ValueError(f"tool_style={tool_style!r}: rollouts with tools support 'fenced' only")
+    answer = None  # hermes: results -> the chat template's ids answering them
+    if tool_style in tool_calls.TURN_STYLES:
+        answer = tool_calls.template_answers(tok, tools)
+    elif tool_style != 'fenced':
+        raise ValueError(f"unknown tool_style {tool_style!r} (styles: {tool_calls.STYLES})")
     device = next(model.parameters()).device
     stop_set = set(tok.stop_ids if stop_ids is None else stop_ids)
     if prompt_index is None:
@@ -254,10 +258,13 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
         token, futures = paused.pop(r)
         results = [f.result() for f in futures]
         calls[r] += results
-        text = tool_calls.response_text(results, tool_style)
-        if not tok.decode(out[r][-1:]).endswith('\n'):  # the response starts a line of its own
-            text = '\n' + text
-        inserted = tok.encode(text)
+        if answer is not None:
+            inserted = answer(results)
+        else:
+            text = tool_calls.response_text(results, tool_style)
+            if not tok.decode(out[r][-1:]).endswith('\n'):  # it starts a line of its own
+                text = '\n' + text
+            inserted = tok.encode(text)
         if len(out[r]) + len(inserted) > max_new_tokens:
             done[r] = True  # no room for the response: truncated
             return None
@@ -292,11 +299,16 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                     mask[r].append(0)
                     n_sampled[r] += 1
                     closes = False
-                    if '`' in tok.decode([token]):  # it may close a ```name block
+                    if answer is not None and token in stop_set:  # a turn of calls ends here?
+                        turn = tok.decode(out[r][turn_start[r]:-1])
+                        closes = bool(tool_calls.parse_calls(turn, tool_style))
+                    elif answer is None and '`' in tok.decode([token]):  # a ```name block?
                         turn = tok.decode(out[r][turn_start[r]:])
                         closes = tool_calls.call_closed(turn, 'fenced', names=tools)
                     if closes and len(out[r]) < max_new_tokens:
                         pause(r, token, turn)
+                    elif closes:  # no room left for the answer: the calls are not run
+                        done[r] = True
                     elif token in stop_set:
                         done[r] = finished[r] = True
                     elif len(out[r]) >= max_new_tokens:
@@ -344,10 +356,15 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
     chat template, or a raw-text prompt as it is. system_prompt/instruction: None = the task's
     default (tasks.messages)."""
     import tasks
+    import tool_calls
+    tools, style = tasks.tools_of(task)
+    # hermes tools are shown to the model by the chat template (its `tools` variable); fenced ones
+    # by the task's own prompt
+    shown = {'tools': tool_calls.schemas(tools)} if style in tool_calls.TURN_STYLES else {}
     out = []
     for ex in examples:
         msgs = tasks.messages(task, ex, system_prompt, instruction)
-        out.append(tok.encode(msgs) if isinstance(msgs, str) else tok.render_chat(msgs))
+        out.append(tok.encode(msgs) if isinstance(msgs, str) else tok.render_chat(msgs, **shown))
     return out
 
 

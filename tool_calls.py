@@ -719,3 +719,86 @@ def response_text(results, style):
         output = r['output'].rstrip('\n')
         blocks.append(f"```{RESPONSE_FENCE}\n{output}\n```\n")
     return ''.join(blocks)
+
+
+# ----------------------------------------------------------------------------- chat-template answers
+
+TURN_STYLES = ('hermes',)  # styles whose calls end the turn and are answered by the chat template
+PROBE_RESULT = 'probe result 7'  # what the start-up check's tool returns
+
+
+def schemas(tools):
+    """The JSON schemas of tools ({name: function}), as a chat template's `tools` variable takes
+    them."""
+    return [json_schema(fn) for fn in tools.values()]
+
+
+def _probe(name, content, n_calls, system=None):
+    """A conversation that ends with an assistant turn making n_calls calls of name."""
+    call = {'type': 'function', 'function': {'name': name, 'arguments': {'x': content}}}
+    messages = [{'role': 'user', 'content': f'question {content}'}]
+    if system is not None:
+        messages.insert(0, {'role': 'system', 'content': system})
+    return messages + [{'role': 'assistant', 'content': content, 'tool_calls': [call] * n_calls}]
+
+
+def _stop_positions(ids, stops):
+    return [i for i, t in enumerate(ids) if t in stops]
+
+
+def template_answers(tok, tools):
+    """hermes: checks once that tok's chat template can answer calls token in, token out, and
+    returns answer(results) -> the token ids to insert after the stop token that ended a turn of
+    calls: the rest of that turn as the template writes it, the tool messages, and the next
+    assistant turn's generation prompt. They are the template's own delta, cut from one rendering
+    of a short conversation (its user turn, an assistant turn of calls, the tool messages) after the
+    stop token that ends the assistant turn, and tokenized whole (a result's newlines merge with the
+    template's; special-token text in a result stays text, as in every message content).
+
+    The model's own turn is never rendered again: what it sampled is kept as sampled. So what this
+    needs is only that the delta does not depend on the conversation before it, which is checked
+    here on conversations that differ in system turn, user text, assistant text and number of calls
+    (a template that fails gets one ValueError naming its file). Qwen2.5's template passes and is
+    also prefix-preserving (the turn renders the same whether or not a tool message follows).
+    Qwen3's is not prefix-preserving (a last assistant turn gets an empty <think> block that
+    vanishes once a tool message follows), which matters to a trainer that renders the whole
+    conversation again after each turn (TRL swaps in a patched template for it); here it does not
+    matter, since earlier turns are never rendered again, and Qwen3's delta passes the check."""
+    where = getattr(tok, 'template_file', None) or 'the tokenizer'
+    if getattr(tok, 'template', None) is None:
+        raise ValueError(f"tool_style 'hermes' answers calls through the snapshot's chat template, "
+                         f"and {where} has none: use tool_style='fenced'")
+    listed = schemas(tools)
+    stops = set(tok.stop_ids)
+    name = next(iter(tools))
+
+    def delta(results, probe=('probe', 1, None)):
+        content, n_calls, system = probe
+        before = _probe(name, content, n_calls, system)
+        k = len(_stop_positions(tok.render_chat(before[:-1], add_generation_prompt=False,
+                                                tools=listed), stops))
+        ids = tok.render_chat(before + tool_messages(results), add_generation_prompt=True,
+                              tools=listed)
+        ends = _stop_positions(ids, stops)
+        if len(ends) <= k:
+            raise ValueError(f"{where}: the chat template does not end an assistant turn of tool "
+                             "calls with a stop token, so tool answers cannot be inserted")
+        return ids[ends[k] + 1:]
+
+    prompt = tok.decode(tok.render_chat(_probe(name, 'probe', 1)[:-1], tools=listed))
+    if name not in prompt:
+        raise ValueError(f"{where}: the chat template does not show the tools (no {name!r} in a "
+                         "prompt rendered with tools=...): the model cannot know them")
+    results = [{'name': name, 'output': PROBE_RESULT}]
+    want = delta(results)
+    if PROBE_RESULT not in tok.decode(want):
+        raise ValueError(f"{where}: the chat template does not render tool messages' contents")
+    for probe in (('other text', 1, None), ('', 3, 'a system turn'), ('x\n\n', 2, '')):
+        if delta(results, probe) != want:
+            raise ValueError(f"{where}: the chat template's tool answer depends on the turns before "
+                             "it, so it cannot be inserted token in, token out: use "
+                             "tool_style='fenced' or a template whose tool turns do not")
+
+    def answer(results):
+        return delta([{'name': r['name'], 'output': r['output']} for r in results])
+    return answer
