@@ -38,7 +38,7 @@ import os
 
 REQUIRED = ('load', 'messages', 'grade')
 INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style')
-BUILTIN = ('gsm8k', 'arith', 'arith_tools', 'chess')
+BUILTIN = ('gsm8k', 'gsm8k_tools', 'arith', 'arith_tools', 'chess')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
 
