@@ -266,9 +266,10 @@ class KVCache:
         # host-side upper bound on lengths.max(): attention reads only this far, without a sync
         self.extent = 0
 
-    def _with(self, k, v, lengths):
+    def _with(self, k, v, lengths, max_len=None):
         c = object.__new__(KVCache)
-        c.k, c.v, c.lengths, c.max_len, c.extent = k, v, lengths, self.max_len, self.extent
+        c.k, c.v, c.lengths, c.extent = k, v, lengths, self.extent
+        c.max_len = self.max_len if max_len is None else max_len
         return c
 
     def repeat_interleave(self, n):
@@ -283,6 +284,20 @@ class KVCache:
         """Keep only these rows, in this order (drop finished sequences from the decode batch)."""
         rows = rows.to(self.lengths.device)
         return self._with([t[rows] for t in self.k], [t[rows] for t in self.v], self.lengths[rows])
+
+    def window(self, rows, max_len):
+        """A copy of these rows' first max_len positions, to extend by a few tokens and put back
+        with put_window (copies that much, not the whole cache)."""
+        rows = rows.to(self.lengths.device)
+        return self._with([t[rows, :, :max_len] for t in self.k],
+                          [t[rows, :, :max_len] for t in self.v], self.lengths[rows], max_len)
+
+    def put_window(self, rows, sub):
+        rows = rows.to(self.lengths.device)
+        for mine, theirs in ((self.k, sub.k), (self.v, sub.v)):
+            for t, s in zip(mine, theirs):
+                t[rows, :, :sub.max_len] = s
+        self.lengths[rows] = sub.lengths
 
 
 class GPT(nn.Module):

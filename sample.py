@@ -197,21 +197,25 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
 def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *, tools,
                         tool_style='fenced', max_tool_calls=4, tool_timeout=5.0, temperature=1.0,
                         top_k=0, top_p=1.0, min_p=0.0, seed=0, stop_ids=None, prompt_index=None,
-                        compile=False, on_step=None):
+                        tool_delay_steps=1, compile=False, on_step=None):
     """generate() for rollouts that call tools (tools: {name: function}, tool_calls.py). A row whose
     turn closes a call pauses: tool_style 'fenced', at the closing fence of a ```name block
     starting a line; 'hermes', at the stop token ending a turn that holds <tool_call> blocks. Its
-    calls run in a thread pool while the other rows keep decoding; when they return, the response's
-    tokens (fenced: tool_calls.response_text encoded on its own; hermes: the chat template's delta,
-    tool_calls.template_answers; the sampled tokens are never decoded and encoded again) are
-    prefilled into that row's own KV cache as one chunk, with the token that closed the call in
-    front, and the row goes on. Token in, token out: a completion's ids are its sampled ids
+    calls run in a thread pool while the other rows keep decoding. tool_delay_steps decode steps
+    after the call closed, the response's tokens (fenced: tool_calls.response_text encoded on its
+    own; hermes: the chat template's delta, tool_calls.template_answers; the sampled tokens are
+    never decoded and encoded again) are prefilled into that row's own KV cache as one chunk, with
+    the token that closed the call in front, in one batched forward with the other rows due at that
+    step, and the row goes on. A tool still running then is waited for (its completion's
+    tool_wait_s adds up those waits, the same for every row of the call): so which rows are
+    prefilled together, and with them every float, does not depend on how long tools took, and a
+    rollout with deterministic tools reproduces exactly. Raise tool_delay_steps where tools take
+    longer than a decode step (a python call takes ~0.1 s). Token in, token out: a completion's ids are its sampled ids
     and the inserted ids, in order; tool_mask marks the inserted ones (1), whose logprobs are 0.
     max_new_tokens counts both; a response that does not fit ends the row (truncated); a call past
     max_tool_calls is not run and ends the row (turn_limit). Each row draws its k-th sampled token
-    with step k, so what a row samples does not depend on how long the tools took or what other rows
-    did. Rows stay in the decode batch when they finish or pause (fed no token), so the batch shape
-    is the same at every step."""
+    with step k of its own seed. Rows stay in the decode batch when they finish or pause (fed no
+    token), so the batch shape is the same at every step."""
     import concurrent.futures
 
     import tool_calls
@@ -231,6 +235,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile,
                                      spare=1)
     seeds = row_seeds(seed, prompt_index, G).to(device)
+    prompt_len = [len(prompts[r // G]) for r in range(N)]
 
     # per completion, on the host: its ids so far (sampled and inserted), their log-probs, which
     # are inserted, where its current turn began, its calls and results, and its state
@@ -243,45 +248,77 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     done = [False] * N
     finished = [False] * N
     turn_limit = [False] * N
-    paused = {}  # row -> (the token that closed its call, the futures of its calls)
+    paused = {}  # row -> (the token that closed its call, the futures of its calls, due step)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(32, N)))
+    step, waited = 0, 0.0  # decode steps so far; seconds spent waiting for late tools
 
     def pause(r, token, turn):
         parsed = tool_calls.parse_calls(turn, tool_style, names=tools)
         if len(calls[r]) + len(parsed) > max_tool_calls:
             done[r] = turn_limit[r] = True
             return
-        paused[r] = (token, tool_calls.start_calls(parsed, tools, tool_timeout, pool))
+        futures = tool_calls.start_calls(parsed, tools, tool_timeout, pool)
+        paused[r] = (token, futures, step + tool_delay_steps)
 
-    def resume(r):
-        """Insert row r's tool responses into its cache, after the token that closed the call."""
-        token, futures = paused.pop(r)
-        results = [f.result() for f in futures]
-        calls[r] += results
+    def answer_ids(r, results):
         if answer is not None:
-            inserted = answer(results)
-        else:
-            text = tool_calls.response_text(results, tool_style)
-            if not tok.decode(out[r][-1:]).endswith('\n'):  # it starts a line of its own
-                text = '\n' + text
-            inserted = tok.encode(text)
-        if len(out[r]) + len(inserted) > max_new_tokens:
-            done[r] = True  # no room for the response: truncated
-            return None
-        out[r] += inserted
-        out_lp[r] += [0.0] * len(inserted)
-        mask[r] += [1] * len(inserted)
-        turn_start[r] = len(out[r])
-        chunk = torch.tensor([[token] + inserted], device=device)
-        row = torch.tensor([r], device=device)
-        sub = cache.select(row)
-        sub.extent = int(sub.lengths[0])  # this row's own length bounds what it attends to
-        row_logits = forward(chunk, kv_cache=sub, last_only=True)[:, -1]
-        for i in range(len(cache.k)):
-            cache.k[i][r] = sub.k[i][0]
-            cache.v[i][r] = sub.v[i][0]
-        cache.lengths[r] = sub.lengths[0]
-        return row_logits[0]
+            return answer(results)
+        text = tool_calls.response_text(results, tool_style)
+        if not tok.decode(out[r][-1:]).endswith('\n'):  # it starts a line of its own
+            text = '\n' + text
+        return tok.encode(text)
+
+    def wait_for(futures):
+        nonlocal waited
+        t0 = time.time()
+        while not all(f.done() for f in futures):
+            concurrent.futures.wait(futures, timeout=1.0)
+            if on_step is not None:
+                on_step()
+        waited += time.time() - t0
+
+    def resume(rows):
+        """Insert the tool responses of rows (due this step) into their caches, after the token
+        that closed each one's call, in one batched forward. Returns {row: next-token logits}."""
+        chunks = {}
+        for r in rows:
+            token, futures, _ = paused.pop(r)
+            wait_for(futures)
+            results = [f.result() for f in futures]
+            calls[r] += results
+            inserted = answer_ids(r, results)
+            if len(out[r]) + len(inserted) > max_new_tokens:
+                done[r] = True  # no room for the response: truncated
+                continue
+            out[r] += inserted
+            out_lp[r] += [0.0] * len(inserted)
+            mask[r] += [1] * len(inserted)
+            turn_start[r] = len(out[r])
+            chunks[r] = [token] + inserted
+        rows = list(chunks)
+        extent = max((prompt_len[r] + len(out[r]) - len(chunks[r]) for r in rows), default=0)
+        if extent + max((len(c) for c in chunks.values()), default=0) <= cache.max_len:
+            return prefill_rows(rows, chunks) if rows else {}
+        logits_of = {}  # the right padding of one batch would overflow the cache: one by one
+        for r in rows:
+            logits_of.update(prefill_rows([r], chunks))
+        return logits_of
+
+    def prefill_rows(rows, chunks):
+        """One right-padded forward of the rows' chunks through a copy of their caches (their
+        own lengths bound what it attends to), copied back."""
+        at = torch.tensor(rows, device=device)
+        lens = torch.tensor([len(chunks[r]) for r in rows], device=device)
+        feed = torch.full((len(rows), int(lens.max())), tok.pad_id, dtype=torch.int64,
+                          device=device)
+        for i, r in enumerate(rows):
+            feed[i, :len(chunks[r])] = torch.tensor(chunks[r], device=device)
+        extent = max(prompt_len[r] + len(out[r]) - len(chunks[r]) for r in rows)
+        sub = cache.window(at, extent + feed.shape[1])
+        sub.extent = extent
+        new = forward(feed, kv_cache=sub, input_lengths=lens, last_only=True)[:, -1]
+        cache.put_window(at, sub)
+        return dict(zip(rows, new))
 
     try:
         while not all(done):
@@ -316,25 +353,16 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                     else:
                         feed[r, 0] = token
                         fed[r] = 1
-            ready = [r for r, (_, fs) in paused.items() if all(f.done() for f in fs)]
-            while paused and not ready and not bool(fed.any()):  # nothing to decode: wait
-                pending = [f for _, fs in paused.values() for f in fs]
-                concurrent.futures.wait(pending, timeout=1.0,
-                                        return_when=concurrent.futures.FIRST_COMPLETED)
-                if on_step is not None:
-                    on_step()
-                ready = [r for r, (_, fs) in paused.items() if all(f.done() for f in fs)]
-            resumed = {}
-            for r in ready:
-                row_logits = resume(r)
-                if row_logits is not None:
-                    resumed[r] = row_logits
+            if not bool(fed.any()) and paused:  # nothing to decode: on to the next answers due
+                step = max(step, min(due for _, _, due in paused.values()))
+            resumed = resume(sorted(r for r, (_, _, due) in paused.items() if due <= step))
             if bool(fed.any()):
                 new = forward(feed, kv_cache=cache, input_lengths=fed)[:, -1]
                 logits = torch.where(fed[:, None].bool(), new, logits)
             for r, row_logits in resumed.items():
                 logits[r] = row_logits
             cache.extent = int(cache.lengths.max())
+            step += 1
             if on_step is not None:
                 on_step()
     finally:
@@ -346,7 +374,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
         text_ids = ids[:-1] if finished[r] and ids and ids[-1] in stop_set else ids
         results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids,
                             text=tok.decode(text_ids), logprobs=out_lp[r], tool_mask=mask[r],
-                            tool_calls=calls[r], finished=finished[r],
+                            tool_calls=calls[r], tool_wait_s=waited, finished=finished[r],
                             truncated=not finished[r], turn_limit=turn_limit[r]))
     return results
 
@@ -372,7 +400,7 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
              out_path=None, progress=True, compile=False, first=0, max_tool_calls=4,
-             tool_timeout=5.0):
+             tool_timeout=5.0, tool_delay_steps=1):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). A task with tools is evaluated through generate_with_tools, as it
@@ -387,7 +415,8 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
         if tools:
             return generate_with_tools(model, tok, chunk_prompts, n, max_new_tokens, tools=tools,
                                        tool_style=tool_style, max_tool_calls=max_tool_calls,
-                                       tool_timeout=tool_timeout, compile=compile, **kw)
+                                       tool_timeout=tool_timeout,
+                                       tool_delay_steps=tool_delay_steps, compile=compile, **kw)
         return generate(model, tok, chunk_prompts, n, max_new_tokens, compile=compile, **kw)
 
     was_training = model.training
@@ -515,6 +544,10 @@ if __name__ == '__main__':
     system_prompt = None  # system turn; None: the run's, else the task's default; '' = none
     # appended to each question; None: the run's, else the task's default; '' = none
     instruction = None
+    # a task with tools: None = the run's, else 4 calls, 5.0 s, 1 step (train_grpo.py's knobs)
+    max_tool_calls = None
+    tool_timeout = None
+    tool_delay_steps = None
     out_dir = 'out/eval'  # eval.jsonl goes here
     device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
     # 'float32', 'bfloat16', 'float16'
@@ -536,9 +569,11 @@ if __name__ == '__main__':
                 'num_examples': run.get('eval_examples'),
                 'max_new_tokens': run.get('eval_max_new_tokens') or run.get('max_new_tokens'),
                 'batch_size': run.get('eval_batch_size'), 'seed': run.get('seed'),
-                'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction')}
+                'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction'),
+                **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
-                'batch_size': 64, 'seed': 1337}
+                'batch_size': 64, 'seed': 1337, 'max_tool_calls': 4, 'tool_timeout': 5.0,
+                'tool_delay_steps': 1}
     for k, v in from_run.items():
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)
@@ -573,5 +608,7 @@ if __name__ == '__main__':
     summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
                        n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
                        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-                       out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile)
+                       out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile,
+                       max_tool_calls=max_tool_calls, tool_timeout=tool_timeout,
+                       tool_delay_steps=tool_delay_steps)
     print(json.dumps(summary))

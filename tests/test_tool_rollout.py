@@ -94,8 +94,12 @@ def test_token_in_token_out_and_cache_equals_fresh_forward(n_calls):
         assert c['ids'] == want and c['tool_mask'] == want_mask, TOK.decode(c['ids'])
         assert len(c['tool_calls']) == n_calls and c['finished'] and not c['truncated']
         assert [r['error'] for r in c['tool_calls']] == [None] * n_calls
-    # every sampled token's log-prob equals a fresh full forward of prompt + the ids before it
-    for c in out[::3]:  # one row of each prompt (its group's rows are alike)
+    check_cache_equals_fresh_forward(model, out[::3])  # one row of each prompt's group
+
+
+def check_cache_equals_fresh_forward(model, completions):
+    """Every sampled token's log-prob equals a fresh full forward of prompt + the ids before it."""
+    for c in completions:
         with torch.no_grad():  # one causal forward gives every position's next-token logits
             logits = model(torch.tensor([PROMPT + c['ids'][:-1]]))[0, len(PROMPT) - 1:]
         fresh = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c['ids'])[:, None])[:, 0]
@@ -106,9 +110,38 @@ def test_token_in_token_out_and_cache_equals_fresh_forward(n_calls):
                 assert abs(fresh[i].item() - c['logprobs'][i]) <= 1e-5, (i, fresh[i])
 
 
+@pytest.mark.parametrize('delay', [0, 3])
+def test_answers_go_in_tool_delay_steps_after_the_call(delay):
+    """Rows that call at different steps (prompts of different lengths shift the script) are
+    answered tool_delay_steps later, several in one batched forward; a tool later than that is
+    waited for."""
+    want, want_mask = scripted_completion(CALLS_3)
+    model = Scripted(script_of(want), strength=60.0)
+    prompts = [PROMPT, PROMPT[:-1] + TOK.encode(" ?"), PROMPT]
+
+    def slow_calculator(expression: str) -> str:
+        """Arithmetic, slowly.
+
+        Args:
+            expression: the arithmetic
+        """
+        time.sleep(0.1)
+        return tool_calls.calculator(expression)
+
+    out = generate_with_tools(model, TOK, prompts, 2, 400, tools={'calculator': slow_calculator},
+                              seed=3, tool_delay_steps=delay)
+    same = [c for c in out if c['prompt_idx'] != 1]
+    assert all(c['ids'] == want and c['tool_mask'] == want_mask for c in same)
+    check_cache_equals_fresh_forward(model, same[:1])
+    # 0.1 s is far longer than 3 decode steps of this model: every call was waited for
+    assert out[0]['tool_wait_s'] >= 0.05
+    assert len({c['tool_wait_s'] for c in out}) == 1
+
+
 def test_rows_sample_alike_however_long_their_tools_take():
     """A moderate bias: rows wander off the script, some call, some do not. Tools that sleep a
-    random while change when a response is inserted, never what a row samples."""
+    random while change neither what a row samples nor a bit of its log-probs: which rows are
+    prefilled together does not depend on when their tools answered."""
     want, _ = scripted_completion(CALLS_3)
     rng = random.Random(0)
 
@@ -118,13 +151,13 @@ def test_rows_sample_alike_however_long_their_tools_take():
         Args:
             expression: the arithmetic
         """
-        time.sleep(rng.random() * 0.2)
+        time.sleep(rng.random() * 0.05)
         return tool_calls.calculator(expression)
 
     runs = []
-    for _ in range(2):
+    for _ in range(2):  # the log-probs compared too: equal to the last bit
         model = Scripted(script_of(want), strength=8.0)
-        out = generate_with_tools(model, TOK, [PROMPT] * 3, 4, 300,
+        out = generate_with_tools(model, TOK, [PROMPT] * 6, 4, 300,
                                   tools={'calculator': slow_calculator}, temperature=1.0, seed=11)
         runs.append([(c['ids'], c['tool_mask'], c['logprobs']) for c in out])
     assert runs[0] == runs[1]

@@ -159,7 +159,7 @@ class RowScripted(torch.nn.Module):
     """A tiny random model whose next-token logits get a large bias toward what each row's script
     wants at the row's current length. It keeps every row's fed tokens, so the test also sees
     exactly what the model was given (the KV cache's rows are known by a `rows` tag that
-    KVCache.select passes on, patched in below)."""
+    KVCache.select and .window pass on, patched in below)."""
 
     def __init__(self, vocab_size, scripts, prompts):
         super().__init__()
@@ -187,14 +187,14 @@ class RowScripted(torch.nn.Module):
 
 @pytest.fixture
 def tagged_select(monkeypatch):
-    select = KVCache.select
-
-    def tagged(self, rows):
-        sub = select(self, rows)
-        base = getattr(self, 'rows', torch.arange(len(self.lengths)))
-        sub.rows = base[rows.to(base.device)]
-        return sub
-    monkeypatch.setattr(KVCache, 'select', tagged)
+    """KVCache.select and .window tag the copy with the rows it holds."""
+    for name in ('select', 'window'):
+        def tagged(self, rows, *args, _method=getattr(KVCache, name)):
+            sub = _method(self, rows, *args)
+            base = getattr(self, 'rows', torch.arange(len(self.lengths)))
+            sub.rows = base[rows.to(base.device)]
+            return sub
+        monkeypatch.setattr(KVCache, name, tagged)
 
 
 def awkward_call(rng):
