@@ -85,8 +85,9 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
 
 def tool_metrics(comps):
     """Rollouts with tools: calls per completion, failed calls by kind, call latency, the share of
-    completion tokens that tool responses inserted, and the share of completions that hit
-    max_tool_calls."""
+    completion tokens that tool responses inserted, the share of completions that hit
+    max_tool_calls, and tools/void_frac, the share that ended in a void turn (c['void'], set by
+    void_turn where the rollouts are made; whether or not void_turn_filter is on)."""
     calls = [call for c in comps for call in c['tool_calls']]
     m = {'tools/calls_per_completion': len(calls) / len(comps)}
     for kind in ('parse', 'unknown', 'raised', 'timeout'):
@@ -98,7 +99,31 @@ def tool_metrics(comps):
     inserted = sum(sum(c['tool_mask']) for c in comps)
     m['tools/token_frac'] = inserted / max(sum(len(c['ids']) for c in comps), 1)
     m['tools/turn_limit_frac'] = sum(bool(c.get('turn_limit')) for c in comps) / len(comps)
+    # seconds a rollout waited for tools later than tool_delay_steps (the longest of the step's)
+    m['tools/wait_s'] = max(c.get('tool_wait_s', 0.0) for c in comps)
+    if all('void' in c for c in comps):
+        m['tools/void_frac'] = sum(c['void'] for c in comps) / len(comps)
     return m
+
+
+def last_turn(c, tok):
+    """The text of a completion's last turn: its ids after the last one a tool's response inserted
+    (tool_mask), or all of them when it made no call, less the stop token that finished it. Decoded
+    from those ids, as the sampler decodes the turn it is writing (generate_with_tools' turn_start),
+    rather than cut out of c['text']: the ids say exactly where the response ends, and a response
+    ends a line, so the cut never splits a character."""
+    mask = c.get('tool_mask', ())
+    start = max((i + 1 for i, inserted in enumerate(mask) if inserted), default=0)
+    end = len(c['ids']) - 1 if c.get('finished') else len(c['ids'])
+    return tok.decode(c['ids'][start:end])
+
+
+def void_turn(c, tok, answer):
+    """SimpleTIR's void turn (arXiv 2509.02479): the completion finished (its stop token, not
+    max_new_tokens nor max_tool_calls) on a turn that neither calls a tool nor answers: answer
+    (the task's, tasks.answer_fn) finds nothing in its last turn. Every earlier turn ended with a
+    call (generate_with_tools pauses a row there), so only the last can be void."""
+    return bool(c.get('finished')) and answer(last_turn(c, tok)) is None
 
 
 def applicable(values):

@@ -152,7 +152,8 @@ def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None):
                       "check the reward"))
     if n_tok == 0 and m['frac_zero_std'] < 1.0:
         warns.append(('no_tokens', "no completion tokens to train on this step "
-                      "(all filtered or masked: see mask_truncated / filter_zero_std)"))
+                      "(all filtered or masked: see mask_truncated / filter_zero_std / "
+                      "void_turn_filter)"))
     if n_tok > 0 and abs(m['logprob/mean']) < 1e-3:
         warns.append(('logp_zero', "sampled tokens have log-prob ~0: the policy is "
                       "near-deterministic at this temperature, so groups barely differ; "

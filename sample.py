@@ -197,7 +197,7 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
 def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *, tools,
                         tool_style='fenced', max_tool_calls=4, tool_timeout=5.0, temperature=1.0,
                         top_k=0, top_p=1.0, min_p=0.0, seed=0, stop_ids=None, prompt_index=None,
-                        tool_delay_steps=1, compile=False, on_step=None):
+                        tool_delay_steps=1, compact=True, compile=False, on_step=None):
     """generate() for rollouts that call tools (tools: {name: function}, tool_calls.py). A row whose
     turn closes a call pauses: tool_style 'fenced', at the closing fence of a ```name block
     starting a line; 'hermes', at the stop token ending a turn that holds <tool_call> blocks. Its
@@ -214,8 +214,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     and the inserted ids, in order; tool_mask marks the inserted ones (1), whose logprobs are 0.
     max_new_tokens counts both; a response that does not fit ends the row (truncated); a call past
     max_tool_calls is not run and ends the row (turn_limit). Each row draws its k-th sampled token
-    with step k of its own seed. Rows stay in the decode batch when they finish or pause (fed no
-    token), so the batch shape is the same at every step."""
+    with step k of its own seed. A paused row stays in the decode batch, fed no token; finished rows
+    are dropped from it when a quarter of it has finished (compact, as in generate())."""
     import concurrent.futures
 
     import tool_calls
@@ -249,7 +249,9 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     finished = [False] * N
     turn_limit = [False] * N
     paused = {}  # row -> (the token that closed its call, the futures of its calls, due step)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(32, N)))
+    # a thread per call that may be running at once (threads start as calls come), so that N
+    # rows whose tools all hang wait one tool_timeout together, not one after another
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, N * max_tool_calls))
     step, waited = 0, 0.0  # decode steps so far; seconds spent waiting for late tools
 
     def pause(r, token, turn):
@@ -307,7 +309,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     def prefill_rows(rows, chunks):
         """One right-padded forward of the rows' chunks through a copy of their caches (their
         own lengths bound what it attends to), copied back."""
-        at = torch.tensor(rows, device=device)
+        at = torch.tensor([where[r] for r in rows], device=device)
         lens = torch.tensor([len(chunks[r]) for r in rows], device=device)
         feed = torch.full((len(rows), int(lens.max())), tok.pad_id, dtype=torch.int64,
                           device=device)
@@ -320,15 +322,19 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
         cache.put_window(at, sub)
         return dict(zip(rows, new))
 
+    # the decode batch: batch[i] is the completion that the cache's and logits' row i holds, and
+    # where[r] that row for completion r
+    batch = list(range(N))
+    where = {r: r for r in batch}
     try:
         while not all(done):
-            active = [r for r in range(N) if not done[r] and r not in paused]
-            feed = torch.full((N, 1), tok.pad_id, dtype=torch.int64, device=device)
-            fed = torch.zeros(N, dtype=torch.long, device=device)
+            active = [r for r in batch if not done[r] and r not in paused]
+            feed = torch.full((len(batch), 1), tok.pad_id, dtype=torch.int64, device=device)
+            fed = torch.zeros(len(batch), dtype=torch.long, device=device)
             if active:
-                at = torch.tensor(active, device=device)
+                at = torch.tensor([where[r] for r in active], device=device)
                 steps = torch.tensor([n_sampled[r] for r in active], device=device)
-                ids, lp = sample_tokens(logits[at], seeds[at], steps, temperature=temperature,
+                ids, lp = sample_tokens(logits[at], seeds[active], steps, temperature=temperature,
                                         top_k=top_k, top_p=top_p, min_p=min_p)
                 for r, token, logp in zip(active, ids.tolist(), lp.tolist()):
                     out[r].append(token)
@@ -351,8 +357,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                     elif len(out[r]) >= max_new_tokens:
                         done[r] = True
                     else:
-                        feed[r, 0] = token
-                        fed[r] = 1
+                        feed[where[r], 0] = token
+                        fed[where[r]] = 1
             if not bool(fed.any()) and paused:  # nothing to decode: on to the next answers due
                 step = max(step, min(due for _, _, due in paused.values()))
             resumed = resume(sorted(r for r, (_, _, due) in paused.items() if due <= step))
@@ -360,9 +366,14 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                 new = forward(feed, kv_cache=cache, input_lengths=fed)[:, -1]
                 logits = torch.where(fed[:, None].bool(), new, logits)
             for r, row_logits in resumed.items():
-                logits[r] = row_logits
+                logits[where[r]] = row_logits
             cache.extent = int(cache.lengths.max())
             step += 1
+            alive = [r for r in batch if not done[r]]
+            if compact and alive and len(alive) <= 0.75 * len(batch):  # copying the cache costs
+                keep = torch.tensor([where[r] for r in alive], device=device)
+                cache, logits, batch = cache.select(keep), logits[keep], alive
+                where = {r: i for i, r in enumerate(batch)}
             if on_step is not None:
                 on_step()
     finally:

@@ -102,6 +102,13 @@ rewards = None  # None = the task's default rewards ('correct' pays the task's g
 # tools (tool_calls.py): a task that defines `tools` gets rollouts that call them
 max_tool_calls = 4  # calls per completion; one more ends it (tools/turn_limit_frac)
 tool_timeout = 5.0  # seconds a call may take; past it the model reads a one-line error
+# decode steps between a call and its answer's insertion; a tool later than that is waited for
+# (tools/wait_s), so rollouts do not depend on tool latency. Raise it for slow tools (python)
+tool_delay_steps = 1
+# True: completions that finished on a void turn, one that neither calls a tool nor answers
+# (SimpleTIR; metrics.void_turn, tools/void_frac), are left out of the loss, KL and entropy and of
+# their normalisers; they still count in their group's reward baseline, as in SimpleTIR
+void_turn_filter = False
 failure_reward = 0.0  # reward of a sample whose reward function raised
 # optimization
 lr = 1e-6  # peak learning rate
@@ -173,6 +180,7 @@ if plot:
 import lora  # noqa: E402
 import metrics  # noqa: E402
 import safety  # noqa: E402
+import tool_calls  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
 from batch import mini_batch_groups, pad_micro_batches, train_rows  # noqa: E402
 from checkpoint import load_newest_everywhere, load_state  # noqa: E402
@@ -240,6 +248,8 @@ try:
     # LoRA (lora_rank > 0): the base frozen, adapters added; otherwise nothing changes
     lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets,
                seed=seed)
+    if tool_style in tool_calls.TURN_STYLES:  # calls answered through the chat template
+        tool_calls.template_answers(tok, task_tools)  # refuses a template it cannot answer with
 except (ValueError, OSError) as e:
     die(str(e))
 model.grad_checkpoint = grad_checkpoint
@@ -312,7 +322,8 @@ def run_eval(at_step):
                  max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
                  compile=compile_decode, progress=verbose and master, n_samples=eval_samples or 1,
                  temperature=eval_temperature, seed=seed, first=lo,
-                 max_tool_calls=max_tool_calls, tool_timeout=tool_timeout)
+                 max_tool_calls=max_tool_calls, tool_timeout=tool_timeout,
+                 tool_delay_steps=tool_delay_steps)
     k = eval_samples
     sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
     if ddp:  # the task's own metrics are rank 0's share's
@@ -409,7 +420,8 @@ def rollout(examples, first, step, timing):
     if task_tools:
         comps = generate_with_tools(gen_model, tok, my_prompts, G, max_new_tokens, tools=task_tools,
                                     tool_style=tool_style, max_tool_calls=max_tool_calls,
-                                    tool_timeout=tool_timeout, **sampling)
+                                    tool_timeout=tool_timeout,
+                                    tool_delay_steps=tool_delay_steps, **sampling)
     else:
         comps = generate(gen_model, tok, my_prompts, G, max_new_tokens, progress=show_progress,
                          **sampling)
@@ -423,6 +435,7 @@ def rollout(examples, first, step, timing):
                 'max_new_tokens': max_new_tokens}
         if task_tools:
             fact['tool_calls'] = c['tool_calls']
+            c['void'] = metrics.void_turn(c, tok, tasks.answer_fn(task_mod))  # void_turn_filter
         extra.append(fact)
     sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra,
                step=step)
@@ -474,7 +487,10 @@ while step < max_steps:
     # the step by reinforce_pp, an advantage of their own)
     entropy_term = entropy_coef or adaptive_entropy
     skip_zero_std = filter_zero_std and not (beta or entropy_term or advantage == 'reinforce_pp')
-    rows, n_tok, n_seq, trained = train_rows(comps, adv, zero_std, prompts, owned, kept,
+    # void_turn_filter: completions that ended on a void turn enter no row and no normaliser (as
+    # truncated ones do with mask_truncated); their rewards stayed in the advantages above
+    trainable = [c for c in comps if not c.get('void')] if void_turn_filter else comps
+    rows, n_tok, n_seq, trained = train_rows(trainable, adv, zero_std, prompts, owned, kept,
                                              filter_zero_std=skip_zero_std,
                                              mask_truncated=mask_truncated)
     n_trained, t_trained = trained  # rows and tokens trained on, over every rank
@@ -488,7 +504,7 @@ while step < max_steps:
     if mini_batches > 1:
         parts = []
         for pos in mini_batch_groups(len(kept), mini_batches):
-            parts.append(train_rows(comps, adv[pos], zero_std[pos], prompts, owned,
+            parts.append(train_rows(trainable, adv[pos], zero_std[pos], prompts, owned,
                                     [kept[k] for k in pos], filter_zero_std=skip_zero_std,
                                     mask_truncated=mask_truncated))
     micro, plan, mini_of = [], [], []  # micro-batches; mini-batches; each micro-batch's mini-batch

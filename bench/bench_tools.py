@@ -28,7 +28,7 @@ The reference: each prompt once in the first turn, then every row's whole conver
 every later turn.
 
 Usage: python bench/bench_tools.py [--n_layer=4] [--n_embd=128] [--prompts=8] [--group_size=8]
-                                   [--max_new_tokens=256] [--prompt_len=100] [--reps=3]
+                                   [--max_new_tokens=256] [--prompt_len=350] [--reps=3]
                                    [--threads=0 (as the machine gives)]
 The last line printed is JSON.
 """
@@ -55,7 +55,9 @@ parser.add_argument('--prompts', type=int, default=8)
 parser.add_argument('--group_size', type=int, default=8)  # samples per prompt (GRPO's G)
 # the budget per completion (sampled + inserted ids); the script's text is sized to fill ~90% of it
 parser.add_argument('--max_new_tokens', type=int, default=256)
-parser.add_argument('--prompt_len', type=int, default=100)  # tokens per prompt, all alike
+# tokens per prompt, all alike: config/gsm8k_tools.py's prompts (Qwen2.5's system turn with the
+# python tool's schema, a GSM8K question, the instruction) are 1,363 characters, about 350 tokens
+parser.add_argument('--prompt_len', type=int, default=350)
 parser.add_argument('--reps', type=int, default=3)  # timed runs of each after one warm-up; median
 parser.add_argument('--threads', type=int, default=0)  # torch.set_num_threads; 0: leave as it is
 parser.add_argument('--seed', type=int, default=0)

@@ -28,6 +28,9 @@ micro_batch_size = 16  # rows per forward/backward: half gsm8k's, the rows are u
 max_new_tokens = 1024
 max_tool_calls = 4  # calls per completion: a few steps of working and a retry; one more ends it
 tool_timeout = 5.0  # seconds per program: GSM8K arithmetic takes milliseconds, a loop is cut here
+# decode steps before a program's output goes in: a python call takes ~0.04-0.1 s (a new sandboxed
+# interpreter), an H100 decode step of 0.5B ~0.02-0.03 s; a later tool is waited for (tools/wait_s)
+tool_delay_steps = 4
 temperature = 1.0  # sampling temperature
 lr = 1e-6  # peak learning rate
 warmup_steps = 10  # linear warmup

@@ -13,7 +13,7 @@ import sample
 import tasks
 import tool_calls
 from loss import policy_loss, token_weights
-from model import ModelConfig, from_scratch
+from model import KVCache, ModelConfig, from_scratch
 from sample import generate_with_tools
 from tokenizer import byte_tokenizer
 
@@ -97,11 +97,12 @@ def test_token_in_token_out_and_cache_equals_fresh_forward(n_calls):
     check_cache_equals_fresh_forward(model, out[::3])  # one row of each prompt's group
 
 
-def check_cache_equals_fresh_forward(model, completions):
+def check_cache_equals_fresh_forward(model, completions, prompts=(PROMPT,)):
     """Every sampled token's log-prob equals a fresh full forward of prompt + the ids before it."""
     for c in completions:
+        prompt = prompts[c['prompt_idx'] % len(prompts)]
         with torch.no_grad():  # one causal forward gives every position's next-token logits
-            logits = model(torch.tensor([PROMPT + c['ids'][:-1]]))[0, len(PROMPT) - 1:]
+            logits = model(torch.tensor([prompt + c['ids'][:-1]]))[0, len(prompt) - 1:]
         fresh = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c['ids'])[:, None])[:, 0]
         for i, inserted in enumerate(c['tool_mask']):
             if inserted:
@@ -165,6 +166,23 @@ def test_rows_sample_alike_however_long_their_tools_take():
     assert any(called) and not all(called), "every row alike: the test checks nothing"
 
 
+def test_rows_that_finish_leave_the_decode_batch(monkeypatch):
+    """Rows of a longer prompt start mid-script and finish first; the decode batch drops them
+    (compaction) and the others go on as before, their cache still equal to a fresh forward."""
+    want, want_mask = scripted_completion(CALLS_3)
+    model = Scripted(script_of(want), strength=60.0)
+    prompts = [PROMPT, PROMPT + TOK.encode(" " * 40)]
+    selects = []
+    select = KVCache.select
+    monkeypatch.setattr(KVCache, 'select', lambda self, rows: selects.append(len(rows)) or
+                        select(self, rows))
+    out = generate_with_tools(model, TOK, prompts, 3, 400, tools=TOOLS, seed=3)
+    assert 3 in selects, "the three rows of the first prompt were kept alone"
+    assert all(c['ids'] == want and c['tool_mask'] == want_mask for c in out[:3])
+    assert all(len(c['ids']) < len(want) for c in out[3:])
+    check_cache_equals_fresh_forward(model, out, prompts)
+
+
 def test_budget_and_call_limit_end_a_row():
     want, _ = scripted_completion(CALLS_3)
     model = Scripted(script_of(want), strength=60.0)
@@ -179,6 +197,9 @@ def test_budget_and_call_limit_end_a_row():
 
 
 def test_a_hung_tool_returns_an_error_in_time():
+    """64 rollouts whose tool sleeps 10 s, with a 2 s limit: the rollout takes about 2 s more than
+    with a tool that answers at once (the calls wait together), every call is a 'timeout' that the
+    model reads."""
     want, _ = scripted_completion(CALLS_3[:2] + ["#### 85"])
     model = Scripted(script_of(want), strength=60.0)
 
@@ -191,19 +212,20 @@ def test_a_hung_tool_returns_an_error_in_time():
         time.sleep(10)
         return '0'
 
-    run = dict(tool_timeout=1.0, max_tool_calls=1, seed=2)
+    run = dict(tool_timeout=2.0, max_tool_calls=1, seed=2)
+    generate_with_tools(model, TOK, [PROMPT], 1, 120, tools=TOOLS, **run)  # warm-up
     t = time.time()
-    generate_with_tools(model, TOK, [PROMPT] * 4, 4, 120, tools=TOOLS, **run)
+    generate_with_tools(model, TOK, [PROMPT] * 16, 4, 120, tools=TOOLS, **run)
     decoding = time.time() - t  # the same rollouts with a tool that answers at once
     t = time.time()
-    out = generate_with_tools(model, TOK, [PROMPT] * 4, 4, 120, tools={'calculator': calculator},
+    out = generate_with_tools(model, TOK, [PROMPT] * 16, 4, 120, tools={'calculator': calculator},
                               **run)
-    waited = time.time() - t - decoding
-    # 16 calls at once with a 1 s limit wait about 1 s together (the rollouts after them differ in
-    # length, so the difference is not exactly that): run one after another they would wait 16
-    assert waited < 8.0, (waited, decoding)
+    took = time.time() - t
+    # alone on 2 cores the whole rollout takes ~2.5 s; under a loaded test run the decoding alone
+    # can take seconds, so the wait is what is checked: 64 waits of 2 s, together
+    assert took - decoding < 3.0, (took, decoding)
     assert all(c['tool_calls'][0]['error'] == 'timeout' for c in out)
-    assert all(c['tool_calls'][0]['seconds'] < 1.5 for c in out)
+    assert all(c['tool_calls'][0]['seconds'] < 3.0 for c in out)  # 1.5x the limit
     assert all('timed out' in TOK.decode(c['ids']) for c in out), "the model reads the error"
 
 
@@ -234,15 +256,22 @@ def test_inserted_tokens_carry_no_weight():
     assert policy_loss(logp, old, a, leak, lens, eps_low=0.2, eps_high=0.28)[0].abs().item() > 1e3
 
 
-def test_the_docs_task_with_a_tool_plugs_in(tmp_path, monkeypatch):
-    """docs/tools.md's example task, as printed there: resolved by its path, its tools found, and
-    evaluate() runs it through generate_with_tools (tool_mask on every completion)."""
-    doc = (Path(__file__).resolve().parents[1] / 'docs' / 'tools.md').read_text()
-    start = doc.index('```python\n') + len('```python\n')
-    (tmp_path / 'calc_task.py').write_text(doc[start:doc.index('```\n', start)])
+@pytest.mark.parametrize('page', ['README.md', 'docs/tools.md'])
+def test_the_docs_task_with_a_tool_plugs_in(tmp_path, monkeypatch, page):
+    """The example task with tools, as printed in the README and docs/tools.md: resolved by its
+    path, its tools found and callable, and evaluate() runs it through generate_with_tools
+    (tool_mask on every completion)."""
+    doc = (Path(__file__).resolve().parents[1] / page).read_text()
+    blocks = doc.split('```python\n')[1:]
+    code = next(b for b in blocks if '\ntools = ' in b.split('\n```\n')[0]).split('\n```\n')[0]
+    assert code == (Path(__file__).resolve().parents[1] / 'docs/tools.md').read_text().split(
+        '```python\n')[1].split('\n```\n')[0], "the README and docs/tools.md show the same task"
+    (tmp_path / 'calc_task.py').write_text(code + '\n')
     task = tasks.resolve(str(tmp_path / 'calc_task.py'))
     tools, style = tasks.tools_of(task)
-    assert list(tools) == ['calculator'] and style == 'fenced'
+    assert list(tools) == ['add', 'calculator'] and style == 'fenced'
+    call, = tool_calls.parse_calls("```add\n12 7 100\n```", style, names=tools)
+    assert tool_calls.run_call(call, tools, 5.0)['output'] == '119'
     seen = []
     real = sample.generate_with_tools
 
