@@ -410,7 +410,7 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
-             out_path=None, progress=True, compile=False, first=0, max_tool_calls=4,
+             out_path=None, progress=True, compile=False, first=0, max_tool_calls=None,
              tool_timeout=5.0, tool_delay_steps=1):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
@@ -421,6 +421,7 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     import tasks
     answer = tasks.answer_fn(task)
     tools, tool_style = tasks.tools_of(task)
+    max_tool_calls = tasks.tool_call_limit(task, max_tool_calls)
 
     def sample(chunk_prompts, n, **kw):
         if tools:
@@ -555,7 +556,7 @@ if __name__ == '__main__':
     system_prompt = None  # system turn; None: the run's, else the task's default; '' = none
     # appended to each question; None: the run's, else the task's default; '' = none
     instruction = None
-    # a task with tools: None = the run's, else 4 calls, 5.0 s, 1 step (train_grpo.py's knobs)
+    # a task with tools: None = the run's, else the task's calls (or 4), 5.0 s, 1 step
     max_tool_calls = None
     tool_timeout = None
     tool_delay_steps = None
@@ -583,7 +584,7 @@ if __name__ == '__main__':
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction'),
                 **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
-                'batch_size': 64, 'seed': 1337, 'max_tool_calls': 4, 'tool_timeout': 5.0,
+                'batch_size': 64, 'seed': 1337, 'max_tool_calls': None, 'tool_timeout': 5.0,
                 'tool_delay_steps': 1}
     for k, v in from_run.items():
         if config[k] is None:  # not set by a config file or --key=value

@@ -100,7 +100,8 @@ tis_min = 0.0  # its lower bound C_min (truncate: clamp up to it; mask: zero bel
 # rewards: reward.REWARD_FNS names, 'reward_model'/'judge' or 'module:function'; kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
 # tools (tool_calls.py): a task that defines `tools` gets rollouts that call them
-max_tool_calls = 4  # calls per completion; one more ends it (tools/turn_limit_frac)
+# calls per completion; one more ends it (tools/turn_limit_frac). None: the task's, else 4
+max_tool_calls = None
 tool_timeout = 5.0  # seconds a call may take; past it the model reads a one-line error
 # decode steps between a call and its answer's insertion; a tool later than that is waited for
 # (tools/wait_s), so rollouts do not depend on tool latency. Raise it for slow tools (python)
@@ -213,6 +214,7 @@ try:
     reward_fns = resolve_rewards(reward_config, grade=task_mod.grade, device=device, dtype=dtype,
                                  messages=task_messages)
     task_tools, tool_style = tasks.tools_of(task_mod)  # (None, None): no tools
+    call_limit = tasks.tool_call_limit(task_mod, max_tool_calls)
 except ValueError as e:
     die(str(e), 2)
 if sft_steps > 0 and not callable(getattr(task_mod, 'solution', None)):
@@ -322,7 +324,7 @@ def run_eval(at_step):
                  max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
                  compile=compile_decode, progress=verbose and master, n_samples=eval_samples or 1,
                  temperature=eval_temperature, seed=seed, first=lo,
-                 max_tool_calls=max_tool_calls, tool_timeout=tool_timeout,
+                 max_tool_calls=call_limit, tool_timeout=tool_timeout,
                  tool_delay_steps=tool_delay_steps)
     k = eval_samples
     sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
@@ -419,7 +421,7 @@ def rollout(examples, first, step, timing):
     my_prompts = [prompts[i - first] for i in mine]
     if task_tools:
         comps = generate_with_tools(gen_model, tok, my_prompts, G, max_new_tokens, tools=task_tools,
-                                    tool_style=tool_style, max_tool_calls=max_tool_calls,
+                                    tool_style=tool_style, max_tool_calls=call_limit,
                                     tool_timeout=tool_timeout,
                                     tool_delay_steps=tool_delay_steps, **sampling)
     else:

@@ -23,6 +23,7 @@ Optional:
                                     sample.generate_with_tools (docs/tools.md)
     tool_style = 'fenced'           how a call is written: 'fenced' (a ```name block, answered by
                                     an ```output block) or 'hermes' (<tool_call>{json}</tool_call>)
+    max_tool_calls = 4              calls per completion, unless the config sets max_tool_calls
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
 None) are its knobs: config files and --key=value set them as they set train_grpo.py's own
 (tasks/arith.py: arith_difficulty, ...).
@@ -37,7 +38,8 @@ import inspect
 import os
 
 REQUIRED = ('load', 'messages', 'grade')
-INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style')
+INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style',
+                        'max_tool_calls')
 BUILTIN = ('gsm8k', 'gsm8k_tools', 'arith', 'arith_tools', 'chess')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
@@ -150,3 +152,9 @@ def tools_of(task):
         else:
             tools[t.__name__] = t
     return tools, getattr(task, 'tool_style', 'fenced')
+
+
+def tool_call_limit(task, limit=None):
+    """Calls per completion: limit (the config's max_tool_calls) unless None, else the task's
+    max_tool_calls, else 4."""
+    return limit if limit is not None else getattr(task, 'max_tool_calls', 4)

@@ -95,6 +95,21 @@ def test_token_in_token_out_and_cache_equals_fresh_forward(n_calls):
         assert len(c['tool_calls']) == n_calls and c['finished'] and not c['truncated']
         assert [r['error'] for r in c['tool_calls']] == [None] * n_calls
     check_cache_equals_fresh_forward(model, out[::3])  # one row of each prompt's group
+    # what went through the model as more than one token at a time: each prompt once, then per
+    # call its closing token and the answer, no conversation again
+    counted = []
+    real = model.forward
+
+    def counting(idx, *args, input_lengths=None, **kw):
+        if idx.shape[1] > 1:
+            counted.append(int(input_lengths.sum()) if input_lengths is not None else idx.numel())
+        return real(idx, *args, input_lengths=input_lengths, **kw)
+
+    model.forward = counting
+    out = generate_with_tools(model, TOK, [PROMPT, PROMPT], 3, 400, tools=TOOLS, seed=5)
+    assert sum(counted) == 2 * len(PROMPT) + sum(len(c['tool_calls']) + sum(c['tool_mask'])
+                                                 for c in out)
+    assert len(counted) == 1 + n_calls  # the prompts, then each wave of answers in one forward
 
 
 def check_cache_equals_fresh_forward(model, completions, prompts=(PROMPT,)):
@@ -285,3 +300,22 @@ def test_the_docs_task_with_a_tool_plugs_in(tmp_path, monkeypatch, page):
     summary = sample.evaluate(model, TOK, task, task.load('test')[:3], max_new_tokens=12,
                               progress=False)
     assert summary['n'] == 3 and len(seen) == 3 and all('tool_mask' in c for c in seen)
+
+
+@pytest.mark.parametrize('task_limit, knob, want', [(None, None, 4), (1, None, 1), (1, 3, 3)])
+def test_a_task_sets_its_call_limit_unless_the_config_does(monkeypatch, task_limit, knob, want):
+    task = tasks.resolve('arith_tools')
+    if task_limit is not None:
+        monkeypatch.setattr(task, 'max_tool_calls', task_limit, raising=False)
+    assert 'max_tool_calls' not in tasks.knobs(task)  # not a task knob: no clash with the script's
+    limits = []
+    real = sample.generate_with_tools
+
+    def spy(*args, **kw):
+        limits.append(kw['max_tool_calls'])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sample, 'generate_with_tools', spy)
+    sample.evaluate(Scripted({}, strength=0.0), TOK, task, task.load('test')[:2], max_new_tokens=8,
+                    progress=False, max_tool_calls=knob)
+    assert limits == [want]
