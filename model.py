@@ -286,17 +286,26 @@ class KVCache:
         return self._with([t[rows] for t in self.k], [t[rows] for t in self.v], self.lengths[rows])
 
     def window(self, rows, max_len):
-        """A copy of these rows' first max_len positions, to extend by a few tokens and put back
-        with put_window (copies that much, not the whole cache)."""
+        """A cache of max_len positions holding these rows' first ones (copies that much, not the
+        whole cache), to extend by a few tokens and put back with put_window. max_len may exceed
+        this cache's: a right-padded chunk may run past its end, with pads only."""
         rows = rows.to(self.lengths.device)
-        return self._with([t[rows, :, :max_len] for t in self.k],
-                          [t[rows, :, :max_len] for t in self.v], self.lengths[rows], max_len)
+        n = min(max_len, self.max_len)
+
+        def part(t):
+            out = t.new_zeros((len(rows), t.shape[1], max_len, t.shape[3]))
+            out[:, :, :n] = t[rows, :, :n]
+            return out
+        return self._with([part(t) for t in self.k], [part(t) for t in self.v],
+                          self.lengths[rows], max_len)
 
     def put_window(self, rows, sub):
+        """Copy a window's positions back (those this cache has: past them, only pads)."""
         rows = rows.to(self.lengths.device)
+        n = min(sub.max_len, self.max_len)
         for mine, theirs in ((self.k, sub.k), (self.v, sub.v)):
             for t, s in zip(mine, theirs):
-                t[rows, :, :sub.max_len] = s
+                t[rows, :, :n] = s[:, :, :n]
         self.lengths[rows] = sub.lengths
 
 

@@ -297,18 +297,12 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
             mask[r] += [1] * len(inserted)
             turn_start[r] = len(out[r])
             chunks[r] = [token] + inserted
-        rows = list(chunks)
-        extent = max((prompt_len[r] + len(out[r]) - len(chunks[r]) for r in rows), default=0)
-        if extent + max((len(c) for c in chunks.values()), default=0) <= cache.max_len:
-            return prefill_rows(rows, chunks) if rows else {}
-        logits_of = {}  # the right padding of one batch would overflow the cache: one by one
-        for r in rows:
-            logits_of.update(prefill_rows([r], chunks))
-        return logits_of
+        return prefill_rows(list(chunks), chunks) if chunks else {}
 
     def prefill_rows(rows, chunks):
         """One right-padded forward of the rows' chunks through a copy of their caches (their
-        own lengths bound what it attends to), copied back."""
+        own lengths bound what it attends to; a pad may run past the cache's end), copied
+        back."""
         at = torch.tensor([where[r] for r in rows], device=device)
         lens = torch.tensor([len(chunks[r]) for r in rows], device=device)
         feed = torch.full((len(rows), int(lens.max())), tok.pad_id, dtype=torch.int64,

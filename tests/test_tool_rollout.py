@@ -319,3 +319,38 @@ def test_a_task_sets_its_call_limit_unless_the_config_does(monkeypatch, task_lim
     sample.evaluate(Scripted({}, strength=0.0), TOK, task, task.load('test')[:2], max_new_tokens=8,
                     progress=False, max_tool_calls=knob)
     assert limits == [want]
+
+
+def test_a_window_may_run_past_the_cache_end():
+    """Answers prefilled together are right-padded to the longest: a row near its budget's end
+    beside a long answer pads past the cache's last position. KVCache.window makes room for the
+    pads; the rows' logits and cached positions equal those of each row prefilled alone."""
+    cfg = ModelConfig(arch='qwen2', vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                      intermediate_size=64, max_seq_len=64, tie_word_embeddings=True)
+    model = from_scratch(cfg, dtype=torch.float32, device='cpu', seed=0).eval()
+    g = torch.Generator().manual_seed(0)
+    lens, chunks = [30, 3], [torch.randint(64, (2,), generator=g), torch.randint(64, (20,),
+                                                                               generator=g)]
+    cache = KVCache(cfg, 2, 32, torch.float32, 'cpu')
+    with torch.no_grad():
+        prompts = torch.randint(64, (2, 30), generator=g)
+        model(prompts, kv_cache=cache, input_lengths=torch.tensor(lens), last_only=True)
+        alone = []
+        for r in range(2):
+            sub = cache.window(torch.tensor([r]), 32)
+            sub.extent = lens[r]
+            alone.append((model(chunks[r][None], kv_cache=sub, last_only=True)[0, -1], sub))
+        feed = torch.zeros(2, 20, dtype=torch.long)
+        for r in range(2):
+            feed[r, :len(chunks[r])] = chunks[r]
+        at = torch.tensor([0, 1])
+        sub = cache.window(at, 30 + 20)  # past the cache's 32 positions
+        sub.extent = 30
+        logits = model(feed, kv_cache=sub, input_lengths=torch.tensor([2, 20]),
+                       last_only=True)[:, -1]
+        cache.put_window(at, sub)
+    assert cache.lengths.tolist() == [32, 23]
+    for r in range(2):
+        assert torch.allclose(logits[r], alone[r][0], atol=1e-5)
+        n = int(cache.lengths[r])
+        assert torch.allclose(cache.k[0][r, :, :n], alone[r][1].k[0][0, :, :n], atol=1e-6)
