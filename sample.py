@@ -221,7 +221,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     import tool_calls
     answer = None  # hermes: results -> the chat template's ids answering them
     if tool_style in tool_calls.TURN_STYLES:
-        answer = tool_calls.template_answers(tok, tools)
+        answer = tool_calls.template_answers(tok, tools, tool_style)
     elif tool_style != 'fenced':
         raise ValueError(f"unknown tool_style {tool_style!r} (styles: {tool_calls.STYLES})")
     device = next(model.parameters()).device

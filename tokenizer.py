@@ -46,7 +46,7 @@ def bytes_to_unicode():
 
 class Tokenizer:
     def __init__(self, enc, *, nfc=False, files=None, eos=None, template=None, template_file=None,
-                 template_vars=None):
+                 template_vars=None, stops=()):
         self.enc = enc
         self.nfc = nfc  # Qwen2's tokenizer.json normalises to NFC before splitting
         self.files = files or {}  # the snapshot's tokenizer files, written back verbatim by save()
@@ -59,7 +59,9 @@ class Tokenizer:
             self.eos_id = self.special[eos]
         else:
             self.eos_id = self.special.get('<|im_end|>', end)
-        self.stop_ids = sorted({i for i in (self.eos_id, end) if i is not None})
+        # stops: the snapshot's other turn ends (Llama 3's <|eot_id|>: generation_config.json's
+        # eos_token_id, tokenizer_config.json's eos_token), which transformers stops on too
+        self.stop_ids = sorted({i for i in (self.eos_id, end, *stops) if i is not None})
         self.pad_id = self.special.get('<|pad|>', end if end is not None else 0)
         self.chat = '<|im_start|>' in self.special and '<|im_end|>' in self.special
         # the snapshot's compiled chat template, or None (hand-written ChatML below)
@@ -293,8 +295,30 @@ def load_tokenizer(path):
                             mergeable_ranks=ranks, special_tokens=specials)
     template, where, variables = _chat_template(path, files)
     raw_files = {n: raw for n, (raw, _) in files.items()}
+    if eos is None and not {'<|im_end|>', '<|endoftext|>'} & set(specials):
+        # neither ChatML's turn end nor GPT-2's text end (Llama 3): the config's eos_token
+        conf = files.get('tokenizer_config.json', (None, {}))[1]
+        eos = _token_names(conf).get('eos_token')
     return Tokenizer(enc, nfc=nfc, files=raw_files, eos=eos, template=template,
-                     template_file=where, template_vars=variables)
+                     template_file=where, template_vars=variables,
+                     stops=_stop_ids(path, files, specials))
+
+
+def _stop_ids(path, files, specials):
+    """The turn ends a snapshot names beside its tokenizer's own: generation_config.json's
+    eos_token_id (an id or a list) and tokenizer_config.json's eos_token, where they are specials."""
+    ids = set()
+    gen = os.path.join(path, 'generation_config.json')
+    if os.path.isfile(gen):
+        named = _read(gen, 'generation_config.json')[1].get('eos_token_id')
+        ids.update(i for i in (named if isinstance(named, list) else [named])
+                   if isinstance(i, int))
+    conf = {**files.get('special_tokens_map.json', (None, {}))[1],
+            **files.get('tokenizer_config.json', (None, {}))[1]}
+    eos = _token_names(conf).get('eos_token')
+    if eos in specials:
+        ids.add(specials[eos])
+    return ids & set(specials.values())
 
 
 def _pattern_from_spec(spec, src):

@@ -6,6 +6,9 @@ Two ways of writing a call (STYLES):
 - 'hermes', what Qwen2.5/Qwen3 chat templates teach:
   <tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>. The answers go
   back as tool messages (tool_messages) that the chat template renders.
+- 'json', what Llama 3.1+ chat templates teach: a turn that is one JSON object,
+  {"name": "calculator", "parameters": {"expression": "6*7"}} (or "arguments"), answered by tool
+  messages as for hermes.
 - 'fenced', markdown blocks named after the tool, as in tool-integrated math reasoning:
   ```python\\nprint(6*7)\\n``` answered by ```output\\n42\\n``` (response_text).
 
@@ -96,7 +99,7 @@ import time
 import types
 import typing
 
-STYLES = ('hermes', 'fenced')
+STYLES = ('hermes', 'json', 'fenced')
 MAX_OUTPUT_CHARS = 2000  # what the model reads of one call's output, the middle cut beyond
 TIMEOUT_SLACK_S = 1.0  # extra wait for a tool that keeps the time limit itself (python kills its
 # processes at the limit, then cleans up)
@@ -536,6 +539,7 @@ DEFAULT_TOOLS = {'calculator': calculator, 'python': python}
 # ----------------------------------------------------------------------------- finding calls
 
 HERMES_OPEN, HERMES_CLOSE = '<tool_call>', '</tool_call>'
+PYTHON_TAG = '<|python_tag|>'  # Llama 3.1+: may open a json call
 # a call is the text between an opening and the next closing with no other opening between them
 HERMES_CALL = re.compile(r'<tool_call>((?:(?!<tool_call>).)*?)</tool_call>', re.DOTALL)
 # a fenced block: ``` and a word at a line's start, the body, then a line of ``` alone
@@ -561,6 +565,8 @@ def call_closed(turn_text, style, *, names=None):
     answer is not taken for a call."""
     _check_style(style)
     text = turn_text.rstrip()
+    if style == 'json':
+        return bool(parse_calls(text, style))
     if style == 'hermes':
         if not text.endswith(HERMES_CLOSE):
             return False
@@ -574,6 +580,25 @@ def call_closed(turn_text, style, *, names=None):
 
 def _parse_error(message):
     return {'error': 'parse', 'message': f"error: cannot read the tool call: {message}"}
+
+
+def _json_turn(turn_text):
+    """json: the turn's one call, or [] when the turn is not a call (it does not start with '{',
+    after an optional <|python_tag|>, or is a JSON object without a "name": an answer)."""
+    text = turn_text.strip()
+    if text.startswith(PYTHON_TAG):
+        text = text[len(PYTHON_TAG):].lstrip()
+    if not text.startswith('{'):
+        return []
+    try:
+        call = json.loads(text, strict=False)
+    except json.JSONDecodeError as e:
+        return [_parse_error(f"not JSON ({e})")] if text.startswith('{"name"') else []
+    if not isinstance(call, dict) or 'name' not in call:
+        return []
+    if 'parameters' in call and 'arguments' not in call:
+        call = {'name': call['name'], 'arguments': call['parameters']}
+    return [_hermes_call(json.dumps(call))]
 
 
 def _hermes_call(body):
@@ -607,6 +632,8 @@ def parse_calls(turn_text, style, *, names=None):
     _check_style(style)
     if style == 'hermes':
         return [_hermes_call(m[1]) for m in HERMES_CALL.finditer(turn_text)]
+    if style == 'json':
+        return _json_turn(turn_text)
     calls = []
     for m in FENCED_BLOCK.finditer(turn_text):
         if _is_tool_name(m[1], names):
@@ -723,7 +750,7 @@ def response_text(results, style):
 
 # ----------------------------------------------------------------------------- chat-template answers
 
-TURN_STYLES = ('hermes',)  # styles whose calls end the turn and are answered by the chat template
+TURN_STYLES = ('hermes', 'json')  # calls that end the turn, answered by the chat template
 PROBE_RESULT = 'probe result 7'  # what the start-up check's tool returns
 
 
@@ -746,8 +773,8 @@ def _stop_positions(ids, stops):
     return [i for i, t in enumerate(ids) if t in stops]
 
 
-def template_answers(tok, tools):
-    """hermes: checks once that tok's chat template can answer calls token in, token out, and
+def template_answers(tok, tools, style='hermes'):
+    """hermes and json: checks once that tok's chat template can answer calls token in, token out, and
     returns answer(results) -> the token ids to insert after the stop token that ended a turn of
     calls: the rest of that turn as the template writes it, the tool messages, and the next
     assistant turn's generation prompt. They are the template's own delta, cut from one rendering
@@ -766,8 +793,8 @@ def template_answers(tok, tools):
     matter, since earlier turns are never rendered again, and Qwen3's delta passes the check."""
     where = getattr(tok, 'template_file', None) or 'the tokenizer'
     if getattr(tok, 'template', None) is None:
-        raise ValueError(f"tool_style 'hermes' answers calls through the snapshot's chat template, "
-                         f"and {where} has none: use tool_style='fenced'")
+        raise ValueError(f"tool_style {style!r} answers calls through the snapshot's chat "
+                         f"template, and {where} has none: use tool_style='fenced'")
     listed = schemas(tools)
     stops = set(tok.stop_ids)
     name = next(iter(tools))
@@ -793,7 +820,9 @@ def template_answers(tok, tools):
     want = delta(results)
     if PROBE_RESULT not in tok.decode(want):
         raise ValueError(f"{where}: the chat template does not render tool messages' contents")
-    for probe in (('other text', 1, None), ('', 3, 'a system turn'), ('x\n\n', 2, '')):
+    most = 3 if style == 'hermes' else 1  # a json turn is one call
+    for probe in (('other text', 1, None), ('', most, 'a system turn'), ('x\n\n', 2, '')):
+        probe = probe[:1] + (min(probe[1], most),) + probe[2:]
         if delta(results, probe) != want:
             raise ValueError(f"{where}: the chat template's tool answer depends on the turns before "
                              "it, so it cannot be inserted token in, token out: use "

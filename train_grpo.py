@@ -251,7 +251,8 @@ try:
     lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets,
                seed=seed)
     if tool_style in tool_calls.TURN_STYLES:  # calls answered through the chat template
-        tool_calls.template_answers(tok, task_tools)  # refuses a template it cannot answer with
+        # refuses a template it cannot answer with
+        tool_calls.template_answers(tok, task_tools, tool_style)
 except (ValueError, OSError) as e:
     die(str(e))
 model.grad_checkpoint = grad_checkpoint

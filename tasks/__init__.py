@@ -22,7 +22,9 @@ Optional:
                                     docstring; its completions then run through
                                     sample.generate_with_tools (docs/tools.md)
     tool_style = 'fenced'           how a call is written: 'fenced' (a ```name block, answered by
-                                    an ```output block) or 'hermes' (<tool_call>{json}</tool_call>)
+                                    an ```output block), 'hermes' (<tool_call>{json}</tool_call>)
+                                    or 'json' (a turn that is one {"name", "parameters"} object,
+                                    Llama 3.1+); hermes and json answers are the chat template's
     max_tool_calls = 4              calls per completion, unless the config sets max_tool_calls
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
 None) are its knobs: config files and --key=value set them as they set train_grpo.py's own

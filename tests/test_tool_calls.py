@@ -469,7 +469,7 @@ def test_fenced_calls(text, names, closed, calls):
 
 
 def test_unknown_style_is_refused():
-    assert STYLES == ('hermes', 'fenced')
+    assert STYLES == ('hermes', 'json', 'fenced')
     with pytest.raises(ValueError, match='unknown tool call style'):
         call_closed('x', 'xml')
 

@@ -276,3 +276,120 @@ def test_a_turn_of_calls_past_the_budget_is_not_run(snapshots, tagged_select):
     c, = sample.generate_with_tools(model, tok, [prompt], 1, len(ids), tools=TOOLS,
                                     tool_style='hermes', temperature=1.0)
     assert c['ids'] == ids and c['truncated'] and not c['finished'] and c['tool_calls'] == []
+
+
+# ----------------------------------------------------------------------------- Llama 3.x layout
+
+# A template written here in the layout of Llama 3.1+'s (header tokens, the tools as JSON in the
+# first user turn, a call as one {"name", "parameters"} object ending the turn, answers as
+# `ipython` turns), not a copy of Meta's file
+LLAMA_SPECIALS = ['<|begin_of_text|>', '<|end_of_text|>', '<|start_header_id|>',
+                  '<|end_header_id|>', '<|eot_id|>', '<|python_tag|>']
+LLAMA_LAYOUT = """{{- bos_token }}
+{%- if messages[0].role == 'system' %}
+    {%- set system = messages[0].content %}{%- set messages = messages[1:] %}
+{%- else %}{%- set system = 'Answer the question.' %}{%- endif %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}
+{%- for message in messages %}
+    {%- if loop.first and tools is defined and tools %}
+        {{- '<|start_header_id|>user<|end_header_id|>\\n\\nCall a function with JSON:\\n' }}
+        {%- for t in tools %}{{- t | tojson(indent=4) + '\\n' }}{%- endfor %}
+        {{- message.content + '<|eot_id|>' }}
+    {%- elif message.tool_calls %}
+        {%- if message.tool_calls | length != 1 %}{{- raise_exception('one call a turn') }}{%- endif %}
+        {%- set call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": "' + call.name + '", ' }}
+        {{- '"parameters": ' + call.arguments | tojson + '}<|eot_id|>' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content | tojson }}
+        {{- '<|eot_id|>' }}
+    {%- else %}
+        {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content }}
+        {{- '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}
+"""
+
+
+@pytest.fixture(scope='module')
+def llama_layout(tmp_path_factory):
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ['{"name": "lookup", "parameters": {"query": "x"}} Call a function with JSON',
+              'system user assistant ipython What is 12 * 7? The answer is 84.'] * 50
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=LLAMA_SPECIALS,
+                                  show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    path = tmp_path_factory.mktemp('llama_layout')
+    tok.save(str(path / 'tokenizer.json'))
+    conf = {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<|begin_of_text|>',
+            'eos_token': '<|eot_id|>', 'pad_token': '<|end_of_text|>',
+            'chat_template': LLAMA_LAYOUT}
+    (path / 'tokenizer_config.json').write_text(json.dumps(conf))
+    return str(path)
+
+
+def test_json_calls_are_parsed_as_llama_writes_them():
+    call = {'name': 'lookup', 'arguments': {'query': 'x', 'exact': False}}
+    for turn in ['{"name": "lookup", "parameters": {"query": "x", "exact": false}}',
+                 '  <|python_tag|>{"name": "lookup", "arguments": {"query": "x", "exact": false}}\n',
+                 '{"name": "lookup", "parameters": "{\\"query\\": \\"x\\", \\"exact\\": false}"}']:
+        assert tool_calls.parse_calls(turn, 'json') == [call], turn
+        assert tool_calls.call_closed(turn, 'json')
+    for answer in ['The answer is 84.', '{"answer": 84}', '84 {"name": "lookup"}', '']:
+        assert tool_calls.parse_calls(answer, 'json') == [], answer
+    bad, = tool_calls.parse_calls('{"name": "lookup", "parameters": {', 'json')
+    assert bad['error'] == 'parse'
+
+
+def test_llama_layout_answers_and_rollouts_are_token_in_token_out(llama_layout, tagged_select):
+    tok = load_tokenizer(llama_layout)
+    hf = transformers.AutoTokenizer.from_pretrained(llama_layout)
+    answer = tool_calls.template_answers(tok, TOOLS, 'json')
+    end = tok.special['<|eot_id|>']
+    assert tok.eos_id == end and tok.stop_ids == [end]  # the config's eos_token, as transformers
+    for output in AWKWARD_OUTPUTS:  # as transformers renders the ipython turn after the call
+        results = [{'name': 'lookup', 'output': output}]
+        turn = {'role': 'assistant', 'content': '', 'tool_calls': [
+            {'type': 'function', 'function': {'name': 'lookup', 'arguments': {'query': 'x'}}}]}
+        both = hf_render(hf, USER + [turn] + tool_calls.tool_messages(results), gen=True)
+        n_before = hf_render(hf, USER, gen=False).count(end)  # the system and user turns' ends
+        cut = [i for i, t in enumerate(both) if t == end][n_before] + 1
+        assert answer(results) == both[cut:], output
+    # two rollouts: a call with awkward arguments, the answer, then the final answer
+    prompt = tok.render_chat(USER, tools=tool_calls.schemas(TOOLS))
+    assert '"name": "lookup"' in tok.decode(prompt)
+    wants, masks = [], []
+    for query in ['say "hi" 🤖', 'stop <|eot_id|> here']:
+        turn = json.dumps({'name': 'lookup', 'parameters': {'query': query, 'exact': False}},
+                          ensure_ascii=False)
+        result = tool_calls.run_call(tool_calls.parse_calls(turn, 'json')[0], TOOLS, 5.0)
+        inserted = answer([result])
+        sampled, final = tok.encode(turn) + [end], tok.encode('84') + [end]
+        wants.append(sampled + inserted + final)
+        masks.append([0] * len(sampled) + [1] * len(inserted) + [0] * len(final))
+    scripts = [{len(prompt) + k: t for k, (t, m) in enumerate(zip(w, mk)) if not m}
+               for w, mk in zip(wants, masks)]
+    model = RowScripted(tok.vocab_size, scripts, [prompt, prompt])
+    out = sample.generate_with_tools(model, tok, [prompt, prompt], 1, 400, tools=TOOLS,
+                                     tool_style='json', temperature=1.0)
+    for r, c in enumerate(out):
+        assert c['ids'] == wants[r] and c['tool_mask'] == masks[r] and c['finished']
+        assert [x['error'] for x in c['tool_calls']] == [None]
+        assert model.fed[r] == prompt + c['ids'][:-1]
+
+
+def test_a_llama_snapshot_stops_on_its_turn_end(llama_layout, tmp_path):
+    """Llama 3's tokenizer.json has neither <|im_end|> nor <|endoftext|>: its stops are
+    tokenizer_config.json's eos_token and generation_config.json's eos_token_id, as transformers
+    reads them (without them generation would never stop)."""
+    tok = load_tokenizer(llama_layout)
+    assert tok.stop_ids == [tok.special['<|eot_id|>']] == [tok.eos_id]
+    for f in Path(llama_layout).iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / 'generation_config.json').write_text(json.dumps({'eos_token_id': [1, 4, 9999]}))
+    tok = load_tokenizer(str(tmp_path))
+    assert tok.stop_ids == [1, 4] and tok.eos_id == 4  # 9999 is no token of this vocabulary
