@@ -200,26 +200,27 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                         tool_delay_steps=1, compact=True, compile=False, on_step=None):
     """generate() for rollouts that call tools (tools: {name: function}, tool_calls.py). A row whose
     turn closes a call pauses: tool_style 'fenced', at the closing fence of a ```name block
-    starting a line; 'hermes', at the stop token ending a turn that holds <tool_call> blocks. Its
-    calls run in a thread pool while the other rows keep decoding. tool_delay_steps decode steps
-    after the call closed, the response's tokens (fenced: tool_calls.response_text encoded on its
-    own; hermes: the chat template's delta, tool_calls.template_answers; the sampled tokens are
+    starting a line; 'hermes' and 'json', at the stop token ending a turn of calls. Its calls run
+    in a thread pool while the other rows keep decoding. tool_delay_steps decode steps after the
+    call closed, the response's tokens (fenced: tool_calls.response_text encoded on its own;
+    hermes and json: the chat template's delta, tool_calls.template_answers; the sampled tokens are
     never decoded and encoded again) are prefilled into that row's own KV cache as one chunk, with
     the token that closed the call in front, in one batched forward with the other rows due at that
-    step, and the row goes on. A tool still running then is waited for (its completion's
-    tool_wait_s adds up those waits, the same for every row of the call): so which rows are
-    prefilled together, and with them every float, does not depend on how long tools took, and a
-    rollout with deterministic tools reproduces exactly. Raise tool_delay_steps where tools take
-    longer than a decode step (a python call takes ~0.1 s). Token in, token out: a completion's ids are its sampled ids
-    and the inserted ids, in order; tool_mask marks the inserted ones (1), whose logprobs are 0.
-    max_new_tokens counts both; a response that does not fit ends the row (truncated); a call past
-    max_tool_calls is not run and ends the row (turn_limit). Each row draws its k-th sampled token
-    with step k of its own seed. A paused row stays in the decode batch, fed no token; finished rows
-    are dropped from it when a quarter of it has finished (compact, as in generate())."""
+    step, and the row goes on. A tool still running then is waited for (tool_wait_s, the same on
+    every completion of the call, adds up those waits): so which rows are prefilled together, and
+    with them every float, does not depend on how long tools took, and a rollout with
+    deterministic tools reproduces exactly. Raise tool_delay_steps for tools slower than a decode
+    step (a python call takes 0.04-0.1 s).
+    Token in, token out: a completion's ids are its sampled ids and the inserted ids, in order;
+    tool_mask marks the inserted ones (1), whose logprobs are 0. max_new_tokens counts both; a
+    response that does not fit ends the row (truncated); a call past max_tool_calls is not run and
+    ends the row (turn_limit). Each row draws its k-th sampled token with step k of its own seed. A
+    paused row stays in the decode batch, fed no token; finished rows are dropped from it when a
+    quarter of it has finished (compact, as in generate())."""
     import concurrent.futures
 
     import tool_calls
-    answer = None  # hermes: results -> the chat template's ids answering them
+    answer = None  # hermes, json: results -> the chat template's ids answering them
     if tool_style in tool_calls.TURN_STYLES:
         answer = tool_calls.template_answers(tok, tools, tool_style)
     elif tool_style != 'fenced':

@@ -306,7 +306,8 @@ def load_tokenizer(path):
 
 def _stop_ids(path, files, specials):
     """The turn ends a snapshot names beside its tokenizer's own: generation_config.json's
-    eos_token_id (an id or a list) and tokenizer_config.json's eos_token, where they are specials."""
+    eos_token_id (an id or a list) and tokenizer_config.json's eos_token, where they are
+    specials."""
     ids = set()
     gen = os.path.join(path, 'generation_config.json')
     if os.path.isfile(gen):

@@ -748,7 +748,7 @@ def response_text(results, style):
     return ''.join(blocks)
 
 
-# ----------------------------------------------------------------------------- chat-template answers
+# ----------------------------------------------------------------------------- template answers
 
 TURN_STYLES = ('hermes', 'json')  # calls that end the turn, answered by the chat template
 PROBE_RESULT = 'probe result 7'  # what the start-up check's tool returns
@@ -774,10 +774,10 @@ def _stop_positions(ids, stops):
 
 
 def template_answers(tok, tools, style='hermes'):
-    """hermes and json: checks once that tok's chat template can answer calls token in, token out, and
-    returns answer(results) -> the token ids to insert after the stop token that ended a turn of
-    calls: the rest of that turn as the template writes it, the tool messages, and the next
-    assistant turn's generation prompt. They are the template's own delta, cut from one rendering
+    """hermes and json: checks once that tok's chat template can answer calls token in, token
+    out, and returns answer(results) -> the token ids to insert after the stop token that ended a
+    turn of calls: the rest of that turn as the template writes it, the tool messages, and the
+    next assistant turn's generation prompt. They are the template's own delta, cut from one rendering
     of a short conversation (its user turn, an assistant turn of calls, the tool messages) after the
     stop token that ends the assistant turn, and tokenized whole (a result's newlines merge with the
     template's; special-token text in a result stays text, as in every message content).
@@ -824,8 +824,8 @@ def template_answers(tok, tools, style='hermes'):
     for probe in (('other text', 1, None), ('', most, 'a system turn'), ('x\n\n', 2, '')):
         probe = probe[:1] + (min(probe[1], most),) + probe[2:]
         if delta(results, probe) != want:
-            raise ValueError(f"{where}: the chat template's tool answer depends on the turns before "
-                             "it, so it cannot be inserted token in, token out: use "
+            raise ValueError(f"{where}: the chat template's tool answer depends on the turns "
+                             "before it, so it cannot be inserted token in, token out: use "
                              "tool_style='fenced' or a template whose tool turns do not")
 
     def answer(results):
