@@ -777,10 +777,11 @@ def template_answers(tok, tools, style='hermes'):
     """hermes and json: checks once that tok's chat template can answer calls token in, token
     out, and returns answer(results) -> the token ids to insert after the stop token that ended a
     turn of calls: the rest of that turn as the template writes it, the tool messages, and the
-    next assistant turn's generation prompt. They are the template's own delta, cut from one rendering
-    of a short conversation (its user turn, an assistant turn of calls, the tool messages) after the
-    stop token that ends the assistant turn, and tokenized whole (a result's newlines merge with the
-    template's; special-token text in a result stays text, as in every message content).
+    next assistant turn's generation prompt. They are the template's own delta, cut from one
+    rendering of a short conversation (its user turn, an assistant turn of calls, the tool
+    messages) after the stop token that ends the assistant turn, and tokenized whole (a result's
+    newlines merge with the template's; special-token text in a result stays text, as in every
+    message content).
 
     The model's own turn is never rendered again: what it sampled is kept as sampled. So what this
     needs is only that the delta does not depend on the conversation before it, which is checked
