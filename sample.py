@@ -597,13 +597,24 @@ if __name__ == '__main__':
         sys.exit(1)
     model.eval()
     if prompt:
-        ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''))]
-        completions = generate(model, tok, ids, num_completions, max_new_tokens,
-                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                               compile=compile)
+        import tool_calls
+        tools, tool_style = tasks.tools_of(task_mod)  # the task's tools, called as in training
+        shown = {'tools': tool_calls.schemas(tools)} if tool_style in tool_calls.TURN_STYLES else {}
+        ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''), **shown)]
+        common = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      compile=compile)
+        if tools:
+            limit = tasks.tool_call_limit(task_mod, max_tool_calls)
+            completions = generate_with_tools(
+                model, tok, ids, num_completions, max_new_tokens, tools=tools,
+                tool_style=tool_style, max_tool_calls=limit, tool_timeout=tool_timeout,
+                tool_delay_steps=tool_delay_steps, **common)
+        else:
+            completions = generate(model, tok, ids, num_completions, max_new_tokens, **common)
         for c in completions:
             ending = 'finished' if c['finished'] else 'truncated'
-            print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {ending})")
+            calls = f", {len(c['tool_calls'])} tool calls" if tools else ''
+            print(f"--- sample {c['sample_idx']} ({len(c['ids'])} tokens, {ending}{calls})")
             print(c['text'])
         sys.exit(0)
     save_config(config, out_dir)
