@@ -185,6 +185,16 @@ def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dt
         return net(x, head=head, **kw)
 
 
+def sampled_tokens(rows, device):
+    """Rollouts with tools: 1 on each completion token the policy sampled, 0 on those a tool's
+    response inserted (flat, row-major, as completion_logprobs' tokens); None when no row has a
+    tool_mask."""
+    if not any('tool_mask' in rw for rw in rows):
+        return None
+    inserted = [m for rw in rows for m in rw.get('tool_mask', [0] * len(rw['ids']))]
+    return 1.0 - torch.tensor(inserted, dtype=torch.float32, device=device)
+
+
 def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=True,
                mask_truncated=False):
     """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp',

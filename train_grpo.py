@@ -183,7 +183,7 @@ import metrics  # noqa: E402
 import safety  # noqa: E402
 import tool_calls  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
-from batch import mini_batch_groups, pad_micro_batches, train_rows  # noqa: E402
+from batch import mini_batch_groups, pad_micro_batches, sampled_tokens, train_rows  # noqa: E402
 from checkpoint import load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
@@ -528,11 +528,16 @@ while step < max_steps:
         old_lp = None
         if moved:
             old_lp = [logprobs(train_model, mb)[0] for mb in micro]
-        # top_entropy_quantile < 1: the entropy cut over the step's tokens, before the update
-        # (every rank runs every pass, padding included: FSDP's gathers pair up)
+        # top_entropy_quantile < 1: the entropy cut over the step's sampled tokens (not those a
+        # tool inserted), before the update (every rank runs every pass, padding included: FSDP's
+        # gathers pair up)
         cut = None
         if top_entropy_quantile < 1 and n_trained > 0:
-            ents = [logprobs(train_model, mb)[1] for mb in micro]
+            ents = []
+            for mb in micro:
+                e = logprobs(train_model, mb)[1]
+                sampled = sampled_tokens(mb, e.device)
+                ents.append(e if sampled is None else e[sampled.bool()])
             real = [e for j, e in enumerate(ents) if j < plan[mini_of[j]]['real_end']]
             ents = gather_tensor(torch.cat(real or [torch.zeros(0)]).float().cpu())
             cut = entropy_cut(ents, top_entropy_quantile)
@@ -580,10 +585,7 @@ while step < max_steps:
             lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
             seq_adv = torch.tensor([rw['adv'] for rw in mb], device=logp.device)
             A = torch.repeat_interleave(seq_adv, lens)  # each token its sequence's advantage
-            sampled = None  # rollouts with tools: 0 on the tokens a tool's response inserted
-            if any('tool_mask' in rw for rw in mb):
-                inserted = [m for rw in mb for m in rw.get('tool_mask', [0] * len(rw['ids']))]
-                sampled = 1.0 - torch.tensor(inserted, dtype=torch.float32, device=logp.device)
+            sampled = sampled_tokens(mb, logp.device)  # None: no tool inserted anything
             w = token_weights(lens, loss_agg, part['n_tok'], part['n_seq'], max_new_tokens,
                               sampled=sampled)
             w = w * (j < part['real_end'])  # padding passes weigh 0

@@ -2,7 +2,8 @@
 packed-or-rows cost rule."""
 import torch
 
-from batch import choose_share_prompt, keep_groups, layout_flops, pack_groups, train_rows
+from batch import (choose_share_prompt, keep_groups, layout_flops, pack_groups, sampled_tokens,
+                   train_rows)
 from loss import group_advantages
 from model import ModelConfig, packed_mask, qwen25_05b_config
 
@@ -87,3 +88,12 @@ def test_mini_batch_groups_deal_whole_groups_round_robin():
     from batch import mini_batch_groups
     assert mini_batch_groups(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
     assert mini_batch_groups(4, 1) == [[0, 1, 2, 3]]
+
+
+def test_sampled_tokens_mark_what_the_policy_sampled():
+    """1 on sampled tokens, 0 on those a tool's response inserted, flat and row-major as the
+    log-probs come; rows without a tool_mask are all sampled; None without any tool_mask."""
+    rows = [{'ids': [5, 6, 7], 'tool_mask': [0, 1, 0]}, {'ids': [8, 9]},
+            {'ids': [1, 2], 'tool_mask': [1, 1]}]
+    assert sampled_tokens(rows, 'cpu').tolist() == [1, 0, 1, 1, 1, 0, 0]
+    assert sampled_tokens(rows[1:2], 'cpu') is None

@@ -385,3 +385,45 @@ def test_sample_py_prompts_a_task_with_tools_through_the_tool_path(tmp_path):
                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
         assert ('tool calls)' in out.stdout) is with_tools, out.stdout
+
+
+CALL_TASK = '''"""Every warm-start solution calls the calculator."""
+from data import question_messages
+
+tools = ['calculator']
+tool_style = 'fenced'
+
+
+def load(split, data_dir='', seed=0):
+    return [{'question': f"Q{i}", 'answer': str(i % 7 + 1)} for i in range(64 if split == 'train'
+                                                                         else 4)]
+
+
+def messages(example, system_prompt='', instruction=''):
+    return question_messages(example['question'], system_prompt, instruction)
+
+
+def grade(completion, example):
+    return completion.strip().endswith(example['answer'])
+
+
+def solution(example):
+    return f"```calculator\\n{example['answer']}+0\\n```"
+'''
+
+
+def test_a_training_step_with_calls_and_an_entropy_cut(tmp_path, monkeypatch):
+    """One step of train_grpo.py whose rollouts call the calculator, with top_entropy_quantile
+    (its cut taken over the sampled tokens only, batch.sampled_tokens): it runs, calls, and logs
+    the cut and every tools/* metric."""
+    import test_train
+    (tmp_path / 'call_task.py').write_text(CALL_TASK)
+    tiny = [a for a in test_train.TINY if not a.startswith(('--task=', '--arith_', '--rewards=',
+                                                            '--max_new_tokens='))]
+    monkeypatch.setattr(test_train, 'TINY', tiny)  # the task's own reward: 'correct'
+    test_train.run(tmp_path / 'out', f'--task={tmp_path / "call_task.py"}',
+                   '--max_new_tokens=40', '--max_steps=1', '--sft_steps=60', '--sft_lr=1e-2',
+                   '--sft_batch_size=16', '--top_entropy_quantile=0.5', '--filter_zero_std=False')
+    m = test_train.metrics(tmp_path / 'out')[-1]
+    assert m['tools/calls_per_completion'] > 0 and m['tools/token_frac'] > 0
+    assert 'entropy_cut' in m and {'tools/wait_s', 'tools/void_frac'} <= set(m)
