@@ -391,10 +391,7 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
     default (tasks.messages)."""
     import tasks
     import tool_calls
-    tools, style = tasks.tools_of(task)
-    # hermes tools are shown to the model by the chat template (its `tools` variable); fenced ones
-    # by the task's own prompt
-    shown = {'tools': tool_calls.schemas(tools)} if style in tool_calls.TURN_STYLES else {}
+    shown = tool_calls.template_variables(*tasks.tools_of(task))
     out = []
     for ex in examples:
         msgs = tasks.messages(task, ex, system_prompt, instruction)
@@ -599,7 +596,7 @@ if __name__ == '__main__':
     if prompt:
         import tool_calls
         tools, tool_style = tasks.tools_of(task_mod)  # the task's tools, called as in training
-        shown = {'tools': tool_calls.schemas(tools)} if tool_style in tool_calls.TURN_STYLES else {}
+        shown = tool_calls.template_variables(tools, tool_style)
         ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''), **shown)]
         common = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       compile=compile)

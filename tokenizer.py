@@ -295,30 +295,26 @@ def load_tokenizer(path):
                             mergeable_ranks=ranks, special_tokens=specials)
     template, where, variables = _chat_template(path, files)
     raw_files = {n: raw for n, (raw, _) in files.items()}
+    named_eos = variables.get('eos_token')  # tokenizer_config.json's (special_tokens_map.json's)
     if eos is None and not {'<|im_end|>', '<|endoftext|>'} & set(specials):
-        # neither ChatML's turn end nor GPT-2's text end (Llama 3): the config's eos_token
-        conf = files.get('tokenizer_config.json', (None, {}))[1]
-        eos = _token_names(conf).get('eos_token')
+        eos = named_eos  # neither ChatML's turn end nor GPT-2's text end (Llama 3)
     return Tokenizer(enc, nfc=nfc, files=raw_files, eos=eos, template=template,
                      template_file=where, template_vars=variables,
-                     stops=_stop_ids(path, files, specials))
+                     stops=_stop_ids(path, named_eos, specials))
 
 
-def _stop_ids(path, files, specials):
+def _stop_ids(path, named_eos, specials):
     """The turn ends a snapshot names beside its tokenizer's own: generation_config.json's
-    eos_token_id (an id or a list) and tokenizer_config.json's eos_token, where they are
-    specials."""
+    eos_token_id (an id or a list) and the tokenizer config's eos_token (named_eos), where they
+    are specials."""
     ids = set()
     gen = os.path.join(path, 'generation_config.json')
     if os.path.isfile(gen):
         named = _read(gen, 'generation_config.json')[1].get('eos_token_id')
         ids.update(i for i in (named if isinstance(named, list) else [named])
                    if isinstance(i, int))
-    conf = {**files.get('special_tokens_map.json', (None, {}))[1],
-            **files.get('tokenizer_config.json', (None, {}))[1]}
-    eos = _token_names(conf).get('eos_token')
-    if eos in specials:
-        ids.add(specials[eos])
+    if named_eos in specials:
+        ids.add(specials[named_eos])
     return ids & set(specials.values())
 
 

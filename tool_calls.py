@@ -760,6 +760,12 @@ def schemas(tools):
     return [json_schema(fn) for fn in tools.values()]
 
 
+def template_variables(tools, style):
+    """What render_chat takes to show tools to the model: hermes and json tools are shown by the
+    chat template (its `tools` variable); fenced ones, and none, by the task's own prompt."""
+    return {'tools': schemas(tools)} if style in TURN_STYLES else {}
+
+
 def _probe(name, content, n_calls, system=None):
     """A conversation that ends with an assistant turn making n_calls calls of name."""
     call = {'type': 'function', 'function': {'name': name, 'arguments': {'x': content}}}
@@ -800,11 +806,15 @@ def template_answers(tok, tools, style='hermes'):
     stops = set(tok.stop_ids)
     name = next(iter(tools))
 
+    turn_ends = {}  # probe -> stop tokens before its assistant turn (rendered once per probe)
+
     def delta(results, probe=('probe', 1, None)):
         content, n_calls, system = probe
         before = _probe(name, content, n_calls, system)
-        k = len(_stop_positions(tok.render_chat(before[:-1], add_generation_prompt=False,
-                                                tools=listed), stops))
+        if probe not in turn_ends:
+            turn_ends[probe] = len(_stop_positions(tok.render_chat(
+                before[:-1], add_generation_prompt=False, tools=listed), stops))
+        k = turn_ends[probe]
         ids = tok.render_chat(before + tool_messages(results), add_generation_prompt=True,
                               tools=listed)
         ends = _stop_positions(ids, stops)

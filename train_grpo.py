@@ -214,6 +214,7 @@ try:
     reward_fns = resolve_rewards(reward_config, grade=task_mod.grade, device=device, dtype=dtype,
                                  messages=task_messages)
     task_tools, tool_style = tasks.tools_of(task_mod)  # (None, None): no tools
+    task_answer = tasks.answer_fn(task_mod)  # what a void turn lacks (void_turn_filter)
     call_limit = tasks.tool_call_limit(task_mod, max_tool_calls)
 except ValueError as e:
     die(str(e), 2)
@@ -438,7 +439,7 @@ def rollout(examples, first, step, timing):
                 'max_new_tokens': max_new_tokens}
         if task_tools:
             fact['tool_calls'] = c['tool_calls']
-            c['void'] = metrics.void_turn(c, tok, tasks.answer_fn(task_mod))  # void_turn_filter
+            c['void'] = metrics.void_turn(c, tok, task_answer)  # void_turn_filter
         extra.append(fact)
     sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra,
                step=step)

@@ -88,20 +88,27 @@ CONVERSATIONS = {
 }
 
 
-@pytest.fixture(scope='module')
-def trained(tmp_path_factory):
+def qwen_bpe(corpus, vocab_size):
+    """A byte-level BPE trained with `tokenizers` on corpus, as Qwen2's is built: NFC, its
+    pre-tokenizer pattern, its specials (SPECIALS)."""
     tok = HFTokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    corpus = [Q, 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.',
-              'system user assistant', 'Reason step by step. Be brief. What is 2+2? And 3+3?'] * 50
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)
     return tok
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    return qwen_bpe([Q, 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.',
+                     'system user assistant',
+                     'Reason step by step. Be brief. What is 2+2? And 3+3?'] * 50, 400)
 
 
 def snapshot(tok, path, template, as_file):

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import (AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models,
-                        normalizers, pre_tokenizers, trainers)
+from tokenizers import (AddedToken, Tokenizer as HFTokenizer, decoders, models,
+                        pre_tokenizers, trainers)
 
 import sample
 import tool_calls
 from batch import train_rows
 from model import KVCache, ModelConfig, from_scratch
-from tokenizer import QWEN2_PATTERN, byte_tokenizer, load_tokenizer
+from test_chat_template import qwen_bpe
+from tokenizer import byte_tokenizer, load_tokenizer
 
 transformers = pytest.importorskip('transformers')
 
 TEMPLATES = Path(__file__).parent / 'fixtures' / 'templates'
-SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>', '<think>', '</think>']
 # not special in Qwen2.5's tokenizer.json, but added tokens: matched in text as specials are
 ADDED = ['<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>']
 USER = [{'role': 'user', 'content': 'What is 12 * 7? Use the tool.'}]
@@ -46,19 +46,11 @@ TOOLS = {'lookup': lookup}
 def snapshots(tmp_path_factory):
     """Tokenizer-only HF snapshots, one per template, of one tiny BPE trained with `tokenizers`
     (Qwen2's pre-tokenizer, its specials and tool tokens)."""
-    tok = HFTokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    corpus = ['{"name": "lookup", "arguments": {"query": "x", "exact": false}}',
-              'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.',
-              '# Tools\n\nYou may call one or more functions to assist with the user query.',
-              'system user assistant What is 12 * 7? Use the tool. The answer is 84.'] * 50
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus, trainer)
+    tok = qwen_bpe(['{"name": "lookup", "arguments": {"query": "x", "exact": false}}',
+                    'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.',
+                    '# Tools\n\nYou may call one or more functions to assist with the user query.',
+                    'system user assistant What is 12 * 7? Use the tool. The answer is 84.'] * 50,
+                   500)
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in ADDED])
     out = {}
     for name in ('qwen2.5', 'qwen3'):
