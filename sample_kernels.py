@@ -22,17 +22,22 @@ from kernels import num_warps
 _M32 = 0xFFFFFFFF
 
 
-def _mul32(x, c):  # (x * c) mod 2^32 in int64 without overflowing it
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+def _mul32_(x, c):  # x = (x * c) mod 2^32 in place, in int64 without overflowing it
+    lo = x * (c & 0xFFFF)
+    return x.mul_(c >> 16).bitwise_and_(0xFFFF).bitwise_left_shift_(16).add_(lo).bitwise_and_(_M32)
+
+
+def _mix32_(x):
+    # "lowbias32" integer hash (C. Wellons), in place on int64 tensors holding uint32 values
+    x.bitwise_xor_(x >> 16)
+    _mul32_(x, 0x7FEB352D)
+    x.bitwise_xor_(x >> 15)
+    _mul32_(x, 0x846CA68B)
+    return x.bitwise_xor_(x >> 16)
 
 
 def _mix32_torch(x):
-    # "lowbias32" integer hash (C. Wellons), on int64 tensors holding uint32 values
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+    return _mix32_(x.clone())
 
 
 def _row_keys(seeds, step):
@@ -44,17 +49,55 @@ def _row_keys(seeds, step):
     return r1, r2
 
 
-def _gumbel_torch(r1, r2, V):
+# Gumbel noise from a 32-bit hash h, the same fp32 arithmetic in both paths:
+#   v = min((h + 0.5) * 2^-32, 1 - 2^-24)   uniform, strictly inside (0, 1)
+#   E = -log1p(-v)                          Exponential(1); small E is a large noise
+#   g = -log(E)                             Gumbel(0, 1)
+# Why these constants. Near 0 a float32 holds all 32 bits of h, so v >= 2^-33 and E >= 2^-33:
+# g <= 22.9, and the winner's noise (the large-g end, where Gumbel-max needs precision) is resolved
+# to 2^-32 in v. Near 1 no float32 can (the floats below 1 are 2^-24 apart), so v stops at
+# 1 - 2^-24, the largest float32 below 1: E <= 16.64, g >= -2.81. Every noise is finite; a token
+# more than ~25.7 nats below its row's best logit is never drawn (true probability < 7e-12 each).
+# The naive ((h >> 8) + 0.5) * 2^-24 is NOT exact: for h >> 8 = 2^24 - 1, 16777215.5 is not a
+# float32 and rounds up, u == 1.0, -log(-log u) = +inf, and that token wins whatever its logit
+# (about V / 2^24 of all draws). log1p(-v) is written with Kahan's trick, log(y) * v / (1 - y) with
+# y = 1 - v rounded (the rounding error of y cancels in the ratio), since not every supported
+# Triton has a log1p; 1 - y >= 2^-24 whenever y < 1, and y == 1 means v <= 2^-25, where
+# log1p(-v) = -v in fp32.
+_U_MAX = 1.0 - 2.0 ** -24  # the largest float32 below 1
+_EPS24 = 2.0 ** -24
+
+
+def _uniform_torch(h):
+    """Uniform in (0, 1), fp32, from hashes h (int64 tensor holding uint32 values); see above."""
+    return h.float().add_(0.5).mul_(2.0 ** -32).clamp_(max=_U_MAX)
+
+
+def _gumbel_torch(h):
+    """Gumbel noise (fp32) from hashes h (int64 tensor holding uint32 values); see above."""
+    v = _uniform_torch(h)
+    y = 1.0 - v
+    e = torch.where(y < 1.0, torch.log(y).neg_().mul_(v / (1.0 - y).clamp_(min=_EPS24)), v)
+    return e.log_().neg_()
+
+
+def _noise_torch(r1, r2, V):
+    """Gumbel noise (B, V) fp32 for every vocabulary index j < V of each row: h = mix32(mix32(j ^
+    r1) ^ r2). In place and in chunks of rows about 2^20 elements, which a CPU keeps in cache (9x
+    faster than whole-tensor ops at V = 151,936)."""
+    out = torch.empty(len(r1), V, device=r1.device)
     j = torch.arange(V, device=r1.device)
-    h = _mix32_torch(_mix32_torch(j ^ r1[:, None]) ^ r2[:, None])
-    u = ((h >> 8).float() + 0.5) * 2.0 ** -24  # 24 random bits -> (0, 1), exact in fp32
-    return -torch.log(-torch.log(u))
+    step = max(1, 2 ** 20 // V)
+    for i in range(0, len(r1), step):
+        h = _mix32_(j ^ r1[i:i + step, None])
+        out[i:i + step] = _gumbel_torch(_mix32_(h.bitwise_xor_(r2[i:i + step, None])))
+    return out
 
 
 @triton.jit
-def _gumbel(r1, r2, cols):
-    # h = mix32(mix32(j ^ r1) ^ r2) on uint32 (multiplies wrap mod 2^32); written out, not a call
-    # to another jit function, because the interpreter pays ~1 ms per nested jit call
+def _hash(r1, r2, cols):
+    # h = mix32(mix32(j ^ r1) ^ r2) on uint32 (multiplies wrap mod 2^32); the two rounds written
+    # as a loop, not a call to another jit function: the interpreter pays ~1 ms per nested call
     h = cols.to(tl.uint32) ^ r1
     for i in tl.static_range(2):
         h = h ^ (h >> 16)
@@ -64,8 +107,16 @@ def _gumbel(r1, r2, cols):
         h = h ^ (h >> 16)
         if i == 0:
             h = h ^ r2
-    u = ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2^-24
-    return -tl.log(-tl.log(u))
+    return h
+
+
+@triton.jit
+def _gumbel(h):
+    # _gumbel_torch, term for term: 2^-32, 1 - 2^-24 and 2^-24 are exact float32 constants
+    v = tl.minimum((h.to(tl.float32) + 0.5) * 2.3283064365386963e-10, 0.999999940395355224609375)
+    y = 1.0 - v
+    e = tl.where(y < 1.0, -tl.log(y) * (v / tl.maximum(1.0 - y, 5.9604644775390625e-08)), v)
+    return -tl.log(e)
 
 
 # -----------------------------------------------------------------------------
@@ -114,7 +165,7 @@ def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, *,
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
         m = m_new
         if DRAW:
-            w = z if GREEDY else z + _gumbel(r1, r2, cols)
+            w = z if GREEDY else z + _gumbel(_hash(r1, r2, cols))
             w = tl.where(inb & (z >= t), w, float('-inf'))
             bv = tl.max(w, 0)
             bi = tl.argmax(w, 0) + start  # first index among ties, like torch.argmax
@@ -212,7 +263,7 @@ def sample_tokens_ref(logits, seeds, step, *, temperature=1.0, top_k=0, top_p=1.
         ids = z.argmax(-1)
     else:
         t = _keep_threshold_ref(z, top_k, top_p, min_p)
-        g = _gumbel_torch(*_row_keys(seeds.to(z.device), step), z.shape[-1])
+        g = _noise_torch(*_row_keys(seeds.to(z.device), step), z.shape[-1])
         ids = torch.where(z >= t, z + g, -math.inf).argmax(-1)
     logp = torch.log_softmax(z, -1).gather(-1, ids[:, None]).squeeze(-1)
     return ids, logp
