@@ -266,9 +266,10 @@ def test_nanogpt_console():
     assert run['unknown'] == {'main', 'critic'}
 
 
-def test_unknown_names_are_listed_in_the_report(capsys):
+def test_unknown_names_are_one_line_after_the_findings(capsys):
     code, out, _ = cli(capsys, os.path.join(FIX, 'nanogpt_zero_loss.log'), '--no_plot')
-    assert 'not mapped (2; add them to a table in doctor.py): critic, main' in out
+    assert out.splitlines()[-1] == ('not mapped: 2 names (critic, main); a table in doctor.py can '
+                                    'map them')
 
 
 def test_a_table_entry_reads_another_trainers_names(tmp_path, monkeypatch):
