@@ -9,15 +9,19 @@ with the numbers, the likely causes in order, and the fix.
     python doctor.py train.log                # console: 'iter N: loss X, time Yms', our step lines
     python doctor.py RUN --device_gb=80       # also check memory against the device's 80 GB
     python doctor.py RUN --json               # the findings as JSON
+    python doctor.py RUN --fail_on=warning    # exit 1 on warnings too (default: errors only)
 
 Each source's metric names map onto a few series (SERIES) through a table (OURS, TRL, VERL, WANDB,
-CONSOLE); names a table does not know are listed in the report, never dropped unsaid. Each detector
-in DETECTORS reads the series and returns findings; the report prints them most severe first and
-doctor.png (beside the input, or --out) draws the flagged series with the findings' steps shaded.
-Exit code 0: nothing above info; 1: a warning or an error; 2: PATH unreadable.
+CONSOLE); names a table does not know are counted in the report and listed in --json, never dropped
+unsaid. Each detector in DETECTORS reads the series and returns findings; the report prints them
+most severe first and doctor.png (beside the input, or --out) draws the flagged series with the
+findings' steps shaded. Exit code 0: nothing flagged at --fail_on or above (warnings alone exit 0 by
+default: a CI step fails on a broken run, not on a vLLM run's memory at 90%); 1: a finding at
+--fail_on or above; 2: PATH unreadable (or a bad argument).
 """
 import argparse
 import csv
+import fnmatch
 import json
 import math
 import os
@@ -29,6 +33,7 @@ import sys
 SERIES = {  # what every source is mapped onto
     'reward': 'reward mean over the step\'s completions',
     'reward_std': 'reward std over the step\'s completions',
+    'reward_max': 'highest reward of the step', 'reward_min': 'lowest reward of the step',
     'zero_std_frac': 'share of groups whose rewards all tie (no signal)',
     'loss': 'the optimized loss',
     'grad_norm': 'gradient norm before clipping',
@@ -38,19 +43,26 @@ SERIES = {  # what every source is mapped onto
     'trunc_frac': 'share of completions that hit the length limit',
     'clip_frac': 'share of tokens the PPO clip cut (clip_low + clip_high when not logged)',
     'clip_low': 'share clipped below', 'clip_high': 'share clipped above',
-    'step_time': 'seconds per step',
+    'step_time': 'seconds per step (the sum of its phases when only they are logged)',
     'time_gen': 'generation', 'time_reward': 'reward', 'time_ref': 'reference log-probs',
-    'time_old': 'old log-probs', 'time_update': 'update',  # seconds per step in each phase
+    'time_old': 'old log-probs', 'time_values': 'critic values',
+    'time_adv': 'advantages (with the reward, in verl before 0.4)', 'time_update': 'update',
+    'time_critic': 'critic update', 'time_eval': 'validation', 'time_save': 'checkpoint',
+    'throughput': 'tokens per second per GPU',
     'mem_gb': 'peak device memory, GB',
     'mem_frac': 'device memory in use, share of the device',
-    'heldout': 'held-out accuracy (greedy pass@1, validation score)',
+    'heldout': 'held-out accuracy (greedy pass@1, validation score; the mean over sources)',
 }
-PHASES = ['time_gen', 'time_reward', 'time_ref', 'time_old', 'time_update']
+PHASES = ['time_gen', 'time_reward', 'time_ref', 'time_old', 'time_values', 'time_adv',
+          'time_update', 'time_critic', 'time_eval', 'time_save']  # seconds per step in each
+OUTSIDE_WORK = ['time_eval', 'time_save']  # inside verl's step time, slow by design: left out
+MEAN_OVER_NAMES = {'heldout'}  # several names of one row for it (one per data source): their mean
 
 # A table maps a source's metric name to a series; None: known, not diagnosed; (series, scale):
-# multiplied on reading. A name ending in '*' matches every name it begins. To read another
-# trainer, add its names to the table of its format (or a new dict to TABLES, for JSON lines and
-# CSV): {'my/score': 'reward', 'my/val_acc': 'heldout'}.
+# multiplied on reading. A '*' in a name matches any text ('rewards/*', 'val-core/*/mean@*'); of
+# the patterns of a table that match, the longest wins. To read another trainer, add its names to
+# the table of its format (or a new dict to TABLES, for JSON lines and CSV):
+# {'my/score': 'reward', 'my/val_acc': 'heldout'}.
 OURS = {  # metrics.jsonl (docs/metrics.md)
     'reward/mean': 'reward', 'reward/std': 'reward_std', 'frac_zero_std': 'zero_std_frac',
     'loss': 'loss', 'grad_norm': 'grad_norm', 'kl': 'kl', 'entropy': 'entropy',
@@ -65,34 +77,68 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'timing_s/eval': None, 'mem/allocated_gb': None, 'mem/reserved_gb': None, 'perf/*': None,
     'eval/*': None, 'warn/*': None, 'guard/*': None, 'dynamic/*': None, 'tis/*': None,
 }
-TRL = {  # GRPOTrainer's log_history (trl/trainer/grpo_trainer.py, 1.16)
+# TRL's GRPOTrainer (trl/trainer/grpo_trainer.py), as the Trainer's log_history keeps it. 0.14-0.16:
+# completion_length, rewards/<fn>, clip_ratio (0.16); 0.17: completions/*, rewards/<fn>/{mean,std},
+# clip_ratio/{low,high,region}_*; 0.18: frac_reward_zero_std; 0.20: entropy; 0.26: step_time.
+# Evaluation rows (eval_strategy, 0.16 on) carry the same names prefixed 'eval_'.
+TRL = {
     'reward': 'reward', 'reward_std': 'reward_std', 'frac_reward_zero_std': 'zero_std_frac',
     'loss': 'loss', 'grad_norm': 'grad_norm', 'kl': 'kl', 'entropy': 'entropy',
-    'completions/mean_length': 'resp_len', 'completions/clipped_ratio': 'trunc_frac',
-    'clip_ratio/region_mean': 'clip_frac', 'clip_ratio/low_mean': 'clip_low',
-    'clip_ratio/high_mean': 'clip_high', 'step_time': 'step_time',
+    'completions/mean_length': 'resp_len', 'completion_length': 'resp_len',
+    'completions/clipped_ratio': 'trunc_frac', 'clip_ratio/region_mean': 'clip_frac',
+    'clip_ratio': 'clip_frac', 'clip_ratio/low_mean': 'clip_low',
+    'clip_ratio/high_mean': 'clip_high', 'step_time': 'step_time', 'eval_reward': 'heldout',
     'step': None, 'epoch': None, 'learning_rate': None, 'num_tokens': None, 'rewards/*': None,
     'completions/*': None, 'clip_ratio/*': None, 'sampling/*': None, 'train_runtime': None,
     'train_samples_per_second': None, 'train_steps_per_second': None, 'train_loss': None,
-    'total_flos': None,
+    'total_flos': None, 'eval_*': None, 'entropy_coef': None, 'policy_loss': None,
+    'aux_loss': None, 'cispo_clip_ratio': None, 'tools/*': None, 'vespo/*': None,
 }
-VERL = {  # verl's metrics (verl/trainer/ppo/metric_utils.py, the actor's update)
-    'critic/score/mean': 'reward', 'actor/pg_loss': 'loss', 'actor/grad_norm': 'grad_norm',
-    'actor/kl_loss': 'kl', 'critic/kl': 'kl', 'actor/entropy': 'entropy',
+# verl's metrics (verl/trainer/ppo/ray_trainer.py, from 0.3 also metric_utils.py; the actor's
+# dp_actor.py and core_algos.py; fsdp_workers.py). Old and new spellings side by side; tags and
+# dated commits of volcengine/verl.
+VERL = {
+    # the task score (critic/score/*) and the reward after an in-reward KL (critic/rewards/*): 0.1 on
+    'critic/score/mean': 'reward', 'critic/score/max': 'reward_max',
+    'critic/score/min': 'reward_min', 'critic/rewards/*': None,
+    # policy: pg_loss, pg_clipfrac, ppo_kl, grad_norm 0.1 on; kl_loss, kl_coef, lr 0.2 on.
+    # pg_clipfrac_lower (0.4 on) is dual-clip's share (clip_ratio_c), not a lower eps side.
+    'actor/pg_loss': 'loss', 'actor/grad_norm': 'grad_norm', 'actor/kl_loss': 'kl',
+    'actor/pg_clipfrac': 'clip_frac', 'actor/pg_clipfrac_lower': None, 'actor/ppo_kl': None,
+    'actor/lr': None, 'actor/kl_coef': None, 'actor/mfu': None,
+    # the in-reward KL: critic/kl and critic/kl_coeff to 0.3, actor/reward_kl_penalty(_coeff) 0.4 on
+    'critic/kl': 'kl', 'actor/reward_kl_penalty': 'kl', 'critic/kl_coeff': None,
+    'actor/reward_kl_penalty_coeff': None,
+    # entropy: actor/entropy_loss (the mean entropy; 0.1-0.4.0), actor/entropy (0.4.1 on)
+    'actor/entropy': 'entropy', 'actor/entropy_loss': 'entropy',
+    # response_length/*: 0.1 on, clip_ratio from 2025-01-17 (#111); *_non_aborted/* 0.6 on
     'response_length/mean': 'resp_len', 'response_length/clip_ratio': 'trunc_frac',
-    'actor/pg_clipfrac': 'clip_frac', 'actor/pg_clipfrac_lower': 'clip_low',
-    'timing_s/step': 'step_time', 'timing_s/gen': 'time_gen', 'timing_s/reward': 'time_reward',
-    'timing_s/ref': 'time_ref', 'timing_s/old_log_prob': 'time_old',
-    'timing_s/update_actor': 'time_update', 'perf/max_memory_allocated_gb': 'mem_gb',
-    'val-core/*': 'heldout',
-    'critic/score/max': None, 'critic/score/min': None, 'critic/rewards/*': None,
-    'critic/advantages/*': None, 'critic/returns/*': None, 'actor/ppo_kl': None, 'actor/lr': None,
-    'actor/kl_coef': None, 'response_length/max': None, 'response_length/min': None,
-    'prompt_length/*': None, 'timing_s/*': None, 'timing_per_token_ms/*': None, 'perf/*': None,
-    'training/*': None, 'val-aux/*': None,
+    'response_length/*': None, 'response_length_non_aborted/*': None, 'response/*': None,
+    'prompt_length/*': None,
+    # phase times: timing/<phase> (0.1 to 2025-01-17, no step total), timing(s)/<phase> (2025-01-17,
+    # #111, which added the step), timing_s/<phase> (2025-01-21, #120, on). old_log_prob from 0.2,
+    # reward from 0.4; testing and save_checkpoint run inside the step.
+    'timing_s/step': 'step_time', 'timing(s)/step': 'step_time', 'perf/time_per_step': 'step_time',
+    'timing/*': None, 'timing(s)/*': None, 'timing_s/*': None, 'timing_per_token*': None,
+    # perf/* (0.3 on): throughput, tokens, memory; mfu/* in 0.2
+    'perf/throughput': 'throughput', 'perf/max_memory_allocated_gb': 'mem_gb', 'perf/*': None,
+    'mfu/*': None,
+    # validation: val/test_score/<source> (0.1-0.3; the first row, 2025-01-02 to 01-17: without
+    # 'val/'), val-core/<source>/<acc or reward>/mean@N (0.4 on; best@N, maj@N and val-aux/* beside)
+    'val/test_score/*': 'heldout', 'test_score/*': 'heldout', 'val-core/*/mean@*': 'heldout',
+    'val-core/*': None, 'val-aux/*': None,
+    'critic/*': None, 'training/*': None, 'global_seqlen/*': None,
 }
-WANDB = {  # what a W&B history export adds: its own columns and system metrics
+VERL_PHASES = {'gen': 'time_gen', 'reward': 'time_reward', 'ref': 'time_ref', 'old_log_prob': 'time_old',
+               'values': 'time_values', 'adv': 'time_adv', 'update_actor': 'time_update',
+               'update_critic': 'time_critic', 'testing': 'time_eval', 'save_checkpoint': 'time_save'}
+VERL.update({f"{spelling}/{phase}": series for spelling in ('timing', 'timing(s)', 'timing_s')
+             for phase, series in VERL_PHASES.items()})
+# A W&B export's own columns and system metrics. TRL's names reach W&B through transformers'
+# rewrite_logs (integrations/integration_utils.py): 'train/<name>', and 'eval/<name>' for 'eval_'.
+WANDB = {
     '_step': None, '_runtime': None, '_timestamp': None, 'global_step': None, 'Step': None,
+    'eval/reward': 'heldout',
     'system/gpu.0.memoryAllocated': ('mem_frac', 0.01),  # a percentage
     'system.gpu.0.memoryAllocated': ('mem_frac', 0.01),
 }
@@ -132,13 +178,14 @@ HACK_HELDOUT_DROP = 0.05  # ... held-out accuracy falls this much from its best:
 ZERO_SPREAD_WARN = 0.9  # median share of zero-spread groups above this: most of the batch is idle
 CLIP_WARN = 0.2  # median share of clipped tokens above this: the policy moves too far per batch
 MAX_PROBLEM_LINES = 20  # unreadable rows printed one line each, up to this many, then a count
+UNKNOWN_SHOWN = 5  # names no table knows: the report counts them and shows this many (--json: all)
 SEVERITIES = ['info', 'warning', 'error']
 
 
 # ------------------------------------------------------------------------------------ reading
 def lookup(name, tables):
     """-> (found, series or None, scale) for a metric name in the first table that knows it: exact
-    names first, then the longest 'prefix*'. A W&B export's 'train/' prefix (TRL) is looked
+    names first, then the longest pattern with '*'. A W&B export's 'train/' prefix (TRL) is looked
     through."""
     for n in (name, name[6:] if name.startswith('train/') else None):
         if n is None:
@@ -147,9 +194,9 @@ def lookup(name, tables):
             if n in table:
                 return unpack(table[n])
         for table in tables:
-            prefixes = [k for k in table if k.endswith('*') and n.startswith(k[:-1])]
-            if prefixes:
-                return unpack(table[max(prefixes, key=len)])
+            patterns = [k for k in table if '*' in k and fnmatch.fnmatchcase(n, k)]
+            if patterns:
+                return unpack(table[max(patterns, key=len)])
     return False, None, 1.0
 
 
@@ -177,7 +224,7 @@ def to_number(v):
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):
-        m = re.fullmatch(r'\s*(?:np\.float\d+\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf'
+        m = re.fullmatch(r'\s*(?:np\.(?:float|int)\d+\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf'
                          r'|infinity))\)?\s*', v, re.IGNORECASE)
         if m:
             return float(m.group(1))
@@ -186,7 +233,7 @@ def to_number(v):
 
 def add_row(run, step, row, tables, where):
     """Put one row's metrics into the run's series (a later row of the same step overwrites)."""
-    bad = []
+    bad, several = [], {}
     for name, v in row.items():
         key = (name, tuple(map(id, tables)))  # each name is looked up once per run and table list
         if key not in run['names']:
@@ -202,7 +249,12 @@ def add_row(run, step, row, tables, where):
             if v not in (None, ''):  # an empty cell or a JSON null is a missing value, not an error
                 bad.append(f"{name}={str(v)[:20]!r}")
             continue
+        if series in MEAN_OVER_NAMES:
+            several.setdefault(series, []).append(x * scale)
+            continue
         run['series'].setdefault(series, {})[step] = x * scale
+    for series, xs in several.items():
+        run['series'].setdefault(series, {})[step] = sum(xs) / len(xs)
     if bad:
         problem(run, where, f"not a number: {', '.join(bad[:3])}; the row's other values kept")
     run['rows'] += 1
@@ -295,8 +347,10 @@ def salvage_log_history(text, path, run):
 
 
 def read_csv(path, run):
-    """A W&B history export: a step column and one column per metric; an empty cell is a missing
-    value. A panel export's 'run name - key' columns are read as 'key', its __MIN/__MAX skipped."""
+    """A W&B history: a chart panel's export ('Step' and '<run name> - <key>' columns, with
+    '__MIN'/'__MAX' companions, skipped) or run.history() saved by pandas (an unnamed index column,
+    skipped; '_step' and the keys). An empty cell is a missing value. A panel export of several runs
+    is refused: their series would mix."""
     tables = list(TABLES.values())
     with open(path, errors='replace', newline='') as f:
         reader = csv.reader(f)
@@ -304,13 +358,17 @@ def read_csv(path, run):
         if not header:
             problem(run, path, "empty CSV")
             return
+        runs = sorted({h.split(' - ', 1)[0] for h in header if ' - ' in h})
+        if len(runs) > 1:
+            raise ValueError(f"a chart export of {len(runs)} runs ({', '.join(runs[:3])}): the "
+                             "doctor reads one run; hide the others in the chart and export again")
         names = [h.split(' - ', 1)[-1].strip() for h in header]
         for n, cells in enumerate(reader, 2):
             where = f"{path}:{n}"
             if len(cells) != len(names):
                 problem(run, where, f"{len(cells)} cells for {len(names)} columns; skipped")
                 continue
-            row = {k: v for k, v in zip(names, cells) if not k.endswith(('__MIN', '__MAX'))}
+            row = {k: v for k, v in zip(names, cells) if k and not k.endswith(('__MIN', '__MAX'))}
             step = step_of(row)
             if step is None:
                 problem(run, where, "no whole-number step; skipped")
@@ -318,6 +376,7 @@ def read_csv(path, run):
             add_row(run, step, row, tables, where)
 
 
+ANSI = re.compile(r'\x1b\[[0-9;]*m')  # terminal colour codes
 VERL_LINE = re.compile(r'\bstep:(\d+) - (.*)')  # verl's console logger: 'step:N - key:value - ...'
 ITER_LINE = re.compile(r'\biter (\d+):(.*)')  # nanoGPT: 'iter N: loss X, time Yms, mfu Z%'
 STEP_LINE = re.compile(r'^step\s+(\d+)\s*[|:](.*)')  # ours: 'step     1 | reward ... | ...'
@@ -331,7 +390,7 @@ def read_console(path, run):
     kinds = set()
     with open(path, errors='replace') as f:
         for n, line in enumerate(f, 1):
-            line = line.rstrip('\n')
+            line = ANSI.sub('', line.rstrip('\n'))  # Ray colours its '(TaskRunner pid=N)' prefix
             where = f"{path}:{n}"
             bad = []
             m = VERL_LINE.search(line)
@@ -423,6 +482,8 @@ def load(path, device_gb=0.0):
             read_console(file, run)
     except OSError as e:
         return f"{file}: {e.strerror or e}"
+    except ValueError as e:  # a file the doctor refuses as a whole (one line saying why)
+        return f"{file}: {e}"
     if not any(run['series'].values()):
         return f"{file}: no metric rows could be read ({len(run['problems'])} unreadable)"
     derive(run, device_gb)
@@ -452,8 +513,13 @@ def find_log(path):
 
 def derive(run, device_gb):
     """Series a source gives in parts: clip_frac from its two sides, mem_frac from GB and the
-    device's size."""
+    device's size, the step's time from its phases (verl before 2025-01-17 logged no total)."""
     s = run['series']
+    if 'step_time' not in s:
+        phases = [s[name] for name in PHASES if s.get(name)]
+        steps = {k for phase in phases for k in phase}
+        if steps:
+            s['step_time'] = {k: sum(phase.get(k, 0.0) for phase in phases) for k in steps}
     low, high = s.get('clip_low', {}), s.get('clip_high', {})
     if 'clip_frac' not in s and (low or high):
         s['clip_frac'] = {k: low.get(k, 0.0) + high.get(k, 0.0) for k in set(low) | set(high)}
@@ -521,16 +587,20 @@ def detect_flat_reward(run):
     pts = points(run, 'reward')
     std = dict(points(run, 'reward_std'))
     tied = dict(points(run, 'zero_std_frac'))
-    has_spread = bool(std or tied)
+    width = reward_range(run)
+    has_spread = bool(std or tied or width)
     out = []
     for i, j in flat_stretches(pts, MIN_FLAT_STEPS if has_spread else MIN_FLAT_STEPS_NO_STD):
         steps = [s for s, _ in pts[i:j + 1]]
-        if has_spread and not all(std.get(s, 0.0) == 0 and tied.get(s, 1.0) == 1 for s in steps):
+        if has_spread and not all(std.get(s, 0.0) == 0 and tied.get(s, 1.0) == 1
+                                  and width.get(s, 0.0) == 0 for s in steps):
             continue  # the mean ties by chance while rewards differ
         c = pts[i][1]
         where = f"reward exactly {g(c)} on steps {span_text(run, steps)} ({len(steps)} steps)"
-        if has_spread:
+        if std or tied:
             where += ", every group's rewards tied (reward std 0)"
+        elif width:
+            where += ", every completion scored alike (the reward's max and min equal)"
         before = [v for _, v in finite(pts[:i])]
         drop = sum(before) / len(before) - c if before else 0.0
         if before and 0 < drop < REWARD_FALL_ABS and len(steps) < LONG_FLAT_STEPS:
@@ -560,7 +630,10 @@ def reward_collapse(run, steps, c, before, where):
               "every reward call fails and the failure is scored as a constant (ours: "
               "failure_reward, counted in reward/<fn>/errors)",
               "generation broke: empty or garbage completions score alike"]
-    if length_jump(run, first):
+    verdict, note = validation_verdict(run, first)
+    if verdict != 'unknown':
+        ev += note
+    if length_jump(run, first) or verdict == 'fell':
         causes.insert(0, causes.pop(2))
     later = [s for s, v in finite(points(run, 'reward')) if s > steps[-1]]
     if later:
@@ -665,8 +738,23 @@ def detect_reward_fall(run):
     ev = (f"reward {g(best)} (mean over steps {span_text(run, best_steps)}), then {g(last)} over "
           f"the last {w} steps; below half its best from step {steps[0]}")
     ev += context(run, steps, ['grad_norm', 'resp_len', 'trunc_frac'])
+    verdict, note = validation_verdict(run, steps[0])
+    ev += note
+    if verdict == 'held':
+        return [found('reward_fell_validation_held', 'warning', steps, evidence=ev,
+                      series=['reward', 'heldout', 'resp_len'],
+                      causes=["the training prompts got harder (data order, a curriculum, a new "
+                              "shard or epoch)",
+                              "the reward changed mid-run (a schedule, a length or format "
+                              "penalty switched on, a KL penalty inside the reward)",
+                              "the reward scores part of each batch wrong (timeouts or failures "
+                              "scored 0)"],
+                      fix=f"read the low-reward completions after step {steps[0]} beside their "
+                          "prompts and rescore a few by hand; compare the reward's code and "
+                          "settings before and after; the policy itself holds on held-out "
+                          "prompts, so keep its checkpoints")]
     return [found('reward_fell', 'warning', steps, evidence=ev,
-                  series=['reward', 'grad_norm', 'kl', 'entropy', 'resp_len'],
+                  series=['reward', 'heldout', 'grad_norm', 'kl', 'entropy', 'resp_len'],
                   causes=["the learning rate is too high: an update broke the policy (look for "
                           f"grad-norm or KL spikes just before step {steps[0]})",
                           "the policy slid into a degenerate mode (repetition, empty or endless "
@@ -674,6 +762,23 @@ def detect_reward_fall(run):
                           "the data got harder, or the reward changed, mid-run"],
                   fix=f"restart from the checkpoint before step {steps[0]} with a lower lr "
                       "(3-10x), keep grad clipping, or anchor the policy with beta > 0")]
+
+
+def validation_verdict(run, first):
+    """('held' | 'fell' | 'unknown', evidence) for held-out scores from step `first` on against
+    their best before it: tells a policy that got worse from a reward or batch that changed."""
+    held = finite(points(run, 'heldout'))
+    before = [(s, v) for s, v in held if s < first]
+    after = [(s, v) for s, v in held if s >= first]
+    if not before or not after:
+        return 'unknown', "; no validation score on both sides of it to tell a worse policy apart"
+    best = max(v for _, v in before)
+    best_step = min(s for s, v in before if v == best)
+    last_step, last = after[-1]
+    scores = f"validation {g(best)} at step {best_step}, {g(last)} at step {last_step}"
+    if best - last >= HACK_HELDOUT_DROP:
+        return 'fell', f"; {scores}: it fell too, so the policy got worse"
+    return 'held', f"; {scores}: it held, so the policy did not get worse on held-out prompts"
 
 
 def detect_zero_loss(run):
@@ -727,11 +832,18 @@ def reward_spread(run, steps):
     steps = set(steps)
     std = [v for s, v in points(run, 'reward_std') if s in steps]
     tied = [v for s, v in points(run, 'zero_std_frac') if s in steps]
-    if not std and not tied:
+    width = [v for s, v in reward_range(run).items() if s in steps]
+    if not std and not tied and not width:
         return 'unknown'
-    if all(v == 0 for v in std) and all(v == 1 for v in tied):
+    if all(v == 0 for v in std + width) and all(v == 1 for v in tied):
         return 'none'
     return 'some'
+
+
+def reward_range(run):
+    """{step: highest - lowest reward} where both are logged (verl logs no std)."""
+    high, low = dict(points(run, 'reward_max')), dict(points(run, 'reward_min'))
+    return {k: high[k] - low[k] for k in high if k in low}
 
 
 def step_time_note(run, steps):
@@ -742,8 +854,9 @@ def step_time_note(run, steps):
 
 def detect_step_time(run):
     """The first steps slow, then fast (compilation: info); every step after the first slower than
-    it (recompilation, shape churn); single slow steps later on (stalls)."""
-    pts = [(s, v) for s, v in finite(points(run, 'step_time')) if v > 0]
+    it (recompilation, shape churn); single slow steps later on (stalls). A step's validation and
+    checkpoint time (inside verl's step) is left out: those steps are slow by design."""
+    pts = [(s, v) for s, v in work_time(run) if v > 0]
     if len(pts) < 3:
         return []
     lead = 0  # the leading slow steps: the first compile, and a second when shapes first change
@@ -795,10 +908,19 @@ def detect_step_time(run):
     return out
 
 
+def work_time(run):
+    """[(step, seconds)]: the step's time less its validation and checkpoint phases."""
+    outside = [dict(points(run, name)) for name in OUTSIDE_WORK]
+    return [(s, v - sum(phase.get(s, 0.0) for phase in outside))
+            for s, v in finite(points(run, 'step_time'))]
+
+
 def phase_note(run, steps):
     """'; the time went to time_gen (40 s vs 8 s)': the phase that grew most on these steps."""
     best, steps = None, set(steps)
     for name in PHASES:
+        if name in OUTSIDE_WORK:
+            continue
         pts = finite(points(run, name))
         on = [v for s, v in pts if s in steps]
         off = [v for s, v in pts if s not in steps]
@@ -1061,18 +1183,13 @@ def diagnose(run):
 
 
 # ------------------------------------------------------------------------------------ output
-def report(run, findings, png=None):
-    """The plain-text report: what was read, then one paragraph per finding."""
+def report(run, findings, png=None, fail_on='error'):
+    """The plain-text report: what was read, one paragraph per finding, then one line each for the
+    names no table knows, the exit code's reason and the plot."""
     steps = run['steps']
     lines = [f"doctor: {run['path']} ({run['source']}, {run['rows']} rows, steps "
              f"{steps[0]}-{steps[-1]})",
              "series: " + ', '.join(k for k in SERIES if run['series'].get(k))]
-    unknown = sorted(run['unknown'])
-    if unknown:
-        shown = ', '.join(unknown[:20])
-        if len(unknown) > 20:
-            shown += f" (+{len(unknown) - 20} more; --json lists all)"
-        lines.append(f"not mapped ({len(unknown)}; add them to a table in doctor.py): {shown}")
     if run['problems']:
         lines.append(f"unreadable rows: {len(run['problems'])} (first: {run['problems'][0]})")
     lines.append('')
@@ -1085,6 +1202,13 @@ def report(run, findings, png=None):
         lines.append(f"nothing flagged ({len(DETECTORS)} detectors ran).")
     elif all(f['severity'] == 'info' for f in findings):
         lines.append("nothing flagged above info.")
+    elif exit_code(findings, fail_on) == 0:
+        lines.append("warnings only: exit code 0 (--fail_on=warning makes it 1).")
+    unknown = sorted(run['unknown'])
+    if unknown:
+        first = ', '.join(unknown[:UNKNOWN_SHOWN])
+        more = f"first {first}; --json lists all" if len(unknown) > UNKNOWN_SHOWN else first
+        lines.append(f"not mapped: {len(unknown)} names ({more}); a table in doctor.py can map them")
     if png:
         lines.append(f"plot: {png}")
     return '\n'.join(lines)
@@ -1127,6 +1251,12 @@ def plot(run, findings, out_png):
     fig.savefig(out_png, dpi=90)
 
 
+def exit_code(findings, fail_on):
+    """1 when a finding is at least `fail_on` severe ('error', or 'warning'), else 0."""
+    worst = max((SEVERITIES.index(f['severity']) for f in findings), default=-1)
+    return 1 if worst >= SEVERITIES.index(fail_on) else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].strip(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1136,6 +1266,9 @@ def main(argv=None):
     ap.add_argument('--no_plot', action='store_true', help='skip doctor.png')
     ap.add_argument('--device_gb', type=float, default=0.0,
                     help="the device's memory in GB, to check peak memory against")
+    ap.add_argument('--fail_on', choices=['error', 'warning'], default='error',
+                    help="exit 1 on a finding this severe or more (default: errors only; "
+                         "warnings are printed and exit 0)")
     args = ap.parse_args(argv)
     run = load(args.path, args.device_gb)
     if isinstance(run, str):
@@ -1163,8 +1296,8 @@ def main(argv=None):
                'findings': findings, 'plot': png}
         print(json.dumps(out, indent=1))
     else:
-        print(report(run, findings, png))
-    return 1 if any(f['severity'] != 'info' for f in findings) else 0
+        print(report(run, findings, png, fail_on=args.fail_on))
+    return exit_code(findings, args.fail_on)
 
 
 if __name__ == '__main__':

@@ -259,6 +259,131 @@ def test_wandb_panel_export_columns(tmp_path):
     assert run['series']['reward'] == {1: 0.5, 2: 0.25} and not run['unknown']
 
 
+# verl's console in each release's layout (tests/fixtures/doctor/make_by_hand.py names the tag and
+# source file behind each): which series come out, and no name left unmapped
+VERL_SERIES = {
+    'verl_v0.1_gsm8k.log': {'reward', 'reward_max', 'reward_min', 'loss', 'grad_norm', 'kl',
+                            'entropy', 'resp_len', 'clip_frac', 'step_time', 'time_gen', 'time_ref',
+                            'time_values', 'time_adv', 'time_update', 'time_critic', 'time_eval',
+                            'heldout'},
+    'verl_v0.2_gsm8k.log': {'reward', 'reward_max', 'reward_min', 'loss', 'grad_norm', 'kl',
+                            'entropy', 'resp_len', 'trunc_frac', 'clip_frac', 'step_time',
+                            'time_gen', 'time_ref', 'time_old', 'time_adv', 'time_update',
+                            'time_eval', 'heldout'},
+    'verl_v0.5_gsm8k.log': {'reward', 'reward_max', 'reward_min', 'loss', 'grad_norm', 'kl',
+                            'entropy', 'resp_len', 'trunc_frac', 'clip_frac', 'step_time',
+                            'time_gen', 'time_reward', 'time_ref', 'time_old', 'time_adv',
+                            'time_update', 'time_eval', 'throughput', 'mem_gb', 'heldout'},
+}
+
+
+@pytest.mark.parametrize('name', sorted(VERL_SERIES))
+def test_verl_console_of_each_release(name):
+    run = run_of(name)
+    assert run['source'] == 'verl' and not run['problems'] and not run['unknown'], run['unknown']
+    assert {k for k, v in run['series'].items() if v} == VERL_SERIES[name]
+
+
+def test_verl_old_spellings():
+    """0.1: timing/<phase> with no step total (the step's time is their sum), steps from 0,
+    actor/entropy_loss, critic/kl, val/test_score/<source> at (step + 1) % 5 == 0."""
+    s = run_of('verl_v0.1_gsm8k.log')['series']
+    assert s['heldout'] == {4: 0.256, 9: 0.356, 14: 0.456, 19: 0.556}
+    assert s['entropy'][0] == 0.62 and s['kl'][0] == 0.0 and s['time_eval'].keys() == s['heldout'].keys()
+    phases = ['time_gen', 'time_ref', 'time_values', 'time_adv', 'time_critic', 'time_update',
+              'time_eval']
+    assert s['step_time'][4] == pytest.approx(sum(s[p].get(4, 0.0) for p in phases))
+    s = run_of('verl_v0.2_gsm8k.log')['series']  # the first validation, logged as step 0
+    assert s['heldout'][0] == 0.412 and sorted(s['heldout']) == [0, 5, 10, 15, 20]
+
+
+def test_verl_new_spellings_through_pprint():
+    """0.5: numpy scalars as np.float64(...); val-core/<source>/reward/mean@1 is the held-out score;
+    actor/pg_clipfrac_lower (dual-clip's share) is not the clip's lower side."""
+    run = run_of('verl_v0.5_gsm8k.log')
+    s = run['series']
+    assert s['heldout'][0] == 0.412 and sorted(s['heldout']) == [0, 5, 10, 15, 20]
+    assert s['entropy'][1] == 0.516 and s['mem_gb'][1] == 61.374832
+    assert 'clip_low' not in s and s['clip_frac'][1] == 0.003294
+
+
+def test_validation_scores_of_several_sources_are_averaged(tmp_path):
+    """val-core's mean@N of each source (best@N, maj@N and val-aux beside it are not scores)."""
+    path = tmp_path / 'verl.log'
+    path.write_text("step:0 - val-core/openai/gsm8k/reward/mean@4:0.5 - val-core/openai/gsm8k/reward/"
+                    "best@4/mean:0.9 - val-core/openai/gsm8k/reward/best@4/std:0.01 - "
+                    "val-core/math/acc/mean@4:0.3 - val-aux/math/reward/mean@4:0.2\n")
+    run = doctor.load(str(path))
+    assert run['series']['heldout'] == {0: pytest.approx(0.4)} and not run['unknown']
+
+
+def test_a_slow_verl_step_names_its_phase():
+    """A generation stall in 0.1 (no step total: the phases' sum), a reward service stalling in 0.5;
+    the validation steps of 0.2 (90 s of testing inside the step) are no stall."""
+    f = findings('verl_v0.1_gsm8k.log')['slow_steps']
+    assert f['steps'] == [12] and 'the time went to generation (136 s vs 18 s' in f['evidence']
+    f = findings('verl_v0.5_gsm8k.log')['slow_steps']
+    assert f['steps'] == [7] and 'the time went to reward (80 s' in f['evidence']
+    assert 'slow_steps' not in findings('verl_v0.2_gsm8k.log')
+
+
+def test_a_reward_that_fell_is_told_apart_by_validation():
+    """0.2: the reward falls while validation holds (the batch or the reward changed); 0.5: both
+    fall (the policy got worse); ours_lr_high logs no validation and says so."""
+    got = findings('verl_v0.2_gsm8k.log')
+    assert 'reward_fell' not in got
+    f = got['reward_fell_validation_held']
+    assert f['steps'] == list(range(13, 21)) and 'it held, so the policy did not get worse' in f['evidence']
+    assert f['causes'][0].startswith('the training prompts got harder')
+    f = findings('verl_v0.5_gsm8k.log')['reward_fell']
+    assert 'validation 0.704 at step 10, 0.387 at step 20: it fell too' in f['evidence']
+    assert f['causes'][0].startswith('the learning rate is too high')
+    assert 'no validation score' in findings('ours_lr_high')['reward_fell']['evidence']
+
+
+def test_trl_0x_names_and_evaluation_rows():
+    """TRL 0.16: completion_length, rewards/<fn>, clip_ratio; eval_reward (evaluation rows) is the
+    held-out score, so reward hacking is seen on TRL as on ours."""
+    run = run_of('trl_0.16_eval')
+    assert not run['unknown'] and not run['problems'] and run['rows'] == 24
+    assert {k for k, v in run['series'].items() if v} == {'reward', 'reward_std', 'loss', 'grad_norm',
+                                                          'kl', 'resp_len', 'clip_frac', 'heldout'}
+    assert run['series']['heldout'] == pytest.approx({5: 0.42, 10: 0.22, 15: 0.12, 20: 0.02})
+    f = findings('trl_0.16_eval')['reward_hacking']
+    assert f['steps'] == list(range(6, 21))
+
+
+def test_wandb_run_history_saved_by_pandas():
+    """run.history().to_csv(): the unnamed index column is skipped; the same run's console log
+    (verl 0.5) gives the same series."""
+    a, b = run_of('wandb_history_verl.csv'), run_of('verl_v0.5_gsm8k.log')
+    assert not a['unknown'] and not a['problems'] and a['series'].keys() == b['series'].keys()
+    for name, pts in b['series'].items():
+        assert a['series'][name] == pytest.approx(pts, rel=1e-5), name
+
+
+def test_wandb_panel_export_of_verl_score_range():
+    """A chart of score mean, max and min: max == min is every completion scored alike, so three
+    steps suffice (five when no spread is logged)."""
+    run = run_of('wandb_panel_verl.csv')
+    assert {k for k, v in run['series'].items() if v} == {'reward', 'reward_max', 'reward_min'}
+    f = {f['name']: f for f in doctor.diagnose(run)}['reward_collapse']
+    assert f['steps'] == list(range(31, 41))
+    assert "every completion scored alike (the reward's max and min equal)" in f['evidence']
+
+
+def test_a_panel_export_of_several_runs_is_refused(tmp_path, capsys):
+    lines = open(os.path.join(FIX, 'wandb_panel_verl.csv')).read().splitlines()
+    other = [c.replace('qwen2.5-0.5b-grpo-gsm8k', 'run-b') for c in lines[0].split(',')[1:]]
+    rows = [lines[0] + ',' + ','.join(other)] + [r + ',' + ','.join(r.split(',')[1:]) for r in lines[1:]]
+    path = tmp_path / 'panel.csv'
+    path.write_text('\n'.join(rows) + '\n')
+    code, out, err = cli(capsys, str(path))
+    assert code == 2 and out == ''
+    assert err == (f"doctor: {path}: a chart export of 2 runs (qwen2.5-0.5b-grpo-gsm8k, run-b): the "
+                   "doctor reads one run; hide the others in the chart and export again\n")
+
+
 def test_nanogpt_console():
     run = run_of('nanogpt_zero_loss.log')
     assert run['series']['loss'][0] == 0.6931 and run['series']['loss'][1] == 0.0
@@ -266,9 +391,22 @@ def test_nanogpt_console():
     assert run['unknown'] == {'main', 'critic'}
 
 
-def test_unknown_names_are_listed_in_the_report(capsys):
+def test_unknown_names_are_one_line_after_the_findings(tmp_path, capsys):
+    """Counted, the first few shown, all in --json; not a wall before the findings."""
     code, out, _ = cli(capsys, os.path.join(FIX, 'nanogpt_zero_loss.log'), '--no_plot')
-    assert 'not mapped (2; add them to a table in doctor.py): critic, main' in out
+    assert out.splitlines()[-1] == ('not mapped: 2 names (critic, main); a table in doctor.py can '
+                                    'map them')
+    lines = open(os.path.join(FIX, 'verl_v0.5_gsm8k.log')).read().splitlines()
+    lines[3] += ''.join(f" - my/metric_{i}:1.0" for i in range(7))
+    path = tmp_path / 'verl.log'
+    path.write_text('\n'.join(lines) + '\n')
+    code, out, _ = cli(capsys, str(path), '--no_plot')
+    out = out.splitlines()
+    assert [n for n, line in enumerate(out) if 'my/metric' in line] == [len(out) - 1]
+    assert out[-1] == ('not mapped: 7 names (first my/metric_0, my/metric_1, my/metric_2, my/metric_3, '
+                       'my/metric_4; --json lists all); a table in doctor.py can map them')
+    code, out, _ = cli(capsys, str(path), '--no_plot', '--json')
+    assert json.loads(out)['unknown'] == [f"my/metric_{i}" for i in range(7)]
 
 
 def test_a_table_entry_reads_another_trainers_names(tmp_path, monkeypatch):
@@ -386,6 +524,17 @@ def test_exit_codes(tmp_path, capsys):
     (tmp_path / 'x.bin').write_bytes(bytes(range(256)) * 4)
     code, _, err = cli(capsys, str(tmp_path / 'x.bin'))
     assert code == 2 and err.endswith('no metric rows could be read (0 unreadable)\n')
+
+
+def test_warnings_alone_exit_0_unless_fail_on_warning(capsys):
+    """A CI step fails on errors; warnings (a vLLM run's memory at 90%, a slow step) are printed,
+    and fail it only with --fail_on=warning. An error fails it either way; info never does."""
+    warned = os.path.join(FIX, 'verl_v0.2_gsm8k.log')
+    code, out, _ = cli(capsys, warned, '--no_plot')
+    assert code == 0 and 'warnings only: exit code 0 (--fail_on=warning makes it 1).' in out
+    assert cli(capsys, warned, '--no_plot', '--fail_on=warning')[0] == 1
+    assert cli(capsys, os.path.join(FIX, 'ours_reward_dies'), '--no_plot', '--fail_on=warning')[0] == 1
+    assert cli(capsys, os.path.join(FIX, 'ours_compile_decode'), '--no_plot', '--fail_on=warning')[0] == 0
 
 
 def test_report_most_severe_first(capsys):
