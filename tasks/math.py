@@ -6,10 +6,11 @@ directory of train/test .jsonl or .parquet rows {'problem', 'answer', 'level', '
 ../shared/math). An example is {'question', 'answer', 'level' (1-5; None for 'Level ?' or none),
 'type'}. Rows with an empty answer (two in the train split) are left out: nothing to grade against.
 
-Evaluation subset: the test problems of the chosen levels and types in the order of the sha256 of
-their text, the first math_test_size of them: a uniform pseudo-random subset that depends on no
-library version, file order or data source, so eval/pass@1 compares run to run. It is not MATH-500
-(Lightman et al.'s list), which holds other problems.
+math_levels and math_types choose the training problems. The evaluation subset is the test problems
+in the order of the sha256 of their text, the first math_test_size of them: a uniform pseudo-random
+subset that depends on no library version, file order, data source or training choice, so
+eval/pass@1 compares run to run. It is not MATH-500 (Lightman et al.'s list), which holds other
+problems.
 
 Grading: the last non-empty \\boxed{} of the completion against the reference, both parsed and
 compared by Hugging Face's math-verify (numerically and symbolically: \\dfrac{9}{7} = 9/7,
@@ -35,9 +36,11 @@ from pathlib import Path
 from data import parse_rows, question_messages, read_rows
 from reward import last_boxed
 
-math_levels = []  # levels to keep, e.g. [4, 5]; [] = all (train rows marked 'Level ?' only then)
-math_types = []  # subjects to keep, e.g. ['Algebra', 'Number Theory']; [] = all seven
-# test problems kept, in sha256 order of their text (docs/math.md); 0 = all of the chosen ones
+# training problems' levels, e.g. [3, 4, 5]; [] = all (the 'Level ?' rows only then)
+math_levels = []
+math_types = []  # training problems' subjects, e.g. ['Algebra', 'Number Theory']; [] = all seven
+# the evaluation subset: this many test problems (all levels and types) in sha256 order of their
+# text; 0 = all 5,000
 math_test_size = 500
 # wall-clock seconds one grade() may take: a worker past it is killed and the answer counts wrong
 math_grade_timeout_s = 5.0
@@ -98,8 +101,14 @@ def text_digest(example):
 
 
 def choose(examples, split):
-    """The examples of the chosen levels and types; for 'test', the first math_test_size of them in
-    text_digest order. Raises ValueError naming the knob that chose nothing or an unknown value."""
+    """'train': the examples of the chosen levels and types. 'test': the first math_test_size in
+    text_digest order, whatever the levels and types trained on, so that runs compare. Raises
+    ValueError naming the knob with an unknown value or that chose nothing."""
+    if split == 'test':
+        if math_test_size < 0:
+            raise ValueError(f"math_test_size={math_test_size}: expected 0 (all) or a count")
+        ordered = sorted(examples, key=text_digest)
+        return ordered[:math_test_size] if math_test_size else ordered
     bad = [v for v in math_levels if v not in (1, 2, 3, 4, 5)]
     if bad:
         raise ValueError(f"math_levels={math_levels!r}: levels are 1 to 5, not {bad}")
@@ -114,16 +123,11 @@ def choose(examples, split):
     if not kept:
         raise ValueError(f"math_levels={math_levels!r} with math_types={math_types!r}: "
                          f"no {split} problems left")
-    if split != 'test':
-        return kept
-    if math_test_size < 0:
-        raise ValueError(f"math_test_size={math_test_size}: expected 0 (all) or a positive count")
-    kept = sorted(kept, key=text_digest)
-    return kept[:math_test_size] if math_test_size else kept
+    return kept
 
 
 def load(split, data_dir='', seed=0, stats=None):
-    """MATH `split` ('train' | 'test') of the chosen levels and types. data_dir '' downloads the hub
+    """MATH `split` ('train' | 'test', as choose() picks them). data_dir '' downloads the hub
     copy. A malformed row raises one ValueError naming file and line; with skip_bad_rows it is
     skipped and counted in stats['skipped'] (a dict you pass). seed is not used: the evaluation
     subset is fixed."""
