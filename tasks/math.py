@@ -176,6 +176,7 @@ def grade(completion, example):
 
 _idle = []  # workers waiting for a call
 _idle_lock = threading.Lock()
+_timed_out = []  # the first timeout is said once per process; the rest count as wrong quietly
 
 
 def serve():
@@ -249,6 +250,10 @@ def verify(reference, given, timeout_s=5.0):
     line = _read_line(proc, time.monotonic() + timeout_s)
     if line is None:  # past the deadline (or dead): a fresh worker takes the next call
         _stop(proc)
+        if not _timed_out:
+            _timed_out.append(given)
+            print(f"tasks/math.py: grading {given[:60]!r} took over {timeout_s} s "
+                  "(math_grade_timeout_s): wrong; later timeouts are not printed", file=sys.stderr)
         return False
     with _idle_lock:
         _idle.append(proc)
