@@ -134,6 +134,8 @@ def load(split, data_dir='', seed=0, stats=None):
     if importlib.util.find_spec('math_verify') is None:  # at start-up, not at the first reward
         raise RuntimeError("tasks/math.py grades with math-verify, which is not installed: "
                            "pip install math-verify (requirements.txt)")
+    if not math_grade_timeout_s > 0:
+        raise ValueError(f"math_grade_timeout_s={math_grade_timeout_s}: expected seconds > 0")
     rows = read_rows(data_dir, split) if data_dir else _hub_rows(split)
     examples = parse_rows(rows, parse_row, skip_bad_rows, 'MATH', stats)
     answered = [ex for ex in examples if ex['answer']]
@@ -223,7 +225,9 @@ def _stop(proc):
 
 def _start_worker():
     code = 'import sys; sys.path.insert(0, sys.argv[1]); from tasks.math import serve; serve()'
-    proc = subprocess.Popen([sys.executable, '-c', code, str(ROOT)], cwd=ROOT, bufsize=0,
+    # one thread each: numpy's BLAS would start one per core, each reserving address space
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
+    proc = subprocess.Popen([sys.executable, '-c', code, str(ROOT)], cwd=ROOT, env=env, bufsize=0,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     if _read_line(proc, time.monotonic() + WORKER_START_S) != b'ready\n':
         _stop(proc)

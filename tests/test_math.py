@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -118,9 +119,13 @@ def test_a_pathological_answer_costs_at_most_the_timeout_from_any_thread(monkeyp
         subprocess.run([sys.executable, '-c', *plain], timeout=3, capture_output=True)
     monkeypatch.setattr(task, 'math_grade_timeout_s', 1.0)
     ex = {'answer': '2'}
+    both = threading.Barrier(2)
+
+    def warm_up(_):  # two calls at once: a worker for each thread (a start is not in the bound)
+        both.wait()
+        return task.grade(boxed('2'), ex)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        # a worker for each thread first: a worker's start is not part of a call's bound
-        assert all(pool.map(task.grade, [boxed('2'), boxed('2')], [ex, ex]))
+        assert all(pool.map(warm_up, range(2)))
         t0 = time.monotonic()
         verdicts = list(pool.map(task.grade, [boxed(HANG), boxed('2')], [ex, ex]))
         pooled_s = time.monotonic() - t0
@@ -184,6 +189,10 @@ def test_bad_rows_and_knobs_name_what_is_wrong(tmp_path, monkeypatch):
     monkeypatch.setattr(task, 'math_types', [])
     monkeypatch.setattr(task, 'math_test_size', -1)
     with pytest.raises(ValueError, match='math_test_size=-1'):
+        task.load('test', data_dir=str(tmp_path))
+    monkeypatch.setattr(task, 'math_test_size', 500)
+    monkeypatch.setattr(task, 'math_grade_timeout_s', 0.0)
+    with pytest.raises(ValueError, match='math_grade_timeout_s=0.0: expected seconds > 0'):
         task.load('test', data_dir=str(tmp_path))
 
 
