@@ -91,6 +91,16 @@ def _boxed_spans(text):
     return [(i + 1, close[i]) for i in openers if i in close]
 
 
+def last_boxed(text):
+    """The contents of the last closed, non-empty \\boxed{...} (or \\fbox{...}), stripped; None when
+    there is none. Raw LaTeX, for checkers that read it (tasks/math.py)."""
+    for a, b in reversed(_boxed_spans(text)):
+        content = text[a:b].strip()
+        if content:
+            return content
+    return None
+
+
 def _first_number(s):
     m = _NUM.search(s)
     return _canon(m.group()) if m else None
