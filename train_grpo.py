@@ -58,7 +58,8 @@ top_p = 1.0  # 1.0 = off
 advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
-# 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO)
+# 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO), 'token_sum' (no
+# normaliser), 'seq_mean_token_sum' (sum over a sequence, mean over sequences: LUSPO)
 loss_agg = 'token_mean'
 # 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight)
 loss_type = 'grpo'

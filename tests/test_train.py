@@ -213,13 +213,14 @@ def test_bf16_with_truncated_importance_sampling(tmp_path):
 def test_objective_variants_train(tmp_path):
     """The new objective knobs reach the loss: REINFORCE++-baseline trains on every row (its equal
     groups have an advantage), the dual clip logs its fraction, k3_is gives a KL, both TIS bounds
-    and CISPO's two bounds run."""
+    and CISPO's two bounds run, as do the two summed aggregations."""
     args = ['--max_steps=2', '--num_iterations=2', '--lr=3e-2']
     run_together([tmp_path / 'a', *args, '--advantage=reinforce_pp', '--clip_ratio_c=1.5',
                   '--beta=0.04', '--kl_estimator=k3_is', '--dtype=bfloat16',
-                  '--tis=token_truncate', '--tis_min=0.5'],
+                  '--tis=token_truncate', '--tis_min=0.5', '--loss_agg=token_sum'],
                  [tmp_path / 'b', *args, '--advantage=rloo', '--loss_type=cispo',
-                  '--cispo_bounds=both', '--kl_estimator=k3+', '--beta=0.04'])
+                  '--cispo_bounds=both', '--kl_estimator=k3+', '--beta=0.04',
+                  '--loss_agg=seq_mean_token_sum'])
     a, b = metrics(tmp_path / 'a')[2], metrics(tmp_path / 'b')[2]
     assert a['frac_zero_std'] > 0 and a['rows_trained'] == 16, a
     assert 0 <= a['clip/dual_frac'] <= 1, a
