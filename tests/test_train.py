@@ -176,6 +176,20 @@ def test_zero_std_filter_saves_compute_without_changing_the_training(tmp_path, k
     assert worst < 2e-5, f"weights after step {step} differ by {worst} with the filter on and off"
 
 
+@pytest.mark.parametrize('loss_agg', ['token_sum', 'seq_mean_token_sum'])
+def test_summed_aggregations_do_not_depend_on_the_micro_batches(tmp_path, loss_agg):
+    """A step of 16 rows in micro-batches of one row or all at once: the same loss and
+    gradient norm (each micro-batch's loss is its share of the step's, loss.token_weights)."""
+    args = ['--max_steps=1', f'--loss_agg={loss_agg}', '--share_prompt=False']
+    run_together([tmp_path / 'one', *args, '--micro_batch_size=1'],
+                 [tmp_path / 'all', *args, '--micro_batch_size=16'])
+    a, b = metrics(tmp_path / 'one')[1], metrics(tmp_path / 'all')[1]
+    assert a['rows_trained'] > 1, a
+    assert math.isclose(a['grad_norm'], b['grad_norm'], rel_tol=1e-5), (a['grad_norm'], b['grad_norm'])
+    # on-policy the loss is minus the advantages summed over tokens: about 0, up to float rounding
+    assert math.isclose(a['loss'], b['loss'], abs_tol=1e-5), (a['loss'], b['loss'])
+
+
 def test_dynamic_sampling_refills_the_step_with_groups_that_have_a_spread(tmp_path):
     """dynamic_sampling (DAPO): a coin-flip reward leaves about half of the groups of 2 with equal
     rewards; the step draws more prompts until 8 groups have a spread and trains on exactly those.
