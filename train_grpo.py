@@ -130,7 +130,7 @@ eval_temperature = 1.0  # their temperature (the same seed at every eval; greedy
 log_samples_every = 10  # every N steps, a few completions with their rewards to samples.jsonl
 verbose = False  # numbered per-stage lines with elapsed time and memory
 # checkpoints and guards
-save_every = 50  # checkpoint every N steps (also on SIGINT/SIGTERM and at the end)
+save_every = 50  # checkpoint every N steps (also on SIGINT/SIGTERM and at the end; 0: only then)
 keep_last = 2  # checkpoints kept on disk
 export_hf = True  # also write out_dir/hf/ (HF snapshot of the latest weights) at each checkpoint
 export_dtype = ''  # the HF snapshot's weights: '' = as trained (float32), or 'bfloat16'
@@ -728,7 +728,7 @@ while step < max_steps:
     last_progress[0] = time.time()
     # a signal to any rank stops them all, here
     stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0
-    due = stopping or step % save_every == 0 or step == max_steps
+    due = stopping or bool(save_every and step % save_every == 0) or step == max_steps
     due = due or bool(export_every and step % export_every == 0)  # export_every: kept exports
     # never inside a non-finite streak: a rollback must not return to the weights that caused it
     if due and guards['nan_streak'] == 0:

@@ -229,6 +229,13 @@ def test_no_checkpoint_inside_a_nan_streak(tmp_path):
     assert 'ckpt_0000000.pt (step 0)' in p.stdout, p.stdout[-2000:]
 
 
+def test_save_every_0_saves_only_at_the_end(tmp_path):
+    """save_every=0: no periodic checkpoints (before, step % 0 stopped the run): the start's (the
+    rollback base) and the last."""
+    run(tmp_path, '--max_steps=3', '--save_every=0', '--keep_last=10')
+    assert sorted(p.name for p in tmp_path.glob('ckpt_*.pt')) == ['ckpt_0000000.pt', 'ckpt_0000003.pt']
+
+
 def test_length_penalty_follows_max_new_tokens(tmp_path):
     """The 'length' reward with no kwargs penalises the last quarter of the run's own max_new_tokens
     (8 here): before, its fixed 1024-token default gave 0 to every completion of any run with
