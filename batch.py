@@ -202,14 +202,16 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=T
     kept `groups` (the step's prompt indices; row k of adv and zero_std is groups[k]'s, so dynamic
     sampling can drop groups) that this rank generated (`mine`: it holds their sampler log-probs),
     less truncated completions (mask_truncated) and empty ones. Returns (rows, n_tok, n_seq,
-    (rows_trained, tokens_trained)): the loss normalisers (sampled tokens only), counted over every
-    rank's rows of the kept groups, and how many of those rows and tokens are trained on (0 rows:
-    nothing to update). filter_zero_std leaves out the rows of groups whose rewards were all equal
-    after counting them, so it only saves compute: their advantage is 0, and with the normalisers
-    unchanged the step's gradient is the same with the filter on or off (only true when nothing but
-    the advantage gives them a gradient: no KL or entropy term; the caller checks)."""
+    (rows_trained, tokens_trained, rows_spread)): the loss normalisers (sampled tokens only),
+    counted over every rank's rows of the kept groups, how many of those rows and tokens are
+    trained on (0 rows: nothing to update), and how many are of groups with a reward spread, with
+    the filter or without (the rows whose advantage can move the policy). filter_zero_std leaves
+    out the rows of groups whose rewards were all equal after counting them, so it only saves
+    compute: their advantage is 0, and with the normalisers unchanged the step's gradient is the
+    same with the filter on or off (only true when nothing but the advantage gives them a gradient:
+    no KL or entropy term; the caller checks)."""
     at = {g: k for k, g in enumerate(groups)}
-    rows, n_tok, n_seq, n_trained, t_trained = [], 0, 0, 0, 0
+    rows, n_tok, n_seq, n_trained, t_trained, n_spread = [], 0, 0, 0, 0, 0
     for c in comps:
         k = at.get(c['prompt_idx'])
         if k is None or (mask_truncated and c['truncated']) or not c['ids']:
@@ -217,6 +219,7 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=T
         n_sampled = sampled_count(c)  # tool responses are not actions
         n_tok += n_sampled
         n_seq += 1
+        n_spread += int(not zero_std[k])
         if filter_zero_std and zero_std[k]:
             continue
         n_trained += 1
@@ -228,7 +231,30 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=T
             if 'tool_mask' in c:
                 row['tool_mask'] = c['tool_mask']
             rows.append(row)
-    return rows, n_tok, n_seq, (n_trained, t_trained)
+    return rows, n_tok, n_seq, (n_trained, t_trained, n_spread)
+
+
+def zero_std_rows(comps, adv, zero_std, prompts, mine, groups, *, mask_truncated=False):
+    """The rows that train_rows leaves out with filter_zero_std: those of the groups whose rewards
+    were all equal (what the step trains on without the filter, less what it trains on with it)."""
+    every = train_rows(comps, adv, zero_std, prompts, mine, groups, filter_zero_std=False,
+                       mask_truncated=mask_truncated)[0]
+    at = {g: k for k, g in enumerate(groups)}
+    return [rw for rw in every if zero_std[at[rw['group']]]]
+
+
+def sampled_entropies(entropies_of, passes):
+    """The entropies of the tokens the policy sampled (not those a tool's response inserted), flat
+    on the CPU, over passes: (micro-batch, real) pairs, entropies_of(micro-batch) giving its
+    per-token entropies. Every pass runs (under torchrun the ranks' passes pair up: FSDP's
+    gathers); a padding pass (real False) adds nothing."""
+    out = []
+    for mb, real in passes:
+        e = entropies_of(mb)
+        sampled = sampled_tokens(mb, e.device)
+        if real:
+            out.append(e if sampled is None else e[sampled.bool()])
+    return torch.cat([e.float().cpu() for e in out] or [torch.zeros(0)])
 
 
 def mini_batch_groups(n_groups, n):

@@ -17,7 +17,7 @@ import triton.language as tl
 # log-prob + entropy: triton kernels
 
 @triton.jit
-def _fold(base, n_loop, n_valid, m, s, w, *, inv_temp, BLOCK: tl.constexpr):
+def _fold(base, n_loop, n_valid, m, s, w, inv_temp, BLOCK: tl.constexpr):
     # fold columns [0, n_loop) of one row (those from n_valid on read as -inf) into its online
     # softmax of z = x / T: m the running max of the RAW logits, s = sum e, w = sum e * d with d =
     # (x - m) / T, e = exp(d)
@@ -37,7 +37,7 @@ def _fold(base, n_loop, n_valid, m, s, w, *, inv_temp, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, *,
+def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr,
                         logp_ptr, ent_ptr, m_ptr, logs_ptr, V, inv_temp,
                         HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     # one program per row; rows are (b, t) pairs so a sliced logits[:, :-1] needs no copy
@@ -63,7 +63,7 @@ def _logprob_fwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, *,
 
 
 @triton.jit
-def _logprob_bwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr, *,
+def _logprob_bwd_kernel(x_ptr, stride_b, stride_t, T1, tgt_ptr, mask_ptr,
                         m_ptr, logs_ptr, ent_ptr, g_lp_ptr, g_ent_ptr, dx_ptr, V, inv_temp,
                         HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     # d logp / dz_i = [i == t] - p_i ;  d H / dz_i = -p_i (log p_i + H) ;  dx = dz / T
@@ -188,7 +188,7 @@ def token_logprobs(logits, targets, temperature=1.0, mask=None, *, use_triton=No
 # dlogits and adds its two products to the fp32 gradients.
 
 @triton.jit
-def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, *, m_ptr, s_ptr, w_ptr, xt_ptr, inv_temp,
+def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, m_ptr, s_ptr, w_ptr, xt_ptr, inv_temp,
                      BLOCK: tl.constexpr):
     # one program per token: fold one tile row into that token's (m, s, w) (_fold, as
     # _logprob_fwd_kernel does)
@@ -207,7 +207,7 @@ def _head_fwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, *, m_ptr, s_ptr, w_pt
 
 
 @triton.jit
-def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, *, lse_ptr, a_ptr, b_ptr, g_lp_ptr,
+def _head_bwd_kernel(x_ptr, stride, n_cols, col0, tgt_ptr, lse_ptr, a_ptr, b_ptr, g_lp_ptr,
                      inv_temp, BLOCK: tl.constexpr):
     # grid (tokens, column blocks): overwrite the tile with dlogits = (p * (a + b * log p) + [i ==
     # t] g_lp) / T, where a = -g_lp - g_ent * H and b = -g_ent fold both outputs' gradients into two

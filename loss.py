@@ -89,28 +89,37 @@ def passk_advantages(rewards, scale, eps):
     return torch.zeros_like(rewards).scatter(1, idx[:, :1], gap)
 
 
+LOSS_AGGS = ('token_mean', 'seq_mean_token_mean', 'seq_sum_const', 'token_sum', 'seq_mean_token_sum')
+
+
 def token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens, *, sampled=None):
     """Per-token weight for the micro-batch whose sequences have these completion lengths (a
-    LongTensor). token_mean (DAPO): every token of the step counts the same, 1 / n_tok.
-    seq_mean_token_mean (GRPO): mean over each sequence's tokens, then over the step's sequences.
-    seq_sum_const (Dr. GRPO): sum over tokens / (n_seq * max_new_tokens), a constant: no length
-    bias. sampled (flat 0/1 float, rollouts with tools): only these tokens are the policy's
-    actions; the inserted tool responses weigh 0 and do not count in a sequence's length (n_tok
-    counts sampled tokens too)."""
+    LongTensor), one of LOSS_AGGS. token_mean (DAPO): every token of the step counts the same,
+    1 / n_tok. seq_mean_token_mean (GRPO): mean over each sequence's tokens, then over the step's
+    sequences. seq_sum_const (Dr. GRPO): sum over tokens / (n_seq * max_new_tokens), a constant:
+    no length bias. token_sum: the sum over the step's tokens, no normaliser (weight 1).
+    seq_mean_token_sum: sum over each sequence's tokens, mean over the step's sequences, 1 / n_seq
+    (LUSPO's aggregation). sampled (flat 0/1 float, rollouts with tools): only these tokens are the
+    policy's actions; the inserted tool responses weigh 0 and do not count in a sequence's length
+    (n_tok counts sampled tokens too)."""
     if sampled is not None:
         per_seq = segment_sum(sampled, lens)  # sampled tokens per sequence
         if loss_agg == 'seq_mean_token_mean':
             w = 1.0 / (per_seq.clamp(min=1.0) * n_seq)
             return torch.repeat_interleave(w, lens) * sampled
         return token_weights(lens, loss_agg, n_tok, n_seq, max_new_tokens) * sampled
+    n = int(lens.sum())
     if loss_agg == 'token_mean':
-        return torch.full((int(lens.sum()),), 1.0 / n_tok, device=lens.device)
+        return torch.full((n,), 1.0 / n_tok, device=lens.device)
     if loss_agg == 'seq_mean_token_mean':
         return torch.repeat_interleave(1.0 / (lens.float() * n_seq), lens)
     if loss_agg == 'seq_sum_const':
-        return torch.full((int(lens.sum()),), 1.0 / (n_seq * max_new_tokens), device=lens.device)
-    raise ValueError(f"loss_agg={loss_agg!r}: expected token_mean, seq_mean_token_mean or "
-                     "seq_sum_const")
+        return torch.full((n,), 1.0 / (n_seq * max_new_tokens), device=lens.device)
+    if loss_agg == 'token_sum':
+        return torch.ones(n, device=lens.device)
+    if loss_agg == 'seq_mean_token_sum':
+        return torch.full((n,), 1.0 / n_seq, device=lens.device)
+    raise ValueError(f"loss_agg={loss_agg!r}: expected one of {LOSS_AGGS}")
 
 
 def segment_sum(x, lens):

@@ -38,9 +38,9 @@ def stop(msg, master, code=3):
 
 def bad_knob(c):
     """The first knob whose value the run cannot use, as a one-line error (None: all fine)."""
-    from loss import ADVANTAGES, KL_ESTIMATORS, LOSS_TYPES, TIS_MODES
+    from loss import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, LOSS_TYPES, TIS_MODES
     choices = {
-        'loss_agg': ('token_mean', 'seq_mean_token_mean', 'seq_sum_const'),
+        'loss_agg': LOSS_AGGS,
         'resume': ('auto', 'never'),
         'kl_estimator': KL_ESTIMATORS,
         'advantage': ADVANTAGES,

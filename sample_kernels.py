@@ -139,7 +139,7 @@ def _key(z):  # fp32 -> int32, order-preserving (negative floats have their magn
 
 
 @triton.jit
-def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, *,
+def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr,
                         r1_ptr, r2_ptr, m_ptr, s_ptr, bv_ptr, bi_ptr, HAS_THRESH: tl.constexpr,
                         DRAW: tl.constexpr, GREEDY: tl.constexpr, BLOCK: tl.constexpr):
     # grid (rows, splits): each program covers one tile of one row (few rows -> many tiles fill the
@@ -180,7 +180,7 @@ def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr, *,
 
 
 @triton.jit
-def _bisect(base, V, inv_temp, m, lo, hi, *, k, target, COUNT: tl.constexpr, NC: tl.constexpr,
+def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl.constexpr,
             NPASS: tl.constexpr, BLOCK: tl.constexpr):
     # Largest key t in [lo, hi) with count(key >= t) >= k (COUNT) or mass(key >= t) >= target (mass,
     # where mass = sum exp(z - m)). Invariant: the condition holds at lo and fails at hi. Also
@@ -210,7 +210,7 @@ def _bisect(base, V, inv_temp, m, lo, hi, *, k, target, COUNT: tl.constexpr, NC:
 
 
 @triton.jit
-def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, *, t_ptr, top_k, top_p,
+def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, t_ptr, top_k, top_p,
                       KEY_NEG_INF: tl.constexpr, DO_TOPK: tl.constexpr, DO_TOPP: tl.constexpr,
                       NC: tl.constexpr, NPASS: tl.constexpr, BLOCK: tl.constexpr):
     # one program per row: top-k first, then top-p on the renormalised top-k distribution (HF/vLLM

@@ -58,7 +58,8 @@ top_p = 1.0  # 1.0 = off
 advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
-# 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO)
+# 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO), 'token_sum' (no
+# normaliser), 'seq_mean_token_sum' (sum over a sequence, mean over sequences: LUSPO)
 loss_agg = 'token_mean'
 # 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight)
 loss_type = 'grpo'
@@ -129,7 +130,7 @@ eval_temperature = 1.0  # their temperature (the same seed at every eval; greedy
 log_samples_every = 10  # every N steps, a few completions with their rewards to samples.jsonl
 verbose = False  # numbered per-stage lines with elapsed time and memory
 # checkpoints and guards
-save_every = 50  # checkpoint every N steps (also on SIGINT/SIGTERM and at the end)
+save_every = 50  # checkpoint every N steps (also on SIGINT/SIGTERM and at the end; 0: only then)
 keep_last = 2  # checkpoints kept on disk
 export_hf = True  # also write out_dir/hf/ (HF snapshot of the latest weights) at each checkpoint
 export_dtype = ''  # the HF snapshot's weights: '' = as trained (float32), or 'bfloat16'
@@ -183,7 +184,8 @@ import metrics  # noqa: E402
 import safety  # noqa: E402
 import tool_calls  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
-from batch import mini_batch_groups, pad_micro_batches, sampled_tokens, train_rows  # noqa: E402
+from batch import mini_batch_groups, pad_micro_batches, sampled_entropies  # noqa: E402
+from batch import sampled_tokens, train_rows, zero_std_rows  # noqa: E402
 from checkpoint import load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
@@ -273,6 +275,11 @@ def logprobs(net, rows, temp=None):
         temp = temperature
     return completion_logprobs(net, rows, tok.pad_id, temp, share_prompt=step_share, dtype=ptdtype,
                                compiled=compile, head_fp32=lm_head_fp32, tiles=lm_head_tiles)
+
+
+def entropies(rows):
+    """Per-token entropies of rows' completions under the policy being trained."""
+    return logprobs(train_model, rows)[1]
 
 
 optimizer = torch.optim.AdamW(lora.param_groups(model, weight_decay), lr=lr, betas=adam_betas,
@@ -490,14 +497,15 @@ while step < max_steps:
     # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over
     # the step by reinforce_pp, an advantage of their own)
     entropy_term = entropy_coef or adaptive_entropy
-    skip_zero_std = filter_zero_std and not (beta or entropy_term or advantage == 'reinforce_pp')
+    inert = not (beta or entropy_term or advantage == 'reinforce_pp')  # equal groups: no gradient
+    skip_zero_std = filter_zero_std and inert
     # void_turn_filter: completions that ended on a void turn enter no row and no normaliser (as
     # truncated ones do with mask_truncated); their rewards stayed in the advantages above
     trainable = [c for c in comps if not c.get('void')] if void_turn_filter else comps
     rows, n_tok, n_seq, trained = train_rows(trainable, adv, zero_std, prompts, owned, kept,
                                              filter_zero_std=skip_zero_std,
                                              mask_truncated=mask_truncated)
-    n_trained, t_trained = trained  # rows and tokens trained on, over every rank
+    n_trained, t_trained = trained[:2]  # rows and tokens trained on, over every rank
     if share_prompt == 'auto':
         step_share = choose_share_prompt(rows, model.config, model.packed_kind())
     else:
@@ -517,8 +525,11 @@ while step < max_steps:
         n_real = len(mbs)
         if ddp:  # every rank runs as many passes: padded with passes of weight 0
             mbs = pad_micro_batches(mbs, tok.pad_id, device)
+        # a mini-batch with no row that can move the policy takes no optimizer step, filter or not
+        # (AdamW would move the weights on a zero gradient, by its momentum)
+        moving = part_trained[2] if inert else part_trained[0]
         plan.append({'end': len(micro) + len(mbs), 'real_end': len(micro) + n_real,
-                     'n_tok': part_tok, 'n_seq': part_seq, 'rows': part_trained[0]})
+                     'n_tok': part_tok, 'n_seq': part_seq, 'rows': moving})
         mini_of += [len(plan) - 1] * len(mbs)
         micro += mbs
     moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
@@ -530,17 +541,20 @@ while step < max_steps:
         if moved:
             old_lp = [logprobs(train_model, mb)[0] for mb in micro]
         # top_entropy_quantile < 1: the entropy cut over the step's sampled tokens (not those a
-        # tool inserted), before the update (every rank runs every pass, padding included: FSDP's
-        # gathers pair up)
+        # tool inserted), before the update, the zero-spread groups' too: filter_zero_std must not
+        # move it (their forward pass without grad is what the cut costs the filter)
         cut = None
-        if top_entropy_quantile < 1 and n_trained > 0:
-            ents = []
-            for mb in micro:
-                e = logprobs(train_model, mb)[1]
-                sampled = sampled_tokens(mb, e.device)
-                ents.append(e if sampled is None else e[sampled.bool()])
-            real = [e for j, e in enumerate(ents) if j < plan[mini_of[j]]['real_end']]
-            ents = gather_tensor(torch.cat(real or [torch.zeros(0)]).float().cpu())
+        if top_entropy_quantile < 1 and any(part['rows'] for part in plan):
+            passes = [(mb, j < plan[mini_of[j]]['real_end']) for j, mb in enumerate(micro)]
+            if skip_zero_std:
+                left_out = zero_std_rows(trainable, adv, zero_std, prompts, owned, kept,
+                                         mask_truncated=mask_truncated)
+                more = micro_batches(left_out, micro_batch_size, whole_groups=step_share)
+                n_real = len(more)
+                if ddp:
+                    more = pad_micro_batches(more, tok.pad_id, device)
+                passes += [(mb, k < n_real) for k, mb in enumerate(more)]
+            ents = gather_tensor(sampled_entropies(entropies, passes))
             cut = entropy_cut(ents, top_entropy_quantile)
         timing['old_logprob'] = time.time() - t
         t = time.time()
@@ -571,7 +585,8 @@ while step < max_steps:
     # mini-batch's tokens measured at its own optimizer step
     last = metrics.moved_sums(dual=clip_ratio_c > 0)
     grad_norm = 0.0
-    skipped = n_trained == 0 or sc['all_failed']  # no update attempted: the gradient is 0
+    # no update attempted: the gradient is 0 (no row can move the policy)
+    skipped = not any(part['rows'] for part in plan) or sc['all_failed']
     finite = True
     for it in range(0 if skipped else num_iterations):
         for j, mb in enumerate(micro):
@@ -713,7 +728,7 @@ while step < max_steps:
     last_progress[0] = time.time()
     # a signal to any rank stops them all, here
     stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0
-    due = stopping or step % save_every == 0 or step == max_steps
+    due = stopping or bool(save_every and step % save_every == 0) or step == max_steps
     due = due or bool(export_every and step % export_every == 0)  # export_every: kept exports
     # never inside a non-finite streak: a rollback must not return to the weights that caused it
     if due and guards['nan_streak'] == 0:

@@ -29,3 +29,9 @@ def step_count(completion, example, step):
 def not_applicable(completion, example):
     """A checker for another task's samples: applies to none of these."""
     return None
+
+
+def length_even(completion, example):
+    """A coin flip per completion for a policy whose completions vary in length (one that calls
+    tools, say, whose first characters do not vary)."""
+    return float(len(completion) % 2 == 0)

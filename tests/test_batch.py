@@ -25,10 +25,11 @@ def test_kept_groups_map_to_their_own_advantages():
     adv, zero_k = group_advantages(r[kept], 'none')
     comps = comps_of(r.tolist())
     prompts = list('abcde')
-    rows, n_tok, n_seq, (n_rows, n_toks) = train_rows(comps, adv, zero_k, prompts, {1, 3, 4}, kept)
+    rows, n_tok, n_seq, (n_rows, n_toks, n_spread) = train_rows(comps, adv, zero_k, prompts,
+                                                                {1, 3, 4}, kept)
     assert [(rw['prompt'], rw['adv']) for rw in rows] == \
         [('b', -0.5), ('b', 0.5), ('d', 1.5), ('d', -1.5)]
-    assert (n_tok, n_seq, n_rows, n_toks) == (2 * 2 + 2 * 4, 4, 4, 12), \
+    assert (n_tok, n_seq, n_rows, n_toks, n_spread) == (2 * 2 + 2 * 4, 4, 4, 12, 4), \
         "normalisers over the kept groups only"
     rows = train_rows(comps_of(r.tolist()), adv, zero_k, list('abcde'), {3}, kept)[0]
     assert [rw['prompt'] for rw in rows] == ['d', 'd'], \

@@ -8,7 +8,6 @@ independent of kernels.py.
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -288,67 +287,11 @@ def test_row_draw_does_not_depend_on_batch(use_triton):
 # ---------------------------------------------------------------- GPU lowering, without a GPU
 
 def test_kernels_compile_for_hopper_and_ampere():
-    """The interpreter runs kernels as numpy and forgives what the compiler will not (loop-carried
-    type changes, unsupported ops). Compile every kernel variant the code launches (each logits
-    dtype, each constexpr combination, pointers passed as None) to sm_90a and sm_80 machine code, in
-    a process without TRITON_INTERPRET."""
-    script = textwrap.dedent('''
-        import itertools, triton, kernels as K, sample_kernels as S
-        from triton.compiler import ASTSource
-        from triton.backends.compiler import GPUTarget
-
-        def build(fn, sig, warps=8, **consts):
-            sig = {k: 'constexpr' if k in consts else v for k, v in sig.items()}
-            for arch in (90, 80):
-                try:
-                    triton.compile(ASTSource(fn, sig, constexprs=consts),
-                                   target=GPUTarget('cuda', arch, 32),
-                                   options=dict(num_warps=warps))
-                except Exception as e:
-                    where = f'{fn.__name__} {consts} {sig} on sm_{arch}'
-                    raise SystemExit(f'{where}: {type(e).__name__}: {e}')
-
-        for dt, has_mask in itertools.product(('*fp32', '*bf16'), (True, False)):
-            # no mask: the targets stand in
-            rows = dict(x_ptr=dt, stride_b='i64', stride_t='i64', T1='i32', tgt_ptr='*i64',
-                        mask_ptr='*i8' if has_mask else '*i64')
-            fwd = dict(rows, logp_ptr='*fp32', ent_ptr='*fp32', m_ptr='*fp32', logs_ptr='*fp32',
-                       V='i32', inv_temp='fp32', HAS_MASK=0, BLOCK=0)
-            bwd = dict(rows, m_ptr='*fp32', logs_ptr='*fp32', ent_ptr='*fp32', g_lp_ptr='*fp32',
-                       g_ent_ptr='*fp32', dx_ptr=dt, V='i32', inv_temp='fp32', HAS_MASK=0, BLOCK=0)
-            build(K._logprob_fwd_kernel, fwd, HAS_MASK=has_mask, BLOCK=4096)
-            build(K._logprob_bwd_kernel, bwd, HAS_MASK=has_mask, BLOCK=4096)
-        # 512: the byte tokenizer's vocab
-        for dt, block in itertools.product(('*fp32', '*bf16'), (4096, 512)):
-            tile = dict(x_ptr=dt, stride='i32', n_cols='i32', col0='i32', tgt_ptr='*i64')
-            hf = dict(tile, m_ptr='*fp32', s_ptr='*fp32', w_ptr='*fp32', xt_ptr='*fp32',
-                      inv_temp='fp32', BLOCK=0)
-            hb = dict(tile, lse_ptr='*fp32', a_ptr='*fp32', b_ptr='*fp32', g_lp_ptr='*fp32',
-                      inv_temp='fp32', BLOCK=0)
-            build(K._head_fwd_kernel, hf, K.num_warps(block), BLOCK=block)
-            build(K._head_bwd_kernel, hb, K.num_warps(block), BLOCK=block)
-        # sample_tokens: a first pass without a threshold (t_ptr None) for top-k/top-p/min-p, then
-        # the draw with or without one, greedy or not
-        passes = [(False, False, False), (True, True, False), (False, True, False),
-                  (False, True, True)]
-        for dt, (thresh, draw, greedy) in itertools.product(('*fp32', '*bf16'), passes):
-            sp = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', tile='i32',
-                      t_ptr='*fp32', r1_ptr='*i64', r2_ptr='*i64', m_ptr='*fp32', s_ptr='*fp32',
-                      bv_ptr='*fp32', bi_ptr='*i32', HAS_THRESH=0, DRAW=0, GREEDY=0, BLOCK=0)
-            t_ptr = {} if thresh else dict(t_ptr=None)
-            build(S._sample_pass_kernel, sp, HAS_THRESH=thresh, DRAW=draw, GREEDY=greedy,
-                  BLOCK=4096, **t_ptr)
-        searches = [(True, True), (True, False), (False, True)]
-        for dt, (topk, topp) in itertools.product(('*fp32', '*bf16'), searches):
-            th = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', m_ptr='*fp32',
-                      s_ptr='*fp32', t_ptr='*fp32', top_k='i32', top_p='fp32', KEY_NEG_INF=0,
-                      DO_TOPK=0, DO_TOPP=0, NC=0, NPASS=0, BLOCK=0)
-            build(S._threshold_kernel, th, KEY_NEG_INF=S._KEY_NEG_INF, DO_TOPK=topk,
-                  DO_TOPP=topp, NC=S._NC, NPASS=S._NPASS, BLOCK=1024)
-    ''')
+    """The kernels compile for GPUs without a GPU: tests/compile_kernels.py, in a process without
+    TRITON_INTERPRET (.ci/run runs it under older Tritons too)."""
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, '-c', script], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, os.path.join(here, 'compile_kernels.py')], env=env,
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (
         f'a kernel does not compile for sm_90a / sm_80:\n{out.stderr[-3000:]}')

@@ -37,6 +37,8 @@ def test_token_weights_each_mode():
     assert torch.allclose(token_weights(lens, 'seq_mean_token_mean', 10, 4, 8),
                           torch.tensor([1 / 8, 1 / 8, 1 / 12, 1 / 12, 1 / 12]))
     assert torch.allclose(token_weights(lens, 'seq_sum_const', 10, 4, 8), torch.full((5,), 1 / 32))
+    assert torch.equal(token_weights(lens, 'token_sum', 10, 4, 8), torch.ones(5))
+    assert torch.allclose(token_weights(lens, 'seq_mean_token_sum', 10, 4, 8), torch.full((5,), 0.25))
     with pytest.raises(ValueError, match='loss_agg'):
         token_weights(lens, 'mean', 10, 4, 8)
 
@@ -105,7 +107,33 @@ def test_kl_and_entropy_terms_enter_the_loss():
     assert abs(with_ent.item() - (base.item() - 0.02)) < 1e-6
 
 
-@pytest.mark.parametrize('loss_agg', ['token_mean', 'seq_mean_token_mean', 'seq_sum_const'])
+def test_sum_aggregations_match_verl_and_trl_definitions():
+    """token_sum and seq_mean_token_sum against hand-worked numbers and the anchors' definitions on
+    a padded (sequences, tokens) loss matrix: verl's agg_loss 'token-sum' (masked sum, no
+    normaliser) and 'seq-mean-token-sum' (each sequence's masked sum, mean over the sequences),
+    TRL 1.16's loss_type='luspo' ((per_token_loss * mask).sum(-1).mean()). Per-token losses
+    [1, 2] and [3, 4, 5]: token_sum 15, seq_mean_token_sum (3 + 12) / 2 = 7.5, also summed over
+    micro-batches of one sequence each (the normaliser counts the whole step)."""
+    lens = torch.tensor([2, 3])
+    flat = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    mat = torch.tensor([[1.0, 2.0, 0.0], [3.0, 4.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    anchors = {'token_sum': (15.0, (mat * mask).sum()),
+               'seq_mean_token_sum': (7.5, (mat * mask).sum(-1).mean())}
+    for agg, (hand, anchor) in anchors.items():
+        whole = (flat * token_weights(lens, agg, 5, 2, 8)).sum()
+        split = sum((flat[a:b] * token_weights(lens[i:i + 1], agg, 5, 2, 8)).sum()
+                    for i, (a, b) in enumerate([(0, 2), (2, 5)]))
+        assert whole.item() == hand == anchor.item() == split.item(), (agg, whole, anchor, split)
+    # a tool's inserted token (the second of the first sequence) weighs 0 and counts nowhere
+    sampled = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0])
+    assert (flat * token_weights(lens, 'token_sum', 4, 2, 8, sampled=sampled)).sum().item() == 13.0
+    assert (flat * token_weights(lens, 'seq_mean_token_sum', 4, 2, 8, sampled=sampled)).sum().item() \
+        == 6.5
+
+
+@pytest.mark.parametrize('loss_agg', ['token_mean', 'seq_mean_token_mean', 'seq_sum_const', 'token_sum',
+                                      'seq_mean_token_sum'])
 def test_gradient_does_not_depend_on_micro_batching(loss_agg):
     """Summing micro-batch losses with step-level denominators gives the same gradient for
     micro-batch 1 and all."""
@@ -119,6 +147,7 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
     def grad_with(mb_size):
         theta.grad = None
         starts = torch.cumsum(lens, 0) - lens
+        total = 0.0
         for i in range(0, n_seq, mb_size):
             mb = slice(i, min(i + mb_size, n_seq))
             idx = torch.cat([torch.arange(int(s), int(s + n))
@@ -126,12 +155,16 @@ def test_gradient_does_not_depend_on_micro_batching(loss_agg):
             logp = torch.log_softmax(theta, 0)[idx]
             A = torch.repeat_interleave(adv_seq[mb], lens[mb])
             w = token_weights(lens[mb], loss_agg, n_tok, n_seq, 8)
-            policy_loss(logp, logp.detach(), A, w, lens[mb], **CLIP)[0].backward()
-        return theta.grad.clone()
+            loss = policy_loss(logp, logp.detach(), A, w, lens[mb], **CLIP)[0]
+            loss.backward()
+            total += loss.item()
+        return theta.grad.clone(), total
 
-    g1, gall = grad_with(1), grad_with(n_seq)
-    assert torch.allclose(g1, gall, atol=1e-7), \
-        f"{loss_agg}: micro-batch 1 vs all differ by {(g1 - gall).abs().max()}"
+    (g1, loss1), (g2, loss2), (gall, loss_all) = grad_with(1), grad_with(2), grad_with(n_seq)
+    for g, loss, size in ((g1, loss1, 1), (g2, loss2, 2)):
+        assert torch.allclose(g, gall, atol=1e-7), \
+            f"{loss_agg}: micro-batch {size} vs all differ by {(g - gall).abs().max()}"
+        assert math.isclose(loss, loss_all, rel_tol=1e-6, abs_tol=1e-7), (loss_agg, size, loss, loss_all)
 
 
 @pytest.mark.parametrize('estimator, direction',

@@ -2,6 +2,7 @@
 at most 6 positional parameters), the core (top-level *.py and tasks/) has at most 5% of its lines
 over 100 characters, and nothing in the code or the requirement files speaks of how the project was
 developed instead of what it does."""
+import ast
 import re
 import subprocess
 import sys
@@ -76,3 +77,29 @@ def test_the_development_words_are_found(tmp_path):
                  + '# the closing ' + 'note said\n'
                  + '# GPU sess' + 'ion\n')
     assert len(development_words([f])) == 3
+
+
+def kernel_signatures(files):
+    """(file, name, is a @triton.jit function, positional parameters, keyword-only parameters) of
+    every function in files."""
+    out = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(encoding='utf-8'))):
+            if isinstance(node, ast.FunctionDef):
+                jit = any('jit' in ast.unparse(d) for d in node.decorator_list)
+                a = node.args
+                out.append((f.name, node.name, jit, len(a.posonlyargs) + len(a.args),
+                            len(a.kwonlyargs)))
+    return out
+
+
+def test_triton_kernels_take_no_keyword_only_parameters():
+    """ruff.toml exempts kernels.py and sample_kernels.py from the positional-parameter limit
+    because Triton before 3.9 cannot bind a @triton.jit function's keyword-only parameters: so no
+    jit function may have any, and every other function there keeps the limit of 6."""
+    sigs = kernel_signatures([ROOT / 'kernels.py', ROOT / 'sample_kernels.py'])
+    assert sum(jit for _, _, jit, _, _ in sigs) >= 8, 'expected the Triton kernels in these files'
+    kw_only = [f'{f}:{name}' for f, name, jit, _, kw in sigs if jit and kw]
+    assert not kw_only, f'keyword-only parameters in Triton kernels (fail on Triton < 3.9): {kw_only}'
+    too_many = [f'{f}:{name} ({n})' for f, name, jit, n, _ in sigs if not jit and n > 6]
+    assert not too_many, f'more than 6 positional parameters outside Triton kernels: {too_many}'

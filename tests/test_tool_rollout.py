@@ -2,6 +2,7 @@
 the KV cache after each inserted tool response equals a fresh forward of the same ids; a row's
 samples do not depend on how long its tools took; budgets and call limits; inserted tokens carry no
 weight in the loss."""
+import math
 import random
 import time
 from pathlib import Path
@@ -414,16 +415,24 @@ def solution(example):
 
 def test_a_training_step_with_calls_and_an_entropy_cut(tmp_path, monkeypatch):
     """One step of train_grpo.py whose rollouts call the calculator, with top_entropy_quantile
-    (its cut taken over the sampled tokens only, batch.sampled_tokens): it runs, calls, and logs
-    the cut and every tools/* metric."""
+    (its cut taken over the sampled tokens only, batch.sampled_tokens), void_turn_filter and one
+    call per completion: it runs, calls, and logs the cut and every tools/* metric; and
+    filter_zero_std changes nothing but the rows it skips (the same loss, gradient norm and cut)."""
     import test_train
     (tmp_path / 'call_task.py').write_text(CALL_TASK)
     tiny = [a for a in test_train.TINY if not a.startswith(('--task=', '--arith_', '--rewards=',
                                                             '--max_new_tokens='))]
-    monkeypatch.setattr(test_train, 'TINY', tiny)  # the task's own reward: 'correct'
-    test_train.run(tmp_path / 'out', f'--task={tmp_path / "call_task.py"}',
-                   '--max_new_tokens=40', '--max_steps=1', '--sft_steps=60', '--sft_lr=1e-2',
-                   '--sft_batch_size=16', '--top_entropy_quantile=0.5', '--filter_zero_std=False')
-    m = test_train.metrics(tmp_path / 'out')[-1]
+    monkeypatch.setattr(test_train, 'TINY', tiny)
+    args = [f'--task={tmp_path / "call_task.py"}', '--max_new_tokens=40', '--max_steps=1',
+            '--sft_steps=60', '--sft_lr=1e-2', '--sft_batch_size=16', '--top_entropy_quantile=0.5',
+            '--void_turn_filter=True', '--max_tool_calls=1', '--group_size=2', '--batch_prompts=8',
+            "--rewards=[{'name': 'grpo_test_rewards:length_even'}]"]
+    test_train.run_together([tmp_path / 'on', *args],
+                            [tmp_path / 'off', *args, '--filter_zero_std=False'])
+    m, off = test_train.metrics(tmp_path / 'on')[-1], test_train.metrics(tmp_path / 'off')[-1]
     assert m['tools/calls_per_completion'] > 0 and m['tools/token_frac'] > 0
     assert 'entropy_cut' in m and {'tools/wait_s', 'tools/void_frac'} <= set(m)
+    assert 0 < m['frac_zero_std'] < 1 and m['rows_trained'] < off['rows_trained'], \
+        (m['frac_zero_std'], m['rows_trained'], off['rows_trained'])
+    for key in ('grad_norm', 'loss', 'entropy_cut'):
+        assert math.isclose(m[key], off[key], rel_tol=1e-5, abs_tol=1e-9), (key, m[key], off[key])
