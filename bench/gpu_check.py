@@ -208,7 +208,9 @@ def run_part(argv, env, limit, log_path):
     wall seconds, its output)."""
     # (GPU tests: TRITON_INTERPRET=0, which triton reads as off; tests/conftest.py sets 1 only where
     # it is absent)
-    full_env = {**os.environ, 'PYTHONUNBUFFERED': '1', **env}
+    # HF_HUB_OFFLINE: every model here is built from random weights on the spot, so nothing may wait
+    # on a hub the GPU machine cannot reach
+    full_env = {'HF_HUB_OFFLINE': '1', **os.environ, 'PYTHONUNBUFFERED': '1', **env}
     t = time.time()
     with open(log_path, 'a') as log:
         start = log.tell()
