@@ -291,12 +291,15 @@ def main():
     args.warmup = pre['warmup'] if args.warmup < 0 else args.warmup
     if pre['threads']:
         torch.set_num_threads(pre['threads'])
-    try:
-        import datasets  # noqa: F401  (TRL's trainer takes a datasets.Dataset)
-        import trl
-        trl_missing = None
-    except ImportError as e:
-        trl, trl_missing = None, f'{type(e).__name__}: {e}'
+    trl = trl_missing = None
+    # only when TRL's side may run: the GPU check's machine has neither package, and ours alone
+    # never needs them
+    if args.trl != '0' and not args.config:
+        try:
+            import datasets  # noqa: F401  (TRL's trainer takes a datasets.Dataset)
+            import trl
+        except ImportError as e:
+            trl, trl_missing = None, f'{type(e).__name__}: {e}'
     run_trl_side = args.trl == '1' or (args.trl == 'auto' and not trl_missing and not args.config)
     why = None
     if args.trl == '1' and trl_missing:

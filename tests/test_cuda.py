@@ -70,9 +70,9 @@ def test_lm_head_kernel_matches_fp64(dtype):
     from kernels import lm_head_logprobs
     from test_lmhead import TILES, close, data, oracle, run
     hidden, weight, targets, mask, a, b = cuda(*data(dtype))
-    got = run(lm_head_logprobs, hidden, weight, targets, 0.9, mask, a, b, tiles=TILES,
+    got = run(lm_head_logprobs, hidden, weight, targets, 0.9, mask, a=a, b=b, tiles=TILES,
               head_fp32=True)
-    ref = run(oracle, hidden.double(), weight.double(), targets, 0.9, mask, a, b)
+    ref = run(oracle, hidden.double(), weight.double(), targets, 0.9, mask, a=a, b=b)
     close(got[0], ref[0], 'log p(target)')
     close(got[1], ref[1], 'entropy')
     tol = 1e-5 if dtype == torch.float32 else 1e-2
