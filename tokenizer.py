@@ -167,13 +167,29 @@ def _raise(msg):  # what chat templates call to refuse a conversation
     raise ValueError(msg)
 
 
+def _generation_tag():
+    """The jinja2 extension for TRL's `{% generation %}` ... `{% endgeneration %}` markers, which
+    transformers accepts (its AssistantTracker): they only mark an assistant span, so the body is
+    rendered in place and the markers write nothing. (jinja2 takes extensions as classes only.)"""
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {'generation'}
+
+        def parse(self, parser):
+            next(parser.stream)  # the `generation` name
+            return parser.parse_statements(('name:endgeneration',), drop_needle=True)
+    return Generation
+
+
 def compile_chat_template(source, where):
     """A chat template compiled as transformers compiles it: jinja2's immutable sandbox (a template
     from a download cannot reach Python internals, the OS or mutate its arguments),
-    trim_blocks/lstrip_blocks, loop controls, raise_exception, tojson and strftime_now."""
+    trim_blocks/lstrip_blocks, loop controls, the `{% generation %}` markers, raise_exception,
+    tojson and strftime_now."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=['jinja2.ext.loopcontrols'])
+                                        extensions=['jinja2.ext.loopcontrols', _generation_tag()])
 
     def tojson(x, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=False, indent=indent, separators=separators,

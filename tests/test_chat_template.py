@@ -74,6 +74,12 @@ QWEN3 = """{%- if messages[0].role == 'system' %}
     {% endif %}
 {% endif %}
 """
+# QWEN3 as TRL saves it for training: `{% generation %}` ... `{% endgeneration %}` around each
+# assistant turn (the markers write nothing: transformers uses them for assistant masks only)
+QWEN3_TRL = QWEN3.replace(
+    "        {%- if loop.index0 > ns.last_query_index %}",
+    "        {% generation %}\n        {%- if loop.index0 > ns.last_query_index %}").replace(
+    "        {{- '<|im_end|>\\n' }}\n", "        {{- '<|im_end|>\\n' }}\n        {%- endgeneration %}\n")
 Q = 'Tom has 12 apples and gets 7 more.\nHow many?  héllo 日本 🤖'
 CONVERSATIONS = {
     'system': [{'role': 'system', 'content': 'Reason step by step.'},
@@ -154,6 +160,23 @@ def test_prompt_ids_equal_apply_chat_template(trained, tmp_path, name, as_file):
         ids = ours.render_chat(CONVERSATIONS['multi-turn'], add_generation_prompt=False)
         multi = ours.decode(ids)
         assert '<think>\n3+3 is 6\n</think>\n\n6<|im_end|>' in multi, multi
+
+
+@pytest.mark.parametrize('as_file', [False, True], ids=['tokenizer_config', 'chat_template.jinja'])
+def test_trl_generation_markers_render_as_transformers_renders_them(trained, tmp_path, as_file):
+    assert QWEN3_TRL.count('{% generation %}') == 1 and QWEN3_TRL.count('endgeneration') == 1
+    path = snapshot(trained, tmp_path / 'trl', QWEN3_TRL, as_file)
+    ours, hf = load_tokenizer(path), transformers.AutoTokenizer.from_pretrained(path)
+    plain = load_tokenizer(snapshot(trained, tmp_path / 'plain', QWEN3, as_file))
+    for conv, msgs in CONVERSATIONS.items():
+        for gen in (True, False):
+            want, got = hf_ids(hf, msgs, gen), ours.render_chat(msgs, add_generation_prompt=gen)
+            assert got == want, (f'{conv} add_generation_prompt={gen}:\n'
+                                 f' ours {ours.decode(got)!r}\n   hf {hf.decode(want)!r}')
+            assert got == plain.render_chat(msgs, add_generation_prompt=gen)
+    mask = hf.apply_chat_template(CONVERSATIONS['multi-turn'], tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)['assistant_masks']
+    assert any(mask), 'transformers reads the markers as assistant spans'
 
 
 @pytest.mark.parametrize('name', ['qwen2.5', 'qwen3'])
