@@ -220,6 +220,29 @@ def render_chat_template(template, messages, add_generation_prompt, where, **var
                              f"({type(e).__name__}: {e})") from None
 
 
+RENDER_ARGS = ('messages', 'add_generation_prompt', 'tools', 'documents')  # set per render
+
+
+def set_chat_template_kwargs(tok, kwargs, knob='chat_template_kwargs'):
+    """Make every render of tok (prompts, tool probes, tool answers) pass kwargs to its chat
+    template, as transformers' apply_chat_template(..., **kwargs) does: Qwen3's
+    {'enable_thinking': False}, for one. They override the snapshot's bos_token, eos_token, ... as
+    transformers' do. A non-dict, a key that is not a name or is set per render, or kwargs for a
+    tokenizer without a template is one ValueError naming the knob."""
+    if not isinstance(kwargs, dict):
+        raise TokenizerError(f"{knob}: expected a dict of template variables, e.g. "
+                             f"{{'enable_thinking': False}}, got {type(kwargs).__name__} {kwargs!r}")
+    for k in kwargs:
+        if not isinstance(k, str) or not k.isidentifier() or k in RENDER_ARGS:
+            raise TokenizerError(f"{knob}: key {k!r} is not a template variable it can set "
+                                 f"(a name, not one of {', '.join(RENDER_ARGS)})")
+    if kwargs and tok.template is None:
+        raise TokenizerError(f"{knob}={kwargs!r}: the tokenizer has no chat template to pass "
+                             "them to")
+    tok.template_vars = {**tok.template_vars, **kwargs}
+    return tok
+
+
 def _chat_template(path, files):
     """(compiled template or None, its file, its variables) as transformers finds them:
     chat_template.jinja, else tokenizer_config.json's 'chat_template' (a list of named templates:

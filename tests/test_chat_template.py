@@ -243,3 +243,49 @@ def test_byte_tokenizer_keeps_hand_written_chatml(tmp_path):
     assert again.template is not None and conf['chat_template'] == CHATML
     for gen in (True, False):
         assert again.render_chat(msgs, gen) == tok.render_chat(msgs, gen)
+
+
+# QWEN3 that refuses to render with thinking on: a render the knob does not reach fails loudly
+NO_THINKING = ("{%- if enable_thinking is not defined or enable_thinking %}"
+               "{{- raise_exception('thinking is on') }}{%- endif %}" + QWEN3)
+
+
+def test_chat_template_kwargs_reach_the_run_its_export_and_sample_py(trained, tmp_path):
+    """--chat_template_kwargs reaches every render of a run (its prompts and evals), its
+    config.json and its hf export's run record, so sample.py --init_from=OUT/hf renders as the run
+    did; a non-dict is one line naming the knob and a non-zero exit."""
+    import subprocess
+    import sys
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from test_train import ROOT, env, run
+    snap = Path(snapshot(trained, tmp_path / 'snap', NO_THINKING, True))
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, max_position_embeddings=256,
+                                 tie_word_embeddings=True)).save_pretrained(snap)
+    out, knob = tmp_path / 'out', {'enable_thinking': False}
+    run(out, f'--init_from={snap}', '--max_steps=1', '--eval_every=1', '--export_hf=True',
+        f'--chat_template_kwargs={knob!r}', timeout=300)
+    assert json.loads((out / 'config.json').read_text())['chat_template_kwargs'] == knob
+    assert json.loads((out / 'hf' / 'grpo_run.json').read_text())['chat_template_kwargs'] == knob
+
+    def sample_py(*args):
+        cmd = [sys.executable, str(ROOT / 'sample.py'), f'--init_from={out / "hf"}',
+               '--device=cpu', '--dtype=float32', '--prompt=What is 2+2?', '--max_new_tokens=2',
+               f'--out_dir={tmp_path / "eval"}', *args]
+        return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
+                              timeout=300)
+    p = sample_py()
+    assert p.returncode == 0 and '--- sample 0' in p.stdout, p.stderr[-2000:]
+    p = sample_py('--chat_template_kwargs={}')  # the run's knob overridden: thinking on
+    assert p.returncode == 1 and 'thinking is on' in p.stderr, p.stderr[-2000:]
+    p = sample_py('--chat_template_kwargs=enable_thinking')
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        "error: chat_template_kwargs: expected a dict of template variables, e.g. "
+        "{'enable_thinking': False}, got str 'enable_thinking'"], p.stderr
+    p = run(tmp_path / 'bad', '--chat_template_kwargs=False', check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and 'chat_template_kwargs' in lines[0], p.stderr
+    assert "expects dict (default {}), got bool False" in lines[0], lines

@@ -7,6 +7,7 @@ JSON, two calls in a turn, two turns) the ids a rollout returns, and train_rows 
 ids sampled plus the ids inserted, exactly."""
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import tool_calls
 from batch import train_rows
 from model import KVCache, ModelConfig, from_scratch
 from test_chat_template import qwen_bpe
-from tokenizer import byte_tokenizer, load_tokenizer
+from tokenizer import byte_tokenizer, load_tokenizer, set_chat_template_kwargs
 
 transformers = pytest.importorskip('transformers')
 
@@ -64,21 +65,22 @@ def snapshots(tmp_path_factory):
     return out
 
 
-def hf_render(hf, msgs, gen):
+def hf_render(hf, msgs, gen, **kw):
     out = hf.apply_chat_template(msgs, tools=tool_calls.schemas(TOOLS), add_generation_prompt=gen,
-                                 tokenize=True, sanitize_control_tokens=True)
+                                 tokenize=True, sanitize_control_tokens=True, **kw)
     return list(out['input_ids'] if hasattr(out, 'keys') else out)
 
 
-def hf_answer(hf, calls, results):
+def hf_answer(hf, calls, results, **kw):
     """transformers' ids after the stop token that ends the assistant's turn of calls, and
-    whether the turn renders the same when the tool messages follow (prefix-preserving)."""
+    whether the turn renders the same when the tool messages follow (prefix-preserving); kw: the
+    template's variables."""
     end = hf.convert_tokens_to_ids('<|im_end|>')
     turn = {'role': 'assistant', 'content': '',
             'tool_calls': [{'type': 'function', 'function': c} for c in calls]}
-    alone = hf_render(hf, USER + [turn], gen=False)
-    both = hf_render(hf, USER + [turn] + tool_calls.tool_messages(results), gen=True)
-    n_before = hf_render(hf, USER, gen=False).count(end)
+    alone = hf_render(hf, USER + [turn], gen=False, **kw)
+    both = hf_render(hf, USER + [turn] + tool_calls.tool_messages(results), gen=True, **kw)
+    n_before = hf_render(hf, USER, gen=False, **kw).count(end)
     cut = [i for i, t in enumerate(both) if t == end][n_before] + 1
     return both[cut:], both[:len(alone)] == alone
 
@@ -111,6 +113,31 @@ def test_the_answer_is_the_templates_delta(snapshots, name):
         assert tok.decode(answer([{'name': 'lookup', 'output': '84'}])) == (
             '\n<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n'
             '<|im_start|>assistant\n')
+
+
+def test_chat_template_kwargs_reach_prompts_and_tool_answers(snapshots):
+    """Qwen3's thinking switch, set once (the chat_template_kwargs knob), renders prompts and tool
+    answers as apply_chat_template(..., enable_thinking=False) does: the next assistant turn opens
+    with an empty <think> block."""
+    hf = transformers.AutoTokenizer.from_pretrained(snapshots['qwen3'])
+    default = load_tokenizer(snapshots['qwen3'])
+    tok = set_chat_template_kwargs(load_tokenizer(snapshots['qwen3']), {'enable_thinking': False})
+    listed = tool_calls.schemas(TOOLS)
+    prompt = tok.render_chat(USER, tools=listed)
+    assert prompt == hf_render(hf, USER, gen=True, enable_thinking=False)
+    assert prompt != default.render_chat(USER, tools=listed) == hf_render(hf, USER, gen=True)
+    calls = [{'name': 'lookup', 'arguments': {'query': '12*7', 'exact': False}}]
+    results = [{'name': 'lookup', 'output': '84'}]
+    answer = tool_calls.template_answers(tok, TOOLS)(results)
+    assert answer == hf_answer(hf, calls, results, enable_thinking=False)[0]
+    assert tok.decode(answer).endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n')
+    assert answer != tool_calls.template_answers(default, TOOLS)(results)
+    for bad, needle in (([('enable_thinking', False)], "got list [('enable_thinking', False)]"),
+                        ({'messages': []}, "key 'messages'"), ({1: 2}, 'key 1')):
+        with pytest.raises(ValueError, match=r'^chat_template_kwargs: .*' + re.escape(needle)):
+            set_chat_template_kwargs(load_tokenizer(snapshots['qwen3']), bad)
+    with pytest.raises(ValueError, match='the tokenizer has no chat template'):
+        set_chat_template_kwargs(byte_tokenizer(), {'enable_thinking': False})
 
 
 def test_prompts_show_the_tools_as_transformers_renders_them(snapshots):
