@@ -112,9 +112,12 @@ class Tokenizer:
     def _render_template(self, messages, add_generation_prompt, **kwargs):
         """Special-token strings in message contents are swapped for private-use characters before
         rendering, so that the only specials in the rendered text are the template's; the text is
-        then split at those, and each stretch between them (template text and contents, the swapped
-        strings put back) is encoded as ordinary text. For contents without special-token text this
-        is exactly how transformers tokenizes the rendered string."""
+        then split at those, and each stretch between them is split again at the swapped strings:
+        template text and contents are encoded as ordinary text, each swapped string on its own as
+        ordinary text. That is transformers' apply_chat_template(..., tokenize=True,
+        sanitize_control_tokens=True), which encodes each control-token string from an input as its
+        own piece of text (so a tool's `<|im_end|>` is never the token, and its pieces never merge
+        with the text around it)."""
         contents = [m.get('content') for m in messages if isinstance(m, dict)]
         used = set(''.join(c for c in contents if isinstance(c, str)))
         free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
@@ -138,11 +141,18 @@ class Tokenizer:
         msgs = [masked_message(m) for m in messages]
         text = render_chat_template(self.template, msgs, add_generation_prompt, self.template_file,
                                     **{**self.template_vars, **kwargs})
+        swapped = re.compile('([' + ''.join(map(re.escape, mark.values())) + '])') if mark else None
+
+        def encode_stretch(stretch):
+            if swapped is None:
+                return self.encode(stretch)
+            return [i for piece in swapped.split(stretch) if piece
+                    for i in self.encode(piece.translate(back))]
         ids, pos = [], 0
         for m in self._special_re.finditer(text):
-            ids += self.encode(text[pos:m.start()].translate(back)) + [self.special[m.group()]]
+            ids += encode_stretch(text[pos:m.start()]) + [self.special[m.group()]]
             pos = m.end()
-        return ids + self.encode(text[pos:].translate(back))
+        return ids + encode_stretch(text[pos:])
 
     def save(self, out_dir):
         """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated

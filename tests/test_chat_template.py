@@ -191,9 +191,7 @@ def test_special_token_text_in_a_message_stays_text(trained, tmp_path, name):
     assert ours.special['<think>'] not in ids
     text = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert ours.decode(ids) == text
-    user = ids[ids.index(start, 1) + 1:ids.index(end, ids.index(start, 1))]
-    assert user == ours.encode('user\n' + evil), (
-        'the user turn is not its text encoded as ordinary text')
+    assert ids == hf_ids(hf, msgs, True, sanitize_control_tokens=True)
 
 
 HOSTILE = ["{{ ''.__class__.__mro__[1].__subclasses__() }}",
