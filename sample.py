@@ -548,6 +548,9 @@ if __name__ == '__main__':
     system_prompt = None  # system turn; None: the run's, else the task's default; '' = none
     # appended to each question; None: the run's, else the task's default; '' = none
     instruction = None
+    # variables every chat-template render gets, e.g. {'enable_thinking': False}; None: the run's,
+    # else {}
+    chat_template_kwargs = None
     # a task with tools: None = the run's, else the task's calls (or 4), 5.0 s, 1 step
     max_tool_calls = None
     tool_timeout = None
@@ -561,6 +564,7 @@ if __name__ == '__main__':
     from configurator import configure, save_config
     from data import question_messages
     from hf import load_model
+    from tokenizer import set_chat_template_kwargs
 
     def task_knobs(s):  # the task's knobs, their defaults the run's values
         run = run_config(s['init_from'])
@@ -574,10 +578,11 @@ if __name__ == '__main__':
                 'max_new_tokens': run.get('eval_max_new_tokens') or run.get('max_new_tokens'),
                 'batch_size': run.get('eval_batch_size'), 'seed': run.get('seed'),
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction'),
+                'chat_template_kwargs': run.get('chat_template_kwargs'),
                 **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
                 'batch_size': 64, 'seed': 1337, 'max_tool_calls': None, 'tool_timeout': 5.0,
-                'tool_delay_steps': 1}
+                'tool_delay_steps': 1, 'chat_template_kwargs': {}}
     for k, v in from_run.items():
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)
@@ -589,6 +594,7 @@ if __name__ == '__main__':
             model, tok = load_run_checkpoint(init_from, getattr(torch, dtype), device)
         else:
             model, tok = load_model(init_from, getattr(torch, dtype), device, seed)
+        set_chat_template_kwargs(tok, chat_template_kwargs)
     except Exception as e:  # loading errors are written to be read: one line, no library stack
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -112,9 +112,12 @@ class Tokenizer:
     def _render_template(self, messages, add_generation_prompt, **kwargs):
         """Special-token strings in message contents are swapped for private-use characters before
         rendering, so that the only specials in the rendered text are the template's; the text is
-        then split at those, and each stretch between them (template text and contents, the swapped
-        strings put back) is encoded as ordinary text. For contents without special-token text this
-        is exactly how transformers tokenizes the rendered string."""
+        then split at those, and each stretch between them is split again at the swapped strings:
+        template text and contents are encoded as ordinary text, each swapped string on its own as
+        ordinary text. That is transformers' apply_chat_template(..., tokenize=True,
+        sanitize_control_tokens=True), which encodes each control-token string from an input as its
+        own piece of text (so a tool's `<|im_end|>` is never the token, and its pieces never merge
+        with the text around it)."""
         contents = [m.get('content') for m in messages if isinstance(m, dict)]
         used = set(''.join(c for c in contents if isinstance(c, str)))
         free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
@@ -138,11 +141,18 @@ class Tokenizer:
         msgs = [masked_message(m) for m in messages]
         text = render_chat_template(self.template, msgs, add_generation_prompt, self.template_file,
                                     **{**self.template_vars, **kwargs})
+        swapped = re.compile('([' + ''.join(map(re.escape, mark.values())) + '])') if mark else None
+
+        def encode_stretch(stretch):
+            if swapped is None:
+                return self.encode(stretch)
+            return [i for piece in swapped.split(stretch) if piece
+                    for i in self.encode(piece.translate(back))]
         ids, pos = [], 0
         for m in self._special_re.finditer(text):
-            ids += self.encode(text[pos:m.start()].translate(back)) + [self.special[m.group()]]
+            ids += encode_stretch(text[pos:m.start()]) + [self.special[m.group()]]
             pos = m.end()
-        return ids + self.encode(text[pos:].translate(back))
+        return ids + encode_stretch(text[pos:])
 
     def save(self, out_dir):
         """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated
@@ -167,13 +177,29 @@ def _raise(msg):  # what chat templates call to refuse a conversation
     raise ValueError(msg)
 
 
+def _generation_tag():
+    """The jinja2 extension for TRL's `{% generation %}` ... `{% endgeneration %}` markers, which
+    transformers accepts (its AssistantTracker): they only mark an assistant span, so the body is
+    rendered in place and the markers write nothing. (jinja2 takes extensions as classes only.)"""
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {'generation'}
+
+        def parse(self, parser):
+            next(parser.stream)  # the `generation` name
+            return parser.parse_statements(('name:endgeneration',), drop_needle=True)
+    return Generation
+
+
 def compile_chat_template(source, where):
     """A chat template compiled as transformers compiles it: jinja2's immutable sandbox (a template
     from a download cannot reach Python internals, the OS or mutate its arguments),
-    trim_blocks/lstrip_blocks, loop controls, raise_exception, tojson and strftime_now."""
+    trim_blocks/lstrip_blocks, loop controls, the `{% generation %}` markers, raise_exception,
+    tojson and strftime_now."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=['jinja2.ext.loopcontrols'])
+                                        extensions=['jinja2.ext.loopcontrols', _generation_tag()])
 
     def tojson(x, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=False, indent=indent, separators=separators,
@@ -202,6 +228,29 @@ def render_chat_template(template, messages, add_generation_prompt, where, **var
     except Exception as e:
         raise TokenizerError(f"{where}: field 'chat_template' fails to render "
                              f"({type(e).__name__}: {e})") from None
+
+
+RENDER_ARGS = ('messages', 'add_generation_prompt', 'tools', 'documents')  # set per render
+
+
+def set_chat_template_kwargs(tok, kwargs, knob='chat_template_kwargs'):
+    """Make every render of tok (prompts, tool probes, tool answers) pass kwargs to its chat
+    template, as transformers' apply_chat_template(..., **kwargs) does: Qwen3's
+    {'enable_thinking': False}, for one. They override the snapshot's bos_token, eos_token, ... as
+    transformers' do. A non-dict, a key that is not a name or is set per render, or kwargs for a
+    tokenizer without a template is one ValueError naming the knob."""
+    if not isinstance(kwargs, dict):
+        raise TokenizerError(f"{knob}: expected a dict of template variables, e.g. "
+                             f"{{'enable_thinking': False}}, got {type(kwargs).__name__} {kwargs!r}")
+    for k in kwargs:
+        if not isinstance(k, str) or not k.isidentifier() or k in RENDER_ARGS:
+            raise TokenizerError(f"{knob}: key {k!r} is not a template variable it can set "
+                                 f"(a name, not one of {', '.join(RENDER_ARGS)})")
+    if kwargs and tok.template is None:
+        raise TokenizerError(f"{knob}={kwargs!r}: the tokenizer has no chat template to pass "
+                             "them to")
+    tok.template_vars = {**tok.template_vars, **kwargs}
+    return tok
 
 
 def _chat_template(path, files):

@@ -18,6 +18,9 @@
 out_dir = 'out/gsm8k_tools'
 init_from = 'Qwen/Qwen2.5-0.5B-Instruct'  # or a local snapshot directory (its chat template shows
 # the tools and renders their answers: tool_style 'hermes' needs it)
+# Qwen3 (e.g. init_from = 'Qwen/Qwen3-0.6B') thinks at length unless its template is told not to;
+# for it this config uses, so that answers fit max_new_tokens:
+#   chat_template_kwargs = {'enable_thinking': False}
 task = 'gsm8k_tools'  # tasks/gsm8k_tools.py: gsm8k's data, grading and rewards, the python tool
 data_dir = ''  # '' downloads openai/gsm8k; offline use --data_dir=../shared/gsm8k
 group_size = 8  # completions per prompt

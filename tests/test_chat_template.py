@@ -74,6 +74,12 @@ QWEN3 = """{%- if messages[0].role == 'system' %}
     {% endif %}
 {% endif %}
 """
+# QWEN3 as TRL saves it for training: `{% generation %}` ... `{% endgeneration %}` around each
+# assistant turn (the markers write nothing: transformers uses them for assistant masks only)
+QWEN3_TRL = QWEN3.replace(
+    "        {%- if loop.index0 > ns.last_query_index %}",
+    "        {% generation %}\n        {%- if loop.index0 > ns.last_query_index %}").replace(
+    "        {{- '<|im_end|>\\n' }}\n", "        {{- '<|im_end|>\\n' }}\n        {%- endgeneration %}\n")
 Q = 'Tom has 12 apples and gets 7 more.\nHow many?  héllo 日本 🤖'
 CONVERSATIONS = {
     'system': [{'role': 'system', 'content': 'Reason step by step.'},
@@ -156,6 +162,23 @@ def test_prompt_ids_equal_apply_chat_template(trained, tmp_path, name, as_file):
         assert '<think>\n3+3 is 6\n</think>\n\n6<|im_end|>' in multi, multi
 
 
+@pytest.mark.parametrize('as_file', [False, True], ids=['tokenizer_config', 'chat_template.jinja'])
+def test_trl_generation_markers_render_as_transformers_renders_them(trained, tmp_path, as_file):
+    assert QWEN3_TRL.count('{% generation %}') == 1 and QWEN3_TRL.count('endgeneration') == 1
+    path = snapshot(trained, tmp_path / 'trl', QWEN3_TRL, as_file)
+    ours, hf = load_tokenizer(path), transformers.AutoTokenizer.from_pretrained(path)
+    plain = load_tokenizer(snapshot(trained, tmp_path / 'plain', QWEN3, as_file))
+    for conv, msgs in CONVERSATIONS.items():
+        for gen in (True, False):
+            want, got = hf_ids(hf, msgs, gen), ours.render_chat(msgs, add_generation_prompt=gen)
+            assert got == want, (f'{conv} add_generation_prompt={gen}:\n'
+                                 f' ours {ours.decode(got)!r}\n   hf {hf.decode(want)!r}')
+            assert got == plain.render_chat(msgs, add_generation_prompt=gen)
+    mask = hf.apply_chat_template(CONVERSATIONS['multi-turn'], tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)['assistant_masks']
+    assert any(mask), 'transformers reads the markers as assistant spans'
+
+
 @pytest.mark.parametrize('name', ['qwen2.5', 'qwen3'])
 def test_special_token_text_in_a_message_stays_text(trained, tmp_path, name):
     path = snapshot(trained, tmp_path / name, QWEN25 if name == 'qwen2.5' else QWEN3, False)
@@ -168,9 +191,7 @@ def test_special_token_text_in_a_message_stays_text(trained, tmp_path, name):
     assert ours.special['<think>'] not in ids
     text = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert ours.decode(ids) == text
-    user = ids[ids.index(start, 1) + 1:ids.index(end, ids.index(start, 1))]
-    assert user == ours.encode('user\n' + evil), (
-        'the user turn is not its text encoded as ordinary text')
+    assert ids == hf_ids(hf, msgs, True, sanitize_control_tokens=True)
 
 
 HOSTILE = ["{{ ''.__class__.__mro__[1].__subclasses__() }}",
@@ -220,3 +241,49 @@ def test_byte_tokenizer_keeps_hand_written_chatml(tmp_path):
     assert again.template is not None and conf['chat_template'] == CHATML
     for gen in (True, False):
         assert again.render_chat(msgs, gen) == tok.render_chat(msgs, gen)
+
+
+# QWEN3 that refuses to render with thinking on: a render the knob does not reach fails loudly
+NO_THINKING = ("{%- if enable_thinking is not defined or enable_thinking %}"
+               "{{- raise_exception('thinking is on') }}{%- endif %}" + QWEN3)
+
+
+def test_chat_template_kwargs_reach_the_run_its_export_and_sample_py(trained, tmp_path):
+    """--chat_template_kwargs reaches every render of a run (its prompts and evals), its
+    config.json and its hf export's run record, so sample.py --init_from=OUT/hf renders as the run
+    did; a non-dict is one line naming the knob and a non-zero exit."""
+    import subprocess
+    import sys
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from test_train import ROOT, env, run
+    snap = Path(snapshot(trained, tmp_path / 'snap', NO_THINKING, True))
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, max_position_embeddings=256,
+                                 tie_word_embeddings=True)).save_pretrained(snap)
+    out, knob = tmp_path / 'out', {'enable_thinking': False}
+    run(out, f'--init_from={snap}', '--max_steps=1', '--eval_every=1', '--export_hf=True',
+        f'--chat_template_kwargs={knob!r}', timeout=300)
+    assert json.loads((out / 'config.json').read_text())['chat_template_kwargs'] == knob
+    assert json.loads((out / 'hf' / 'grpo_run.json').read_text())['chat_template_kwargs'] == knob
+
+    def sample_py(*args):
+        cmd = [sys.executable, str(ROOT / 'sample.py'), f'--init_from={out / "hf"}',
+               '--device=cpu', '--dtype=float32', '--prompt=What is 2+2?', '--max_new_tokens=2',
+               f'--out_dir={tmp_path / "eval"}', *args]
+        return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
+                              timeout=300)
+    p = sample_py()
+    assert p.returncode == 0 and '--- sample 0' in p.stdout, p.stderr[-2000:]
+    p = sample_py('--chat_template_kwargs={}')  # the run's knob overridden: thinking on
+    assert p.returncode == 1 and 'thinking is on' in p.stderr, p.stderr[-2000:]
+    p = sample_py('--chat_template_kwargs=enable_thinking')
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        "error: chat_template_kwargs: expected a dict of template variables, e.g. "
+        "{'enable_thinking': False}, got str 'enable_thinking'"], p.stderr
+    p = run(tmp_path / 'bad', '--chat_template_kwargs=False', check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and 'chat_template_kwargs' in lines[0], p.stderr
+    assert "expects dict (default {}), got bool False" in lines[0], lines
