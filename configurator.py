@@ -8,12 +8,17 @@ A script keeps its defaults as plain module globals (each with a comment), then 
 which applies, in order, each bare argument as a Python config file (executed in the script's
 globals) and each `--key=value` as an override. Values go through ast.literal_eval (falling back to
 the raw string) and must match the type of the default; a default of None accepts anything. Any
-mistake is one clear line and exit code 2.
+mistake is one clear line and exit code 2; an unknown key names the closest known ones. `--help`
+prints every knob with its default and the comments beside and above it in the script's source, in
+the source's order and groups, and exits 0.
 """
 import ast
+import difflib
+import io
 import json
 import os
 import sys
+import tokenize
 
 
 def config_keys(g):
@@ -54,6 +59,81 @@ def check_type(key, value, default, where):
     return value
 
 
+def unknown_key(key, known):
+    """The words after 'unknown config key ...': the closest known names, or where to find them."""
+    close = difflib.get_close_matches(key, known, n=3)
+    if close:
+        return "(did you mean " + ' or '.join(f'--{k}' for k in close) + "?)"
+    return "(--help lists the known keys)"
+
+
+def source_notes(path, keys):
+    """[(line, text)] from the script at path: each knob's assignment as ('knob', name, comment on
+    its line) and the comment lines directly above it as ('note', text), in source order. Knobs
+    are assignments at module level or in a module-level `if` (sample.py's `__main__` block)."""
+    try:
+        with open(path) as f:
+            src = f.read()
+        tree = ast.parse(src)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    comments = {}  # line -> comment text
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip('#').strip()
+    lines = src.splitlines()
+    first = {}  # knob -> its first assignment
+    for node in tree.body:
+        for stmt in [node] + (node.body if isinstance(node, ast.If) else []):
+            if isinstance(stmt, ast.Assign):
+                for t in stmt.targets:
+                    if isinstance(t, ast.Name) and t.id in keys and t.id not in first:
+                        first[t.id] = stmt
+    notes = []
+    for name, stmt in sorted(first.items(), key=lambda kv: kv[1].lineno):
+        above, n = [], stmt.lineno - 1
+        while n >= 1 and lines[n - 1].strip().startswith('#') and n in comments:
+            if not comments[n].strip('-= '):  # a separator line ends the block
+                break
+            above.insert(0, (n, ('note', comments[n])))
+            n -= 1
+        own = ' '.join(comments[i] for i in range(stmt.lineno, stmt.end_lineno + 1) if i in comments)
+        notes += above + [(stmt.lineno, ('knob', name, own))]
+    return [note for _, note in sorted(set(notes))]
+
+
+def help_text(g, keys, extra=None):
+    """Every knob of g (keys) with its default and its source comments, then the chosen task's
+    knobs (extra: {name: default}), if any."""
+    script = g.get('__file__') or 'script'
+    out = [f"usage: python {os.path.basename(script)} [config.py ...] [--key=value ...]",
+           "  a bare argument is a config file of assignments; --key=value overrides one knob; "
+           "values are Python literals", '']
+
+    def knob(name, default, comment):
+        line = f"  --{name}={default!r}"
+        return line + ' ' * max(2, 40 - len(line)) + comment if comment else line
+
+    listed = set()
+    notes = source_notes(g['__file__'], set(keys)) if g.get('__file__') else []
+    for note in notes:
+        if note[0] == 'note':
+            if out[-1].startswith('  --'):
+                out.append('')
+            out.append(note[1])
+        else:
+            out.append(knob(note[1], g[note[1]], note[2]))
+            listed.add(note[1])
+    rest = [k for k in keys if k not in listed]
+    if rest:
+        out += ['', 'other knobs']
+        out += [knob(k, g[k], '') for k in rest]
+    if extra:
+        out += ['', "the chosen task's own knobs (--task; their comments are in the task's file)"]
+        out += [knob(k, v, '') for k, v in extra.items()]
+    return '\n'.join(out)
+
+
 def parse_value(raw):
     try:
         return ast.literal_eval(raw)
@@ -69,6 +149,8 @@ def configure(g, argv=None, more_knobs=None):
     knob. A ValueError from it is a config error."""
     argv = sys.argv[1:] if argv is None else argv
     keys = config_keys(g)
+    if '--help' in argv or '-h' in argv:
+        show_help(g, keys, [a for a in argv if a not in ('--help', '-h')], more_knobs)
     if more_knobs is not None:
         first = dict(g)
         _apply(first, argv, {k: g[k] for k in keys}, strict=False)
@@ -84,6 +166,20 @@ def configure(g, argv=None, more_knobs=None):
         keys += list(extra)
     _apply(g, argv, {k: g[k] for k in keys}, strict=True)
     return {k: g[k] for k in keys}
+
+
+def show_help(g, keys, argv, more_knobs):
+    """Print the knobs (with the task's that argv chooses) and exit 0."""
+    extra = {}
+    if more_knobs is not None:
+        first = dict(g)
+        _apply(first, argv, {k: g[k] for k in keys}, strict=False)
+        try:
+            extra = more_knobs(first)
+        except ValueError as e:
+            fail(str(e))
+    print(help_text(g, keys, extra))
+    sys.exit(0)
 
 
 def _apply(g, argv, defaults, strict):
@@ -106,8 +202,7 @@ def _apply(g, argv, defaults, strict):
                 if k not in defaults:
                     if not strict:
                         continue
-                    known = ', '.join(sorted(defaults))
-                    fail(f"{arg}: unknown config key '{k}' (known keys: {known})")
+                    fail(f"{arg}: unknown config key '{k}' {unknown_key(k, defaults)}")
                 g[k] = check_type(k, v, defaults[k], arg)
         else:
             key, sep, raw = arg[2:].partition('=')  # partition: values may themselves contain '='
@@ -116,8 +211,7 @@ def _apply(g, argv, defaults, strict):
             if key not in defaults:
                 if not strict:
                     continue
-                known = ', '.join(sorted(defaults))
-                fail(f"unknown config key --{key} (known keys: {known})")
+                fail(f"unknown config key --{key} {unknown_key(key, defaults)}")
             value = parse_value(raw)
             default = defaults[key]
             if isinstance(default, str):
