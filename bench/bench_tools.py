@@ -43,6 +43,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sandbox  # noqa: E402
 import tool_calls  # noqa: E402
 from model import ModelConfig, from_scratch  # noqa: E402
 from sample import generate, generate_with_tools  # noqa: E402
@@ -67,7 +68,7 @@ if args.threads:
     torch.set_num_threads(args.threads)
 
 TOK = byte_tokenizer()
-TOOLS = {'calculator': tool_calls.calculator}
+TOOLS = {'calculator': sandbox.calculator}
 FENCE_END = '```\n'  # the reference's stop string: a closing fence and the newline after it
 STRENGTH = 60.0
 MAX_TOOL_CALLS = 4

@@ -17,7 +17,7 @@ Optional:
         the task's own eval numbers beside pass@1, on the greedy completions (tasks/chess.py:
         legal_rate, ...): in evaluate()'s summary and train_grpo's eval/<name> (names other than
         n, pass@1, truncated, seconds)
-    tools = [...]                   tools its rollouts may call (tool_calls.py): built-in names
+    tools = [...]                   tools its rollouts may call (sandbox.py): built-in names
                                     ('calculator', 'python') or functions with type hints and a
                                     docstring; its completions then run through
                                     sample.generate_with_tools (docs/tools.md)
@@ -143,14 +143,14 @@ def tools_of(task):
     listed = getattr(task, 'tools', None)
     if not listed:
         return None, None
-    import tool_calls
+    from sandbox import DEFAULT_TOOLS
     tools = {}
     for t in listed:
         if isinstance(t, str):
-            if t not in tool_calls.DEFAULT_TOOLS:
+            if t not in DEFAULT_TOOLS:
                 raise ValueError(f"task tool {t!r}: not a built-in tool "
-                                 f"({', '.join(tool_calls.DEFAULT_TOOLS)}); give the function")
-            tools[t] = tool_calls.DEFAULT_TOOLS[t]
+                                 f"({', '.join(DEFAULT_TOOLS)}); give the function")
+            tools[t] = DEFAULT_TOOLS[t]
         else:
             tools[t.__name__] = t
     return tools, getattr(task, 'tool_style', 'fenced')

@@ -22,6 +22,7 @@ import random
 from functools import lru_cache
 
 import tool_calls
+from sandbox import DEFAULT_TOOLS
 from tasks import arith
 
 arith_difficulty = 'starter'  # preset of tasks/arith.py: 'starter', 'easy', 'medium', 'hard'
@@ -64,7 +65,7 @@ def with_calculator(solution):
         expression = line.split('=')[0]
         call = f"```calculator\n{expression}\n```"
         result = tool_calls.run_call(tool_calls.parse_calls(call, 'fenced')[0],
-                                     tool_calls.DEFAULT_TOOLS, 5.0)
+                                     DEFAULT_TOOLS, 5.0)
         out += call + '\n' + tool_calls.response_text([result], 'fenced')
         answer = result['output']
     return out + f"#### {answer}"

@@ -1,6 +1,6 @@
 """
 GSM8K with a Python interpreter to call (config/gsm8k_tools.py): the problems, grading, rewards and
-warm-start targets of tasks/gsm8k.py, with the sandboxed `python` tool (tool_calls.python) written
+warm-start targets of tasks/gsm8k.py, with the sandboxed `python` tool (sandbox.python) written
 as a chat-template call, as Qwen2.5-Instruct was trained to write them (tool_style 'hermes'):
 
     <tool_call>
@@ -22,7 +22,7 @@ SYSTEM_PROMPT = ("You are a helpful assistant that solves math problems. You may
 INSTRUCTION = ("Reason step by step, using the python tool for the calculations if it helps, then "
                "put the final answer in \\boxed{}.")
 rewards = gsm8k.rewards  # correct + 0.1 format (a number in \boxed{})
-tools = ['python']  # tool_calls.python: a fresh sandboxed interpreter per call
+tools = ['python']  # sandbox.python: a fresh sandboxed interpreter per call
 tool_style = 'hermes'  # <tool_call>{json}</tool_call> ends the turn; the output is a tool message
 
 

@@ -14,6 +14,7 @@ from tokenizers import AddedToken, Tokenizer as HFTokenizer
 import lora
 import safety
 import tasks
+import sandbox
 import tool_calls
 from configurator import configure
 from tasks import gsm8k
@@ -39,7 +40,7 @@ def task():
 
 def schema():
     """The python tool as the chat template's `tools` lists it."""
-    return [tool_calls.json_schema(tool_calls.python)]
+    return [tool_calls.json_schema(sandbox.python)]
 
 
 def examples():
@@ -64,7 +65,7 @@ def qwen25(request, tmp_path_factory):
 def test_the_task_plugs_in_with_the_python_tool_and_gsm8k_grading(tmp_path):
     t = task()
     assert 'gsm8k_tools' in tasks.BUILTIN
-    assert tasks.tools_of(t) == ({'python': tool_calls.python}, 'hermes')
+    assert tasks.tools_of(t) == ({'python': sandbox.python}, 'hermes')
     assert t.grade is gsm8k.grade and t.solution is gsm8k.solution
     assert tasks.default_rewards(t) == gsm8k.rewards
     assert tasks.knobs(t) == {'skip_bad_rows': False}

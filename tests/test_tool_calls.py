@@ -1,4 +1,4 @@
-"""Specification of the tools a rollout calls (tool_calls.py): schemas equal transformers', the
+"""Specification of the tools a rollout calls (tool_calls.py, sandbox.py): schemas equal transformers', the
 calculator computes without eval, the python tool's guards hold against each thing a program might
 do to the machine, calls are found and read in awkward text, and run_call never raises or hangs."""
 import builtins
@@ -12,11 +12,12 @@ from typing import Literal, Optional
 
 import pytest
 
-import tool_calls
+import sandbox
+from sandbox import (DEFAULT_TOOLS, MAX_OUTPUT_CHARS, PYTHON_FILE_BYTES, PYTHON_MEMORY_BYTES, PYTHON_PROCESSES,
+                     calculator, cut_middle, python)
 from tokenizer import compile_chat_template
-from tool_calls import (DEFAULT_TOOLS, MAX_OUTPUT_CHARS, PYTHON_FILE_BYTES, PYTHON_MEMORY_BYTES,
-                        PYTHON_PROCESSES, STYLES, calculator, call_closed, cut_middle, json_schema,
-                        parse_calls, python, response_text, run_call, start_calls, tool_messages)
+from tool_calls import (STYLES, call_closed, json_schema, parse_calls, response_text, run_call, start_calls,
+                        tool_messages)
 
 TIMEOUT = 2.0  # the time limit the sandbox tests run under
 
@@ -261,7 +262,7 @@ def test_python_sees_none_of_our_environment(monkeypatch, namespaces):
     """Neither its own environment nor, through /proc/PID/environ, that of a process of ours
     started with a secret in it (as a trainer is started with its tokens)."""
     if not namespaces:
-        monkeypatch.setattr(tool_calls, '_unshare_prefix', no_namespaces)
+        monkeypatch.setattr(sandbox, '_unshare_prefix', no_namespaces)
     secret = 'hunter2-tool-calls-test'
     monkeypatch.setenv('GRPO_TOOL_SECRET', secret)
     ours = subprocess.Popen(['sleep', '30'])
@@ -280,7 +281,7 @@ def test_python_sees_none_of_our_environment(monkeypatch, namespaces):
 @pytest.mark.parametrize('namespaces', [True, False])
 def test_python_cannot_connect(monkeypatch, namespaces):
     if not namespaces:
-        monkeypatch.setattr(tool_calls, '_unshare_prefix', no_namespaces)
+        monkeypatch.setattr(sandbox, '_unshare_prefix', no_namespaces)
     with socket.socket() as listener:
         listener.bind(('127.0.0.1', 0))
         listener.listen()
@@ -296,7 +297,7 @@ def test_python_cannot_connect(monkeypatch, namespaces):
 
 def test_python_namespaces_where_unshare_works():
     """The second layer, under the audit hook: no network namespace of ours, no process of ours."""
-    if not tool_calls._unshare_prefix():
+    if not sandbox._unshare_prefix():
         pytest.skip('unshare does not work here: the audit hook is the only guard')
     r = run_python("import os\nprint(os.readlink('/proc/self/ns/net'))\n"
                    "print([p for p in os.listdir('/proc') if p.isdigit()])")

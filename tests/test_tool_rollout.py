@@ -12,6 +12,7 @@ import torch
 
 import sample
 import tasks
+import sandbox
 import tool_calls
 from loss import policy_loss, token_weights
 from model import KVCache, ModelConfig, from_scratch
@@ -20,7 +21,7 @@ from tokenizer import byte_tokenizer
 
 TOK = byte_tokenizer()
 PROMPT = TOK.encode("Q: 12*7+1?")
-TOOLS = {'calculator': tool_calls.calculator}
+TOOLS = {'calculator': sandbox.calculator}
 
 
 class Scripted(torch.nn.Module):
@@ -143,7 +144,7 @@ def test_answers_go_in_tool_delay_steps_after_the_call(delay):
             expression: the arithmetic
         """
         time.sleep(0.1)
-        return tool_calls.calculator(expression)
+        return sandbox.calculator(expression)
 
     out = generate_with_tools(model, TOK, prompts, 2, 400, tools={'calculator': slow_calculator},
                               seed=3, tool_delay_steps=delay)
@@ -169,7 +170,7 @@ def test_rows_sample_alike_however_long_their_tools_take():
             expression: the arithmetic
         """
         time.sleep(rng.random() * 0.05)
-        return tool_calls.calculator(expression)
+        return sandbox.calculator(expression)
 
     runs = []
     for _ in range(2):  # the log-probs compared too: equal to the last bit
