@@ -8,7 +8,7 @@
 # right. GRPO, rewarded for the right answer only, finds that counting pays.
 # Measured on 2 CPU cores, 5 seeds (README, Offline demo): greedy pass@1 0.47-0.54 after the warm
 # start, 0.965-0.99 after 40 GRPO steps; about 3 minutes a run.
-# `python tools/arith_probe.py out/arith/hf` shows the styles learned.
+# `python scripts/arith_probe.py out/arith/hf` shows the styles learned.
 out_dir = 'out/arith'
 init_from = 'scratch'
 task = 'arith'  # tasks/arith.py: its knobs below

@@ -15,7 +15,7 @@ Positions come from random legal play, a pure function of the seed, and every la
 (legal moves, mating moves, next FEN, reward and flags) is computed into the example when it is
 made, so the rewards are pure functions of (completion, example) that never raise. With --data_dir
 (one sub-task), rows {'fen', ...} of DIR/{split}.jsonl are used instead (e.g. with Stockfish's
-candidates and evals: 'moves', 'evals', 'best', written by tools/chess_labels.py); their labels are
+candidates and evals: 'moves', 'evals', 'best', written by scripts/chess_labels.py); their labels are
 recomputed from the FEN the same way, and a row with nothing to answer (no legal move) is a bad row.
 Prompts are raw text (no chat template), as RookWorld-LM was trained, each FEN written as RookWorld
 writes it: a policy prompt keeps the FEN as its source wrote it (an en passant square no pawn can

@@ -371,7 +371,7 @@ def test_chess_is_a_builtin_task():
 
 
 def test_data_dir_rows_and_bad_rows(tmp_path):
-    """--data_dir rows (as tools/chess_labels.py writes them) are relabelled by python-chess; a bad
+    """--data_dir rows (as scripts/chess_labels.py writes them) are relabelled by python-chess; a bad
     row is one error naming file and line."""
     rows = [{'fen': START, 'moves': ['e2e4', 'd2d4'], 'evals': [0.3, 0.2], 'best': 'e2e4'},
             {'fen': FOOL}]

@@ -634,11 +634,11 @@ def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
 
 
 def test_arith_probe_reads_an_arith_export(tmp_path):
-    """tools/arith_probe.py (the README's forced-count figures) on a tiny arith run's export; any
+    """scripts/arith_probe.py (the README's forced-count figures) on a tiny arith run's export; any
     other is refused."""
     run(tmp_path / 'a', '--export_hf=True', '--max_steps=0', '--sft_steps=2',
         '--arith_difficulty=starter', '--arith_count_on=0.5', '--arith_slips=1.0')
-    probe = [sys.executable, str(ROOT / 'tools' / 'arith_probe.py')]
+    probe = [sys.executable, str(ROOT / 'scripts' / 'arith_probe.py')]
     p = subprocess.run([*probe, str(tmp_path / 'a' / 'hf')], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -6,7 +6,7 @@ those are right. GRPO on this task mostly chooses the counting style; it ends ne
 figure, so that is how well the warm start taught counting.
 
     # an HF export of an arith run (its grpo_run.json gives the knobs)
-    python tools/arith_probe.py out/arith/hf
+    python scripts/arith_probe.py out/arith/hf
 """
 import json
 import os

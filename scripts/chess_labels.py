@@ -5,9 +5,9 @@ convention) and the engine's best move, written as the rows `--data_dir` reads. 
 else in the project needs an engine (apt install stockfish).
 
     # random-play positions, as the task makes them
-    python tools/chess_labels.py --out_dir=data/chess
+    python scripts/chess_labels.py --out_dir=data/chess
     # your positions: rows {"fen": ...}
-    python tools/chess_labels.py --out_dir=data/chess --input_file=my.jsonl
+    python scripts/chess_labels.py --out_dir=data/chess --input_file=my.jsonl
     python train_grpo.py config/chess.py --data_dir=data/chess --chess_subtask=policy
 
 Unlike RookWorld's published data, B: is always the engine's best move (there, Black's B: is the
