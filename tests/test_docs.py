@@ -1,6 +1,7 @@
 """README.md and docs/: README is a user's reference of at most 300 lines that links every docs/
 page; every relative link resolves (files, and #anchors to headings); no page speaks of how the
 project was developed."""
+import ast
 import re
 from pathlib import Path
 
@@ -86,3 +87,56 @@ def test_no_words_about_how_the_project_was_developed(path):
     hits = [f"{path.name}:{n}: {line.strip()}" for n, line in enumerate(lines, 1)
             if DEV_WORDS.search(line)]
     assert not hits, "lines about the project's development, not its use:\n" + '\n'.join(hits)
+
+
+def reading_table():
+    """The rows of README's "Reading the code" table: (stage, where) cells."""
+    text = README.read_text(encoding='utf-8').split('## Reading the code', 1)[1].split('\n## ', 1)[0]
+    rows = [line.strip().strip('|').split('|') for line in text.splitlines() if line.startswith('| ')]
+    return [(stage.strip(), where.strip()) for stage, where in rows[1:]]  # the header row left out
+
+
+def defined_names(path):
+    """Names a file defines at module level (functions, classes, assignments) and in an
+    `if __name__ == '__main__':` block."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding='utf-8')).body:
+        for stmt in [node] + (node.body if isinstance(node, ast.If) else []):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(stmt.name)
+            elif isinstance(stmt, ast.Assign):
+                names |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_reading_table_names_what_exists():
+    """Every `file.py:name` and `file.name` the table names is defined there (by ast), every
+    `file.py` and `folder/` it names exists, and `name` in `file.py` is defined in that file."""
+    rows = reading_table()
+    assert len(rows) >= 8, rows
+    missing, checked = [], 0
+    for _, where in rows:
+        spans = re.findall(r'`([^`]+)`', where)
+        for m in re.finditer(r'`(\w+)` in `([\w/]+\.py)`', where):
+            spans.append(f'{m.group(2)}:{m.group(1)}')
+        for span in spans:
+            m = re.fullmatch(r'([\w/]+)(?:\.py:|\.)(\w+)', span)
+            if span.endswith(('.py', '.jsonl', '.json', '.png', '.md')) or '<' in span:
+                m = None  # a file's name, or a placeholder such as tasks/<name>.py
+            if m and (ROOT / f'{m.group(1)}.py').is_file():
+                checked += 1
+                if m.group(2) not in defined_names(ROOT / f'{m.group(1)}.py'):
+                    missing.append(span)
+            elif (span.endswith('.py') or span.endswith('/')) and '<' not in span:
+                if not (ROOT / span).exists():
+                    missing.append(span)
+    assert checked >= 10 and not missing, f"README's reading table names what is not there: {missing}"
+
+
+def test_reading_table_names_the_advantages_the_loop_trains_on():
+    """Stage 3 names the function whose advantages the loop trains on (loss.advantages: every
+    advantage estimator, scaling and KL-in-reward), as train_grpo.py calls it."""
+    src = (ROOT / 'train_grpo.py').read_text(encoding='utf-8')
+    assert re.search(r'\badvantages\(', src), "train_grpo.py no longer calls loss.advantages"
+    stage3 = next(where for stage, where in reading_table() if stage.startswith('3 '))
+    assert '`loss.py:advantages`' in stage3, stage3
