@@ -10,17 +10,21 @@ the step was cut.
 import torch
 
 
+def zero_spread(rewards):
+    """rewards (P, G) -> (P,) bool: the groups whose G rewards are all equal (no advantage)."""
+    return rewards.std(dim=1) < 1e-6  # unbiased, as in the GRPO paper's implementations
+
+
 def group_advantages(rewards, scale='group', eps=1e-4):
     """rewards (P, G) -> advantages (P, G), zero_std (P,) bool: r minus its group's mean, divided by
     scale='group' (GRPO): the group's std + eps, so a group with a small spread is up-weighted;
     scale='batch': the std of all the step's rewards + eps, one scale for every group (TRL's
     scale_rewards='batch'); scale='none' (Dr. GRPO): nothing, so an advantage keeps the reward's own
     units."""
-    std = rewards.std(dim=1, keepdim=True)  # unbiased, as in the GRPO paper's implementations
-    zero = std < 1e-6
+    zero = zero_spread(rewards).unsqueeze(1)
     adv = rewards - rewards.mean(dim=1, keepdim=True)
     if scale == 'group':
-        adv = adv / (std + eps)
+        adv = adv / (rewards.std(dim=1, keepdim=True) + eps)
     elif scale == 'batch':
         adv = adv / (rewards.std() + eps)
     elif scale != 'none':
@@ -47,8 +51,7 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None)
     zero_std marks the groups whose G rewards are all equal, whatever the estimator."""
     if estimator == 'grpo':
         return group_advantages(rewards, scale, eps)
-    std = rewards.std(dim=1, keepdim=True)
-    zero = std < 1e-6
+    zero = zero_spread(rewards).unsqueeze(1)
     mean = rewards.mean(dim=1, keepdim=True)
     G = rewards.shape[1]
     if estimator == 'rloo':

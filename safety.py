@@ -319,6 +319,17 @@ def injected_kill(done, at):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def kill_after(at):
+    """fault_kill_opt_step as an optimizer step hook (torch's register_step_post_hook): counts the
+    optimizer steps taken from now and calls injected_kill after each."""
+    done = [0]
+
+    def hook(optimizer, args, kwargs):
+        done[0] += 1
+        injected_kill(done[0], at)
+    return hook
+
+
 def injected_stall(seconds):  # named so the watchdog's stack dump points straight at it
     if seconds > 0:
         time.sleep(seconds)

@@ -1,10 +1,12 @@
 """
 GRPO fine-tuning on one GPU (or a CPU, or several through torchrun), top to bottom: the knobs, the
-setup, then a loop of named stages:
-  1 prompts and completions (sample.py)   2 rewards (the task's, reward.py)
-  3 group-relative advantages (loss.py)   4 old and reference log-probs (batch.py)
-  5 clipped policy-gradient update        6 metrics, warnings, guards (metrics.py, safety.py)
-  7 checkpoint (checkpoint.py)
+setup, then a loop of named stages, each a function of this file:
+  1-2 prompts, completions, rewards: sample_step (sample.py; the task's rewards, reward.py)
+  3 group-relative advantages, rows, micro-batches: train_groups, layout (loss.py, batch.py)
+  4 old and reference log-probs: side_logprobs (batch.py)
+  5 clipped policy-gradient update: update, micro_loss (loss.py)
+  6 metrics, warnings, guards: step_metrics, report, roll_back (metrics.py, safety.py)
+  7 checkpoint: checkpoint (checkpoint.py)
 
     python train_grpo.py config/arith.py            # the offline demo: tiny model, CPU, minutes
     python train_grpo.py config/gsm8k.py            # Qwen2.5-0.5B-Instruct on GSM8K, one GPU
@@ -193,7 +195,7 @@ from checkpoint import load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
-from loss import advantages, group_advantages, policy_loss, tis_weights  # noqa: E402
+from loss import advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
 from loss import adapt_entropy_coef, entropy_cut, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
@@ -271,20 +273,15 @@ print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute 
 # refreshed after every update
 gen_model, sync_gen_model = sampler_model(model, ptdtype, fsdp)
 train_model = wrap(model, device, fsdp, compile)  # DDP / FSDP / torch.compile as asked
-step_share = share_prompt is True  # this step's layout (share_prompt='auto': chosen each step)
 
 
-def logprobs(net, rows, temp=None):
-    """Per-token log-probs and entropies of rows' completions under net (batch.py)."""
+def logprobs(net, rows, share, temp=None):
+    """Per-token log-probs and entropies of rows' completions under net (batch.py), laid out with
+    each group's prompt once before its completions if share (the step's layout)."""
     if temp is None:
         temp = temperature
-    return completion_logprobs(net, rows, tok.pad_id, temp, share_prompt=step_share, dtype=ptdtype,
+    return completion_logprobs(net, rows, tok.pad_id, temp, share_prompt=share, dtype=ptdtype,
                                compiled=compile, head_fp32=lm_head_fp32, tiles=lm_head_tiles)
-
-
-def entropies(rows):
-    """Per-token entropies of rows' completions under the policy being trained."""
-    return logprobs(train_model, rows)[1]
 
 
 optimizer = torch.optim.AdamW(lora.param_groups(model, weight_decay), lr=lr, betas=adam_betas,
@@ -313,7 +310,7 @@ if state is not None:  # None: a fresh start
     sync_gen_model()
 
 
-def save(step_done):
+def save(step_done, cursor, lr_scale, rollbacks, guards, entropy_state):
     """checkpoint.py: atomic, finite weights only, rank 0 writes; with the HF export."""
     run_state = {'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks, 'guards': guards,
                  'entropy_state': entropy_state,
@@ -365,7 +362,7 @@ def sft_rows(examples):  # (prompt, reference solution) rows
 
 
 def sft_logprobs(rows):
-    return logprobs(train_model, rows, temp=1.0)
+    return logprobs(train_model, rows, share_prompt is True, temp=1.0)
 
 
 def sft_lr_at(it):
@@ -399,7 +396,7 @@ if state is None:
     if eval_every > 0:
         row.update(run_eval(0))
     log_metrics(row)
-    save(0)  # the first rollback target
+    save(0, cursor, lr_scale, rollbacks, guards, entropy_state)  # the first rollback target
 last_progress = [time.time()]  # the watchdog's heartbeat: refreshed at every stage and decode step
 safety.start_watchdog(last_progress, watchdog_s, out_dir, watchdog_exit)
 stop_signal = safety.catch_signals()
@@ -415,7 +412,13 @@ def reduce_across_ranks(values, op):
 
 # ------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
-opt_steps = 0  # GRPO optimizer steps this process has taken (fault_kill_opt_step counts them)
+# groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over the
+# step by reinforce_pp, an advantage of their own)
+inert = not (beta or entropy_coef or adaptive_entropy or advantage == 'reinforce_pp')
+skip_zero_std = filter_zero_std and inert
+moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
+if fault_kill_opt_step:  # testing: SIGKILL right after this process's N-th GRPO optimizer step
+    optimizer.register_step_post_hook(safety.kill_after(fault_kill_opt_step))
 print(metrics.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode),
       flush=True)
 
@@ -460,13 +463,11 @@ def rollout(examples, first, step, timing):
     return prompts, mine, comps, sc
 
 
-while step < max_steps:
-    t_step = time.time()
-    timing = {}
-    mark = metrics.stage_marker(step + 1, t_step, last_progress, verbose, device)
-
-    # 1-2. prompts, completions, rewards. dynamic_sampling (DAPO): more rounds of prompts until P
-    # groups have a reward spread; a refill draws enough to fill the step at the rate seen so far
+def sample_step(step, cursor, timing):
+    """1-2. The step's prompts from cursor on, their completions and rewards. dynamic_sampling
+    (DAPO): more rounds of prompts until P groups have a reward spread; a refill draws enough to
+    fill the step at the rate seen so far. Also returns every group's rewards (rows of G), which
+    groups have no spread, the rounds taken and the cursor after the last prompt drawn."""
     batch, prompts, comps, scs, owned = [], [], [], [], set()
     next_cursor = cursor
     n_spread = 0  # groups with a reward spread so far
@@ -482,51 +483,53 @@ while step < max_steps:
         comps += c
         scs.append(sc)
         owned |= set(mine)
-        r_all = torch.tensor([x for s in scs for x in s['total']], dtype=torch.float32).view(-1, G)
-        zero_all = group_advantages(r_all, scale_rewards, adv_eps)[1]
-        n_spread = int((~zero_all).sum())
+        rewards = torch.tensor([x for s in scs for x in s['total']], dtype=torch.float32).view(-1, G)
+        zero_std = zero_spread(rewards)
+        n_spread = int((~zero_std).sum())
         if n_spread >= P:
             break
-    sc = merge_scores(scs)
-    mark(f"generated and scored {len(comps)} completions")
+    return {'batch': batch, 'prompts': prompts, 'comps': comps, 'sc': merge_scores(scs),
+            'owned': owned, 'rewards': rewards, 'zero_std': zero_std, 'rounds': rnd + 1,
+            'cursor': next_cursor}
 
-    # 3. group-relative advantages of the step's groups (dynamic sampling: the first P with a
-    # spread), and the rows to train on
-    if dynamic_sampling:
-        kept = keep_groups(zero_all, P)
-    else:
-        kept = list(range(P))
+
+def train_groups(roll):
+    """3. Group-relative advantages of the step's groups (dynamic sampling: the first P with a
+    spread), and the rows to train on: the step's, and with mini_batches > 1 each mini-batch's
+    (disjoint sets of groups, each with its own rows, loss normalisers and optimizer step)."""
+    kept = keep_groups(roll['zero_std'], P) if dynamic_sampling else list(range(P))
     # completion lengths in sampled tokens (reinforce_pp whitens over them)
-    comp_lens = torch.tensor([sampled_count(c) for c in comps]).view(-1, G)[kept]
-    adv, zero_std = advantages(r_all[kept], advantage, scale_rewards, adv_eps, lens=comp_lens)
-    # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over
-    # the step by reinforce_pp, an advantage of their own)
-    entropy_term = entropy_coef or adaptive_entropy
-    inert = not (beta or entropy_term or advantage == 'reinforce_pp')  # equal groups: no gradient
-    skip_zero_std = filter_zero_std and inert
+    lens = torch.tensor([sampled_count(c) for c in roll['comps']]).view(-1, G)[kept]
+    adv, zero_std = advantages(roll['rewards'][kept], advantage, scale_rewards, adv_eps, lens=lens)
     # void_turn_filter: completions that ended on a void turn enter no row and no normaliser (as
     # truncated ones do with mask_truncated); their rewards stayed in the advantages above
-    trainable = [c for c in comps if not c.get('void')] if void_turn_filter else comps
-    rows, n_tok, n_seq, trained = train_rows(trainable, adv, zero_std, prompts, owned, kept,
-                                             filter_zero_std=skip_zero_std,
-                                             mask_truncated=mask_truncated)
-    n_trained, t_trained = trained[:2]  # rows and tokens trained on, over every rank
-    if share_prompt == 'auto':
-        step_share = choose_share_prompt(rows, model.config, model.packed_kind())
-    else:
-        step_share = share_prompt
-    # mini_batches > 1: disjoint sets of groups, each with its own rows and loss normalisers and its
-    # own optimizer step
-    parts = [(rows, n_tok, n_seq, trained)]
+    trainable = roll['comps']
+    if void_turn_filter:
+        trainable = [c for c in trainable if not c.get('void')]
+    prompts, owned = roll['prompts'], roll['owned']
+    step_rows = train_rows(trainable, adv, zero_std, prompts, owned, kept,
+                           filter_zero_std=skip_zero_std, mask_truncated=mask_truncated)
+    parts = [step_rows]  # (rows, n_tok, n_seq, trained) of each mini-batch
     if mini_batches > 1:
-        parts = []
-        for pos in mini_batch_groups(len(kept), mini_batches):
-            parts.append(train_rows(trainable, adv[pos], zero_std[pos], prompts, owned,
-                                    [kept[k] for k in pos], filter_zero_std=skip_zero_std,
-                                    mask_truncated=mask_truncated))
-    micro, plan, mini_of = [], [], []  # micro-batches; mini-batches; each micro-batch's mini-batch
-    for part_rows, part_tok, part_seq, part_trained in parts:
-        mbs = micro_batches(part_rows, micro_batch_size, whole_groups=step_share)  # packed: groups
+        parts = [train_rows(trainable, adv[pos], zero_std[pos], prompts, owned,
+                            [kept[k] for k in pos], filter_zero_std=skip_zero_std,
+                            mask_truncated=mask_truncated)
+                 for pos in mini_batch_groups(len(kept), mini_batches)]
+    # trained: rows and tokens trained on over every rank, and rows of groups with a spread
+    return {'kept': kept, 'adv': adv, 'zero_std': zero_std, 'trainable': trainable,
+            'rows': step_rows[0], 'trained': step_rows[3], 'parts': parts}
+
+
+def layout(groups):
+    """The step's layout (share_prompt='auto': the cheaper for its rows) and its micro-batches,
+    mini-batch after mini-batch: micro (the passes), plan (each mini-batch's end, end of its real
+    passes, loss normalisers and rows that can move the policy), mini_of (each pass's mini-batch)."""
+    share = share_prompt
+    if share_prompt == 'auto':
+        share = choose_share_prompt(groups['rows'], model.config, model.packed_kind())
+    micro, plan, mini_of = [], [], []
+    for part_rows, part_tok, part_seq, part_trained in groups['parts']:
+        mbs = micro_batches(part_rows, micro_batch_size, whole_groups=share)  # packed: groups
         n_real = len(mbs)
         if ddp:  # every rank runs as many passes: padded with passes of weight 0
             mbs = pad_micro_batches(mbs, tok.pad_id, device)
@@ -537,107 +540,135 @@ while step < max_steps:
                      'n_tok': part_tok, 'n_seq': part_seq, 'rows': moving})
         mini_of += [len(plan) - 1] * len(mbs)
         micro += mbs
-    moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
+    return {'share': share, 'micro': micro, 'plan': plan, 'mini_of': mini_of}
 
-    # 4. old (when the policy moves within the step) and reference (beta > 0) log-probs, no grad
+
+def side_logprobs(lay, groups, roll, timing):
+    """4. Without grad: the old log-probs (when the policy moves within the step), the entropy cut
+    (top_entropy_quantile < 1) and the reference's log-probs (beta > 0); and the sampler's."""
+    share, micro = lay['share'], lay['micro']
     t = time.time()
     with torch.no_grad():
         old_lp = None
         if moved:
-            old_lp = [logprobs(train_model, mb)[0] for mb in micro]
-        # top_entropy_quantile < 1: the entropy cut over the step's sampled tokens (not those a
-        # tool inserted), before the update, the zero-spread groups' too: filter_zero_std must not
-        # move it (their forward pass without grad is what the cut costs the filter)
+            old_lp = [logprobs(train_model, mb, share)[0] for mb in micro]
         cut = None
-        if top_entropy_quantile < 1 and any(part['rows'] for part in plan):
-            passes = [(mb, j < plan[mini_of[j]]['real_end']) for j, mb in enumerate(micro)]
-            if skip_zero_std:
-                left_out = zero_std_rows(trainable, adv, zero_std, prompts, owned, kept,
-                                         mask_truncated=mask_truncated)
-                more = micro_batches(left_out, micro_batch_size, whole_groups=step_share)
-                n_real = len(more)
-                if ddp:
-                    more = pad_micro_batches(more, tok.pad_id, device)
-                passes += [(mb, k < n_real) for k, mb in enumerate(more)]
-            ents = gather_tensor(sampled_entropies(entropies, passes))
-            cut = entropy_cut(ents, top_entropy_quantile)
+        if top_entropy_quantile < 1 and any(part['rows'] for part in lay['plan']):
+            cut = step_entropy_cut(lay, groups, roll)
         timing['old_logprob'] = time.time() - t
         t = time.time()
         ref_lp = None
         if ref_model is not None:
             with lora.disabled(model):  # LoRA: the reference is the base; a no-op otherwise
-                ref_lp = [logprobs(ref_model, mb)[0].float() for mb in micro]
+                ref_lp = [logprobs(ref_model, mb, share)[0].float() for mb in micro]
     timing['ref'] = time.time() - t
     # the sampler's log-probs of the same tokens
     gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]
-    mark("old/ref log-probs computed")
+    return {'old': old_lp, 'ref': ref_lp, 'gen': gen_lp, 'cut': cut}
 
-    # 5. policy-gradient update: each micro-batch adds its share of the step's loss, so the gradient
-    # does not depend on how the step is cut into micro-batches
-    t = time.time()
+
+def step_entropy_cut(lay, groups, roll):
+    """top_entropy_quantile < 1: the entropy cut over the step's sampled tokens (not those a tool
+    inserted), before the update, the zero-spread groups' too: filter_zero_std must not move it
+    (their forward pass without grad is what the cut costs the filter)."""
+    share, plan = lay['share'], lay['plan']
+    passes = [(mb, j < plan[lay['mini_of'][j]]['real_end']) for j, mb in enumerate(lay['micro'])]
+    if skip_zero_std:
+        left_out = zero_std_rows(groups['trainable'], groups['adv'], groups['zero_std'],
+                                 roll['prompts'], roll['owned'], groups['kept'],
+                                 mask_truncated=mask_truncated)
+        more = micro_batches(left_out, micro_batch_size, whole_groups=share)
+        n_real = len(more)
+        if ddp:
+            more = pad_micro_batches(more, tok.pad_id, device)
+        passes += [(mb, k < n_real) for k, mb in enumerate(more)]
+    ents = gather_tensor(sampled_entropies(lambda mb: logprobs(train_model, mb, share)[1], passes))
+    return entropy_cut(ents, top_entropy_quantile)
+
+
+def schedule(step, lr_scale, entropy_state):
+    """This step's learning rate, KL coefficient (ramped over kl_warmup_steps) and entropy bonus
+    coefficient (adaptive_entropy: only while the last entropy was at or below the target)."""
     beta_now = beta
     if kl_warmup_steps > 0:
         beta_now = beta * min(1.0, (step + 1) / kl_warmup_steps)
-    lr_now = lr_at(step, lr, max_steps, warmup_steps) * lr_scale
-    for g in optimizer.param_groups:
-        g['lr'] = lr_now
     coef_now = entropy_coef
-    if adaptive_entropy:  # the coefficient only while the last entropy was at or below the target
+    if adaptive_entropy:
         coef_now = entropy_state['coef'] * (entropy_state['last'] <= entropy_target)
-    nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
-    first = metrics.rollout_sums(tis=bool(tis))  # iteration 0: the batch as the policy first saw it
-    # the last iteration (num_iterations > 1 or mini_batches > 1): how far the policy moved, each
-    # mini-batch's tokens measured at its own optimizer step
+    return {'lr': lr_at(step, lr, max_steps, warmup_steps) * lr_scale, 'beta': beta_now,
+            'entropy_coef': coef_now}
+
+
+def micro_loss(mb, j, part, side, share, now):
+    """Pass j's loss: micro-batch mb adds its share of its mini-batch's (part's) loss, the token
+    weights normalised over the whole mini-batch, so the gradient does not depend on how it is cut
+    into micro-batches. Returns the loss with what the metrics read of the pass."""
+    # DDP all-reduces the gradients once, in the mini-batch's last micro-batch's backward (FSDP
+    # reduce-scatters each)
+    no_sync = contextlib.nullcontext()
+    if ddp and not fsdp and j < part['end'] - 1:
+        no_sync = train_model.no_sync()
+    with no_sync:
+        logp, ent = logprobs(train_model, mb, share)
+    lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
+    seq_adv = torch.tensor([rw['adv'] for rw in mb], device=logp.device)
+    A = torch.repeat_interleave(seq_adv, lens)  # each token its sequence's advantage
+    sampled = sampled_tokens(mb, logp.device)  # None: no tool inserted anything
+    w = token_weights(lens, loss_agg, part['n_tok'], part['n_seq'], max_new_tokens, sampled=sampled)
+    w = w * (j < part['real_end'])  # padding passes weigh 0
+    old = side['old'][j] if side['old'] is not None else logp.detach()
+    gen = side['gen'][j]
+    if sampled is not None:  # the sampler drew no inserted token: ratio 1 there
+        gen = torch.where(sampled.bool(), gen, old)
+    isw = None  # tis: (weights, above the cap)
+    if tis:
+        isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
+    ref = side['ref'][j] if side['ref'] is not None else None
+    keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
+    if side['cut'] is not None:
+        keep = (ent.detach() >= side['cut']).float()
+    loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
+                           loss_type=loss_type, ref_logp=ref, beta=now['beta'],
+                           kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
+                           entropy_coef=now['entropy_coef'], is_weight=isw[0] if isw else None,
+                           clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep)
+    return {'loss': loss, 'stats': st, 'w': w, 'logp': logp, 'ent': ent, 'old': old, 'gen': gen,
+            'isw': isw, 'sampled': sampled}
+
+
+def update(lay, side, now, n_tokens, *, skipped, nan_loss):
+    """5. The clipped policy-gradient update: num_iterations passes over the step's micro-batches,
+    an optimizer step after each mini-batch's last (none if skipped, or for a mini-batch with no
+    row that can move the policy; a non-finite loss or gradient ends the update). Returns the
+    metrics' sums of the first iteration (the batch as the policy first saw it) and of the last
+    (num_iterations > 1 or mini_batches > 1: how far the policy moved, each mini-batch's tokens
+    measured at its own optimizer step), and the last gradient norm. n_tokens: the step's tokens
+    trained on, over every rank."""
+    for g in optimizer.param_groups:
+        g['lr'] = now['lr']
+    micro, plan = lay['micro'], lay['plan']
+    first = metrics.rollout_sums(tis=bool(tis))
     last = metrics.moved_sums(dual=clip_ratio_c > 0)
-    grad_norm = 0.0
-    # no update attempted: the gradient is 0 (no row can move the policy)
-    skipped = not any(part['rows'] for part in plan) or sc['all_failed']
-    finite = True
+    grad_norm, finite = 0.0, True
     for it in range(0 if skipped else num_iterations):
         for j, mb in enumerate(micro):
-            part = plan[mini_of[j]]  # its mini-batch (mini_batches = 1: the whole step)
-            # DDP all-reduces the gradients once, in the mini-batch's last micro-batch's backward
-            # (FSDP reduce-scatters each)
-            no_sync = contextlib.nullcontext()
-            if ddp and not fsdp and j < part['end'] - 1:
-                no_sync = train_model.no_sync()
-            with no_sync:
-                logp, ent = logprobs(train_model, mb)
-            lens = torch.tensor([len(rw['ids']) for rw in mb], device=logp.device)
-            seq_adv = torch.tensor([rw['adv'] for rw in mb], device=logp.device)
-            A = torch.repeat_interleave(seq_adv, lens)  # each token its sequence's advantage
-            sampled = sampled_tokens(mb, logp.device)  # None: no tool inserted anything
-            w = token_weights(lens, loss_agg, part['n_tok'], part['n_seq'], max_new_tokens,
-                              sampled=sampled)
-            w = w * (j < part['real_end'])  # padding passes weigh 0
-            old = old_lp[j] if old_lp is not None else logp.detach()
-            gen = gen_lp[j]
-            if sampled is not None:  # the sampler drew no inserted token: ratio 1 there
-                gen = torch.where(sampled.bool(), gen, old)
-            isw = None  # tis: (weights, above the cap)
-            if tis:
-                isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
-            ref = ref_lp[j] if ref_lp is not None else None
-            keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
-            if cut is not None:
-                keep = (ent.detach() >= cut).float()
-            loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
-                                   loss_type=loss_type, ref_logp=ref, beta=beta_now,
-                                   kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
-                                   entropy_coef=coef_now, is_weight=isw[0] if isw else None,
-                                   clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds,
-                                   token_mask=keep)
-            if nan_loss:
+            part = plan[lay['mini_of'][j]]  # its mini-batch (mini_batches = 1: the whole step)
+            out = micro_loss(mb, j, part, side, lay['share'], now)
+            loss, w = out['loss'], out['w']
+            if nan_loss:  # testing: fault_nan_steps
                 loss = loss * float('nan')
             # DDP/FSDP average the ranks' gradients; the step's gradient is their sum
             (loss * world).backward()
             if mini_batches > 1:  # the logged loss: the mean of the mini-batches' losses
                 loss, w = loss / mini_batches, w / mini_batches
-            if j < part['real_end'] and it == 0:
-                metrics.add_rollout(first, loss, st, w, logp, ent, gen_logp=gen, is_weight=isw,
-                                    n_tokens=t_trained, sampled=sampled)
-            if j < part['real_end'] and it == num_iterations - 1 and moved:
-                metrics.add_moved(last, st, logp, old, t_trained, sampled=sampled)
+            real = j < part['real_end']
+            if real and it == 0:
+                metrics.add_rollout(first, loss, out['stats'], w, out['logp'], out['ent'],
+                                    gen_logp=out['gen'], is_weight=out['isw'], n_tokens=n_tokens,
+                                    sampled=out['sampled'])
+            if real and it == num_iterations - 1 and moved:
+                metrics.add_moved(last, out['stats'], out['logp'], out['old'], n_tokens,
+                                  sampled=out['sampled'])
             if j < part['end'] - 1:  # the mini-batch's optimizer step follows its last micro-batch
                 continue
             if ddp and j == len(micro) - 1 and it == 0:  # each rank summed its own tokens' shares
@@ -653,47 +684,57 @@ while step < max_steps:
                 break
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            opt_steps += 1
-            safety.injected_kill(opt_steps, fault_kill_opt_step)
         if not finite:
             break
     optimizer.zero_grad(set_to_none=True)  # a skipped (non-finite) update leaves no gradient behind
     sync_gen_model()
-    timing['update'] = time.time() - t
-    mark("update done")
-    step, cursor = step + 1, next_cursor
+    return {'first': first, 'last': last, 'grad_norm': grad_norm}
 
-    # 6. metrics, warnings, guards
-    timing['step'] = time.time() - t_step
+
+def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped):
+    """6. The step's metrics row (metrics.py): rewards and rollouts, the update's sums, what was
+    trained on and the coefficients applied."""
     if ddp:  # the slowest rank's: the step waits for it
         timing = dict(zip(timing, all_reduce(list(timing.values()), device, 'max')))
-    m = {'step': step, 'lr': lr_now}
-    m.update(metrics.rollout_metrics(r_all, zero_all, sc, comps, prompts, timing))
+    m = {'step': step, 'lr': now['lr']}
+    m.update(metrics.rollout_metrics(roll['rewards'], roll['zero_std'], roll['sc'], roll['comps'],
+                                     roll['prompts'], timing))
     if dynamic_sampling:
-        m['dynamic/prompts'] = len(batch)
-        m['dynamic/rounds'] = rnd + 1
-        m['dynamic/groups_short'] = P - len(kept)
-    m.update(metrics.metrics_of(first))
-    m['grad_norm'] = grad_norm
+        m['dynamic/prompts'] = len(roll['batch'])
+        m['dynamic/rounds'] = roll['rounds']
+        m['dynamic/groups_short'] = P - len(groups['kept'])
+    m.update(metrics.metrics_of(upd['first']))
+    m['grad_norm'] = upd['grad_norm']
     if moved and not skipped:
-        m.update(metrics.metrics_of(last))
-    m.update({'kl_coef': beta_now, 'rows_trained': n_trained, 'tokens_trained': t_trained,
-              'packed': int(step_share)})
+        m.update(metrics.metrics_of(upd['last']))
+    n_trained, t_trained = groups['trained'][:2]
+    m.update({'kl_coef': now['beta'], 'rows_trained': n_trained, 'tokens_trained': t_trained,
+              'packed': int(lay['share'])})
     if cut is not None:
         m['entropy_cut'] = cut
     if adaptive_entropy:  # the coefficient this step applied; the next step's from its entropy
-        m['entropy_coef'] = coef_now
-    if adaptive_entropy and not skipped:
-        entropy_state['last'] = m['entropy']
-        entropy_state['coef'] = adapt_entropy_coef(entropy_state['coef'], m['entropy'],
-                                                   target=entropy_target, delta=entropy_coef_delta,
-                                                   lo=entropy_coef_min, hi=entropy_coef_max)
+        m['entropy_coef'] = now['entropy_coef']
+    return m
+
+
+def next_entropy_state(entropy_state, entropy):
+    """adaptive_entropy: the coefficient moved by the entropy just measured, which it remembers."""
+    coef = adapt_entropy_coef(entropy_state['coef'], entropy, target=entropy_target,
+                              delta=entropy_coef_delta, lo=entropy_coef_min, hi=entropy_coef_max)
+    return {'coef': coef, 'last': entropy}
+
+
+def report(step, m, roll, guards, rollbacks, skipped):
+    """6. Warnings, the evaluation when due, the guards (safety.py, their streaks in guards), the
+    row logged and printed, a few samples; a stop on the KL (on_kl_max='stop') or on zero reward.
+    Returns the guard's action: None, or (kind, why) to roll back."""
     m.update(metrics.mem_stats(device))
     has_kl = ref_model is not None  # the KL is only measured against a reference
     m.update(safety.warn(guards, m, skipped=skipped, max_new_tokens=max_new_tokens,
                          kl_warn=kl_warn if has_kl else None))
     if eval_every > 0 and (step % eval_every == 0 or step == max_steps):
         m.update(run_eval(step))
+    sc, comps = roll['sc'], roll['comps']
     action, finite = safety.guard(guards, m, sc, [c['text'] for c in comps], skipped=skipped,
                                   nan_patience=nan_patience, kl_max=kl_max if has_kl else None)
     if action and action[0] == 'kl' and on_kl_max == 'stop':
@@ -708,36 +749,43 @@ while step < max_steps:
     print(metrics.step_line(m), flush=True)
     if master and log_samples_every > 0 and step % log_samples_every == 0:
         samples_path = os.path.join(out_dir, 'samples.jsonl')
-        metrics.log_samples(samples_path, step, comps, batch, prompts, sc['total'], tok=tok,
-                            task=task_mod)
+        metrics.log_samples(samples_path, step, comps, roll['batch'], roll['prompts'], sc['total'],
+                            tok=tok, task=task_mod)
     if guards['zero_streak'] >= zero_reward_patience:
         safety.stop(safety.zero_reward_report(guards, sc, zero_reward_patience), master)
-    # roll back to the newest checkpoint, at a lower learning rate, and go on with new data
-    if action is not None:
-        rollbacks += 1
-        lr_scale *= rollback_lr_scale
-        guards['nan_streak'] = 0
-        if rollbacks > max_rollbacks:
-            safety.stop(f"{action[1]}; already rolled back {max_rollbacks} times (max_rollbacks). "
-                        "Lower lr, check the data and the reward; the last good checkpoint is in "
-                        "out_dir.", master)
-        path, good = load_newest_everywhere(out_dir, master)
-        load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
-        sync_gen_model()
-        print(f"guard: {action[1]} -> rolled back to {path} (step {good['step']}); lr scale now "
-              f"{lr_scale} (rollback {rollbacks}/{max_rollbacks}); continuing with new data",
-              flush=True)
-        continue
+    return action
 
-    # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
-    last_progress[0] = time.time()
+
+def roll_back(why, lr_scale, rollbacks, guards):
+    """Back to the newest checkpoint at a lower learning rate, to go on with new data; past
+    max_rollbacks, a stop with a diagnosis. Returns the new lr_scale and rollbacks."""
+    rollbacks += 1
+    lr_scale *= rollback_lr_scale
+    guards['nan_streak'] = 0
+    if rollbacks > max_rollbacks:
+        safety.stop(f"{why}; already rolled back {max_rollbacks} times (max_rollbacks). "
+                    "Lower lr, check the data and the reward; the last good checkpoint is in "
+                    "out_dir.", master)
+    path, good = load_newest_everywhere(out_dir, master)
+    load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
+    sync_gen_model()
+    print(f"guard: {why} -> rolled back to {path} (step {good['step']}); lr scale now "
+          f"{lr_scale} (rollback {rollbacks}/{max_rollbacks}); continuing with new data",
+          flush=True)
+    return lr_scale, rollbacks
+
+
+def checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state):
+    """7. A checkpoint every save_every steps, at the end, at export_every and when a signal asks
+    to stop (then the exit); the curves every plot_every steps."""
+    heartbeat()
     # a signal to any rank stops them all, here
     stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0
     due = stopping or bool(save_every and step % save_every == 0) or step == max_steps
     due = due or bool(export_every and step % export_every == 0)  # export_every: kept exports
     # never inside a non-finite streak: a rollback must not return to the weights that caused it
     if due and guards['nan_streak'] == 0:
-        save(step)
+        save(step, cursor, lr_scale, rollbacks, guards, entropy_state)
     if master and plot_every > 0 and (step % plot_every == 0 or step == max_steps):
         plot_metrics(metrics_path, os.path.join(out_dir, 'curves.png'))
     if stopping:
@@ -745,5 +793,40 @@ while step < max_steps:
         print(f"signal {sig}: checkpoint saved at step {step}; exiting. Rerun the same command to "
               "resume.")
         finish(128 + sig)
+
+
+while step < max_steps:
+    t_step, timing = time.time(), {}
+    mark = metrics.stage_marker(step + 1, t_step, last_progress, verbose, device)
+    # 1-2. prompts, completions, rewards (dynamic_sampling: until P groups have a reward spread)
+    roll = sample_step(step, cursor, timing)
+    mark(f"generated and scored {len(roll['comps'])} completions")
+    # 3. group-relative advantages, the rows to train on and their micro-batches
+    groups = train_groups(roll)
+    lay = layout(groups)
+    # 4. old (when the policy moves within the step) and reference (beta > 0) log-probs, no grad
+    side = side_logprobs(lay, groups, roll, timing)
+    mark("old/ref log-probs computed")
+    # 5. policy-gradient update; none when no row can move the policy or every reward failed
+    t = time.time()
+    now = schedule(step, lr_scale, entropy_state)
+    nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
+    skipped = not any(part['rows'] for part in lay['plan']) or roll['sc']['all_failed']
+    upd = update(lay, side, now, groups['trained'][1], skipped=skipped, nan_loss=nan_loss)
+    timing['update'] = time.time() - t
+    mark("update done")
+    step, cursor = step + 1, roll['cursor']
+    # 6. metrics, warnings, guards
+    timing['step'] = time.time() - t_step
+    m = step_metrics(step, roll, groups, lay, side['cut'], upd, now=now, timing=timing,
+                     skipped=skipped)
+    if adaptive_entropy and not skipped:  # the next step's coefficient, from this step's entropy
+        entropy_state = next_entropy_state(entropy_state, m['entropy'])
+    action = report(step, m, roll, guards, rollbacks, skipped)
+    if action is not None:  # back to the newest checkpoint at a lower lr, on with new data
+        lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards)
+        continue
+    # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
+    checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state)
 print(f"done: {step} steps. metrics: {metrics_path}, curves: {os.path.join(out_dir, 'curves.png')}")
 finish(0)

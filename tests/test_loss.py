@@ -6,7 +6,8 @@ import torch
 
 from batch import micro_batches
 from loss import (adapt_entropy_coef, advantages, entropy_cut, group_advantages, kl_estimate,
-                  policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights)
+                  policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights,
+                  zero_spread)
 
 CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
 SYMMETRIC = dict(eps_low=0.2, eps_high=0.2)
@@ -522,6 +523,16 @@ def test_grpo_advantage_is_group_advantages():
         assert torch.equal(a, b) and torch.equal(za, zb), scale
     with pytest.raises(ValueError, match='advantage'):
         advantages(R, 'ppo')
+
+
+def test_zero_spread_is_every_estimators_zero_std():
+    """The groups of all-equal rewards, flagged before any advantage is computed (dynamic sampling
+    counts the groups with a spread this way): the flags each estimator returns."""
+    r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.5, 0.5, 0.5 + 1e-3]])
+    assert zero_spread(r).tolist() == [True, False, False]
+    for estimator in ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk'):
+        _, zero = advantages(r, estimator, lens=torch.ones_like(r))
+        assert torch.equal(zero, zero_spread(r)), estimator
 
 
 def test_objective_knobs_that_do_not_fit_together_are_refused():
