@@ -152,12 +152,7 @@ def configure(g, argv=None, more_knobs=None):
     if '--help' in argv or '-h' in argv:
         show_help(g, keys, [a for a in argv if a not in ('--help', '-h')], more_knobs)
     if more_knobs is not None:
-        first = dict(g)
-        _apply(first, argv, {k: g[k] for k in keys}, strict=False)
-        try:
-            extra = more_knobs(first)
-        except ValueError as e:
-            fail(str(e))
+        extra = _more_knobs(g, keys, argv, more_knobs)
         clash = sorted(set(extra) & set(keys))
         if clash:
             fail(f"knob(s) {clash} of the chosen task clash with the script's own; "
@@ -170,16 +165,20 @@ def configure(g, argv=None, more_knobs=None):
 
 def show_help(g, keys, argv, more_knobs):
     """Print the knobs (with the task's that argv chooses) and exit 0."""
-    extra = {}
-    if more_knobs is not None:
-        first = dict(g)
-        _apply(first, argv, {k: g[k] for k in keys}, strict=False)
-        try:
-            extra = more_knobs(first)
-        except ValueError as e:
-            fail(str(e))
+    extra = {} if more_knobs is None else _more_knobs(g, keys, argv, more_knobs)
     print(help_text(g, keys, extra))
     sys.exit(0)
+
+
+def _more_knobs(g, keys, argv, more_knobs):
+    """The knobs more_knobs finds given the settings of a first quiet pass over argv (unknown keys
+    skipped); a ValueError from it is a config error."""
+    first = dict(g)
+    _apply(first, argv, {k: g[k] for k in keys}, strict=False)
+    try:
+        return more_knobs(first)
+    except ValueError as e:
+        fail(str(e))
 
 
 def _apply(g, argv, defaults, strict):
