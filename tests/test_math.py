@@ -249,15 +249,8 @@ def test_math_trains_a_step_and_sample_py_reproduces_its_eval(tmp_path):
 def test_math_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
     """config/math.py as written (Qwen2.5-Math's prompt, levels 3-5, its rewards) on a tiny random
     Qwen2 with the real data: a step and an eval."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from tokenizer import byte_tokenizer
-    snap = tmp_path / 'tiny-qwen2'
-    cfg = Qwen2Config(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4608,
-                      tie_word_embeddings=True)
-    Qwen2ForCausalLM(cfg).save_pretrained(snap)
-    byte_tokenizer().save(str(snap))
+    from test_train import tiny_qwen2_snapshot
+    snap = tiny_qwen2_snapshot(tmp_path / 'tiny-qwen2', 4608)
     env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
     cmd = [sys.executable, 'train_grpo.py', 'config/math.py', f'--init_from={snap}',
            f'--data_dir={MATH}', f'--out_dir={tmp_path / "out"}', '--max_steps=1',

@@ -612,16 +612,22 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2 and 'corect' in p.stderr
 
 
-@pytest.mark.skipif(not (GSM8K / 'train.jsonl').exists(), reason='../shared/gsm8k not present')
-def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
+def tiny_qwen2_snapshot(path, max_positions):
+    """A random one-layer Qwen2 saved by transformers with the byte tokenizer: a real config's run in
+    seconds."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from tokenizer import byte_tokenizer
-    snap = tmp_path / 'tiny-qwen2'
     cfg = Qwen2Config(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                      tie_word_embeddings=True)
-    Qwen2ForCausalLM(cfg).save_pretrained(snap)
-    byte_tokenizer().save(str(snap))
+                      num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=max_positions, tie_word_embeddings=True)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    byte_tokenizer().save(str(path))
+    return path
+
+
+@pytest.mark.skipif(not (GSM8K / 'train.jsonl').exists(), reason='../shared/gsm8k not present')
+def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
+    snap = tiny_qwen2_snapshot(tmp_path / 'tiny-qwen2', 1024)
     env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
     cmd = [sys.executable, 'train_grpo.py', 'config/gsm8k.py', f'--init_from={snap}',
            f'--data_dir={GSM8K}', f'--out_dir={tmp_path / "out"}', '--max_steps=2',
