@@ -10,6 +10,7 @@ Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Pl
 KV cache with per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is
 hf.py's.
 """
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -21,10 +22,9 @@ import torch.utils.checkpoint
 # FlexAttention (torch >= 2.5): packed groups' attention from a block mask, computing only the
 # blocks it keeps
 try:
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:
-    BlockMask = create_block_mask = flex_attention = None
-
+    BlockMask = flex_attention = None
 
 @dataclass
 class ModelConfig:
@@ -134,14 +134,51 @@ def packed_mask(seg, backend):
         pad_self = (q == -1) & (ar[:, None] == ar)
         return ((ar[:, None] >= ar) & visible & (q != -1) | pad_self)[:, None]
 
+    n = -(-T // _BLOCK)
+    seg = F.pad(seg, (0, n * _BLOCK - T), value=-2)  # -2: past the end, seen by no one
+
     def mask_mod(b, h, q_idx, kv_idx):
         sq, sk = seg[b, q_idx], seg[b, kv_idx]
         visible = (sk == 0) | (sk == sq)  # the prompt, or the query's own segment
         pad_self = (sq == -1) & (kv_idx == q_idx)
-        return (kv_idx <= q_idx) & visible & (sq != -1) | pad_self
-    # compiled on CUDA: the eager build evaluates mask_mod over all B x T x T pairs at once
-    return create_block_mask(mask_mod, B, None, T, T, device=seg.device,
-                             _compile=seg.device.type == 'cuda')
+        return (kv_idx <= q_idx) & visible & (sq >= 0) | pad_self
+    return block_mask(mask_mod, B, T, seg.device)
+
+
+_BLOCK = 128  # FlexAttention's tile: query and key blocks of 128 positions
+# torch >= 2.7's from_kv_blocks takes the true lengths (else they are rounded up to the tile)
+_KV_BLOCKS_TAKE_LENGTHS = BlockMask is not None and (
+    'seq_lengths' in inspect.signature(BlockMask.from_kv_blocks).parameters)
+
+
+def block_mask(mask_mod, B, T, device, chunk=1 << 26):
+    """create_block_mask's BlockMask (the same for every head), built here instead: compiled, its
+    fast path, the first build took 93 s on an H200 (torch 2.11) and new lengths compile again;
+    eager, it evaluates mask_mod over all B x T x T pairs at once. This evaluates mask_mod on about
+    chunk pairs at a time and keeps, per tile of _BLOCK x _BLOCK, whether any pair is visible (the
+    kernel computes the tile) and whether all are (a full tile: no mask_mod inside). mask_mod must
+    accept positions up to T rounded up to the tile and hide those past T."""
+    n = -(-T // _BLOCK)
+    pos = torch.arange(n * _BLOCK, device=device)
+    b = torch.arange(B, device=device)[:, None, None]
+    per = max(1, min(n, chunk // (B * _BLOCK * n * _BLOCK)))  # query tiles per chunk
+    partial, full = [], []
+    for i in range(0, n, per):
+        q = pos[i * _BLOCK:(i + per) * _BLOCK]
+        tiles = mask_mod(b, None, q[None, :, None], pos[None, None, :]).view(B, -1, _BLOCK, n, _BLOCK)
+        some, every = tiles.any(4).any(2), tiles.all(4).all(2)
+        partial.append(some & ~every)
+        full.append(every)
+
+    def ordered(tiles):  # (B, n, n) bool -> per row of tiles, the count and the kept ones first
+        tiles = torch.cat(tiles, 1)[:, None]
+        idx = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True)
+        return tiles.sum(-1, dtype=torch.int32), idx.to(torch.int32)
+    kv_n, kv_i = ordered(partial)
+    full_n, full_i = ordered(full)
+    lengths = {'seq_lengths': (T, T)} if _KV_BLOCKS_TAKE_LENGTHS else {}
+    return BlockMask.from_kv_blocks(kv_n, kv_i, full_n, full_i, BLOCK_SIZE=_BLOCK, mask_mod=mask_mod,
+                                    **lengths)
 
 
 _FLEX = {}  # device type -> flex_attention through torch.compile

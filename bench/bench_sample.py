@@ -156,6 +156,7 @@ def run_timed(fns, reps):
         res[name] = dict(wall=[], cpu=[], extra_gb=0.0, out=fn())
         sync()
         res[name]['warmup'] = time.perf_counter() - w
+        print(f"  {name}: warm-up {res[name]['warmup']:.1f} s", flush=True)
     for _ in range(reps):
         for name, fn in fns.items():
             sync()
@@ -167,6 +168,7 @@ def run_timed(fns, reps):
             sync()
             res[name]['wall'].append(time.perf_counter() - w)
             res[name]['cpu'].append(time.process_time() - c)
+            print(f"  {name}: {res[name]['wall'][-1]:.3f} s", flush=True)
             if GPU:
                 extra = (torch.cuda.max_memory_allocated() - base) / 1e9
                 res[name]['extra_gb'] = max(res[name]['extra_gb'], extra)
@@ -200,7 +202,7 @@ def main():
     lens = f"{min(map(len, prompts))}-{max(map(len, prompts))}"
     print(f"device {dev_name}; {args.shape} Qwen2 in {args.dtype}, "
           f"{ours.num_params() / 1e6:.2f}M params; batch {args.batch} prompts x {G} samples, "
-          f"prompts of {lens} tokens, {N} new tokens each")
+          f"prompts of {lens} tokens, {N} new tokens each", flush=True)
     if not GPU and load > os.cpu_count() - 0.5:
         print(f"warning: the machine is busy (load average {load:.1f}, {os.cpu_count()} cores): "
               f"wall times are inflated, and with more than one thread each op can wait a "

@@ -156,9 +156,14 @@ def run_ours(snap, work, pre, *, lr, steps, warmup, seed, device, data_args, con
     if pre['threads']:
         env['OMP_NUM_THREADS'] = env['MKL_NUM_THREADS'] = str(pre['threads'])
     log = os.path.join(work, 'ours.log')
-    with open(log, 'w') as f:
-        p = subprocess.run([sys.executable, os.path.join(ROOT, 'train_grpo.py'), *argv], cwd=ROOT,
-                           env=env, stdout=f, stderr=subprocess.STDOUT)
+    # its output goes to the log and, line by line, here: a run killed from outside still shows
+    # how far it got and each finished step's line
+    with open(log, 'w') as f, subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, 'train_grpo.py'), *argv], cwd=ROOT, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        for line in p.stdout:
+            f.write(line)
+            print(f'  | {line}', end='', flush=True)
     if p.returncode != 0:
         sys.exit(f"train_grpo.py exited {p.returncode}; its output:\n{open(log).read()[-4000:]}")
     rows = [json.loads(line) for line in open(os.path.join(out, 'metrics.jsonl'))]

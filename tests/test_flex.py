@@ -141,3 +141,35 @@ def test_flex_logprobs_and_gradients_equal_sdpa(arch, monkeypatch):
     for n, g in grads['sdpa'].items():
         torch.testing.assert_close(grads['flex'][n], g, rtol=0, atol=1e-5,
                                    msg=lambda m: f'{n}: {m}')
+
+
+@pytest.mark.parametrize('T', [1, 127, 128, 129, 300, 520])
+def test_block_mask_equals_create_block_mask(T):
+    """model.block_mask (chunked, never compiled) keeps the same tiles, full and partial, in the
+    same order, as torch's create_block_mask evaluating the same mask_mod over every pair; with a
+    chunk of one query tile at a time too."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    g = torch.Generator().manual_seed(T)
+    seg = torch.full((3, T), -1, dtype=torch.int64)
+    for b in range(3):  # a prompt, then completions of random lengths, then padding
+        at = int(torch.randint(0, T + 1, (1,), generator=g))
+        seg[b, :at] = 0
+        s = 1
+        while at < T and torch.rand(1, generator=g) < 0.9:
+            k = int(torch.randint(1, 90, (1,), generator=g))
+            seg[b, at:at + k] = s
+            at, s = at + k, s + 1
+    seg = seg.to(DEVICE)
+    ours = packed_mask(seg, 'flex')
+    for chunk in (1 << 26, 1):
+        if chunk == 1:
+            ours = M.block_mask(ours.mask_mod, 3, T, DEVICE, chunk=1)
+        ref = create_block_mask(ours.mask_mod, 3, None, T, T, device=DEVICE)
+        for name in ('kv_num_blocks', 'full_kv_num_blocks', 'q_num_blocks', 'full_q_num_blocks'):
+            assert torch.equal(getattr(ours, name), getattr(ref, name)), (name, chunk)
+        for name, count in (('kv_indices', 'kv_num_blocks'), ('full_kv_indices', 'full_kv_num_blocks')):
+            n = getattr(ref, count)
+            keep = torch.arange(getattr(ref, name).shape[-1], device=DEVICE) < n[..., None]
+            assert torch.equal(getattr(ours, name)[keep], getattr(ref, name)[keep]), (name, chunk)
+        assert torch.equal(ours.to_dense(), ref.to_dense())
+        assert ours.seq_lengths == ref.seq_lengths == (T, T)
