@@ -4,7 +4,7 @@ in priority order, each in its own subprocess under its own share of the deadlin
 hang does not lose the others), each writing its JSON as soon as it ends, so a run killed from
 outside still leaves what it had.
 
-  # on a GPU: the default plan, done by 480 s (estimated 6-7 min on an H100), into --out
+  # on a GPU: the default plan, done by 480 s, into --out
   python bench/gpu_check.py --deadline=480 --out=results
   # some parts, or another order (the order given is the priority)
   python bench/gpu_check.py --parts=tests,kernel
@@ -23,14 +23,14 @@ figures next to the targets in TARGETS):
                forward+backward, fraction of HBM peak, peak memory, next to log_softmax+gather and
                a TRL-style loop; the sampler at 256 x 151,936 with top-p next to sort-based top-p;
                packed-group attention, flex vs dense SDPA vs rows
-  step_gsm8k   bench/bench_step.py --config=config/gsm8k.py: 1 warm-up + 5 measured steps of the
+  step_gsm8k   bench/bench_step.py --config=config/gsm8k.py: 1 warm-up + 3 measured steps of the
                GSM8K config's shape (32 GSM8K prompts x 8 x 512 tokens) from random weights at
                Qwen2.5-0.5B's shape: per-phase time and peak memory per step. Needs GSM8K's
                train.jsonl in --data_dir (bench/device_prep.sh copies it into .gsm8k/): without
                it the part is skipped and says why; it never falls back to other prompts.
   sample       bench/bench_sample.py at Qwen2.5-0.5B's shape, random weights, bf16, 64 prompts x 8
-               samples x 256 tokens: tokens/s eager and compiled next to transformers' generate,
-               fraction of the HBM roofline
+               samples x 256 tokens: tokens/s eager and compiled next to transformers' generate
+               (one timed run each), fraction of the HBM roofline
 Not in the default plan (--parts=...,step): step, bench/bench_step.py --preset=gpu next to TRL's
 GRPOTrainer (needs trl and datasets; without them ours alone after a skip line).
 
@@ -64,10 +64,12 @@ PLAN = ('tests', 'kernel', 'step_gsm8k', 'sample')  # the default: the most want
 DEFAULT_DEADLINE_S = 480
 # seconds kept back from the deadline for the last summary and the interpreter's exit
 RESERVE_S = 5
-# (estimate, share) in seconds per part. GPU: estimated for a fresh H100 (cold Triton and Inductor
-# caches) from the parts' work, not measured: docs/performance.md shows the arithmetic. Shares are
-# weights: at the default deadline they add up to it, less the start and RESERVE_S.
-GPU_BUDGET = {'tests': (100, 130), 'kernel': (60, 80), 'step_gsm8k': (120, 150),
+# (estimate, share) in seconds per part. GPU: from the first run on a fresh H200 (2026-11-27, cold
+# caches; docs/performance.md): tests 60 s; kernel 136 s, of which 93 s a compiled block-mask build
+# that is gone since; step_gsm8k a 72 s first step and 50 s steps (decode-bound); sample's eager
+# warm-up alone 20 s. Shares are weights: at the default deadline they add up to it, less the start
+# and RESERVE_S.
+GPU_BUDGET = {'tests': (60, 65), 'kernel': (45, 55), 'step_gsm8k': (230, 240),
               'sample': (100, 110), 'step': (300, 360)}
 # --cpu-smoke: about the longest of its runs on a busy 2-core CPU (load average 4-5)
 SMOKE_BUDGET = {'tests': (40, 60), 'kernel': (30, 60), 'step_gsm8k': (40, 80), 'sample': (20, 60),
@@ -163,8 +165,8 @@ def commands(args, smoke, data_dir):
     env = {'GRPO_TEST_DEVICE': 'cuda', 'TRITON_INTERPRET': '0'}
     kernel = ['--tokens=8192', '--vocab=151936', '--dtype=bfloat16', '--rows=256']
     sample = ['--shape=qwen25_05b', '--dtype=bfloat16', '--batch=64', '--group_size=8',
-              '--new_tokens=256', '--reps=2']
-    step_gsm8k = ['--preset=gpu', '--config=config/gsm8k.py', '--steps=5', '--warmup=1', '--trl=0',
+              '--new_tokens=256', '--reps=1']
+    step_gsm8k = ['--preset=gpu', '--config=config/gsm8k.py', '--steps=3', '--warmup=1', '--trl=0',
                   *gsm8k]
     return {
         'tests': (pytest + ['tests/test_cuda.py', 'tests/test_flex.py'], env),
