@@ -1,0 +1,106 @@
+"""
+Operator calls per decode step at Qwen2.5-0.5B's shape (the real config, random weights, fp32 on
+the CPU), counted with a TorchDispatchMode: every aten operator the dispatcher runs, views
+included, as the GPU would see them one launch (or one host-side dispatch) each. Eager decoding of a
+small model is bound by this count on a GPU: the H200 took 72 ms a decode step of 256 rows
+(docs/performance.md, GPU figures) where its memory traffic needs well under 1 ms.
+
+Counted, per call and per layer:
+  decode_forward  GPT.forward of one new token per row with a KV cache (what each decode step runs)
+  decode_step     one step of sample.generate's loop: the sampler (its torch path: on CUDA the
+                  Triton kernel is a few launches instead), the forward and the loop's own ops
+  prefill         GPT.forward of the prompts into an empty cache
+  update_forward / update_backward
+                  the training forward of packed rows (segment ids, as the update runs them) and
+                  its backward, from hidden states through a sum
+
+Usage: python bench/bench_decode_ops.py [--rows=4] [--prompt=20] [--layers=0 (the config's)]
+The last line printed is JSON.
+"""
+import argparse
+import collections
+import json
+import os
+import sys
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sample  # noqa: E402
+from model import GPT, KVCache, qwen25_05b_config  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument('--rows', type=int, default=4)  # decode batch
+parser.add_argument('--prompt', type=int, default=20)  # prompt tokens per row
+parser.add_argument('--layers', type=int, default=0)  # 0: Qwen2.5-0.5B's 24 (fewer: quicker)
+args = parser.parse_args()
+
+
+class Count(TorchDispatchMode):
+    """Counts aten operators by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def counted(fn):
+    with Count() as c:
+        fn()
+    return c.ops
+
+
+def main():
+    cfg = qwen25_05b_config()
+    if args.layers:
+        cfg.n_layer = args.layers
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    B, P, L = args.rows, args.prompt, cfg.n_layer
+    ids = torch.randint(0, cfg.vocab_size, (B, P))
+    out = {}
+    with torch.no_grad():
+        cache = KVCache(cfg, B, P + 8, torch.float32, 'cpu')
+        out['prefill'] = counted(lambda: model(ids, kv_cache=cache,
+                                               input_lengths=torch.full((B,), P), last_only=True))
+        new = torch.randint(0, cfg.vocab_size, (B, 1))
+        out['decode_forward'] = counted(lambda: model(new, kv_cache=cache))
+        # a whole step of the loop: generate for 3 tokens minus generate for 2, the same prompts
+        prompts = ids.tolist()
+        tok = type('Tok', (), {'pad_id': 0, 'stop_ids': [cfg.vocab_size - 1],
+                               'decode': staticmethod(lambda ids: '')})
+
+        def gen(n):
+            return counted(lambda: sample.generate(model, tok, prompts, max_new_tokens=n,
+                                                   top_p=0.9))
+        out['decode_step'] = gen(3) - gen(2)
+    # the update: packed rows (a prompt and its completions, segment ids), forward then backward
+    seg = torch.tensor([[0] * P + [1] * 8 + [2] * 8 + [-1] * 4] * 2)
+    pos = torch.tensor([list(range(P)) + list(range(P, P + 8)) * 2 + [0] * 4] * 2)
+    x = torch.randint(0, cfg.vocab_size, seg.shape)
+    model.train()
+    with Count() as c:
+        h = model.hidden(x, pos=pos, attn_mask=seg)
+    out['update_forward'] = c.ops
+    loss = h.float().pow(2).mean()
+    with Count() as c:
+        loss.backward()
+    out['update_backward'] = c.ops
+    result = {'config': 'qwen25_05b' + (f' ({L} layers)' if args.layers else ''), 'rows': B,
+              'prompt': P, 'torch': torch.__version__}
+    for name, ops in out.items():
+        n = sum(ops.values())
+        result[name] = {'ops': n, 'per_layer': round(n / L, 1),
+                        'top': dict(ops.most_common(8))}
+        print(f"{name:16s} {n:6d} ops  {n / L:6.1f} per layer  "
+              + ', '.join(f'{k} {v}' for k, v in ops.most_common(6)))
+    print(json.dumps(result))
+
+
+if __name__ == '__main__':
+    main()
