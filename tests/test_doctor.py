@@ -1,8 +1,8 @@
-"""doctor.py diagnoses a run from its logs after the fact. Each detector fires on a log with its
-failure and stays silent on healthy runs; every source format is read from a file; malformed,
-truncated and mixed logs cost one line per unreadable row and nothing else. The fixtures are logs
-of real runs (ours and TRL's) and three built by hand from failures users reported:
-tests/fixtures/doctor/README.txt gives the command behind each."""
+"""The run doctor (doctor/, python -m doctor RUN) diagnoses a run from its logs after the fact.
+Each detector fires on a log with its failure and stays silent on healthy runs; every source
+format is read from a file; malformed, truncated and mixed logs cost one line per unreadable row
+and nothing else. The fixtures are logs of real runs (ours and TRL's) and three built by hand from
+failures users reported: tests/fixtures/doctor/README.txt gives the command behind each."""
 import json
 import os
 import random
@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 import doctor
+from doctor.__main__ import MAX_PROBLEM_LINES, main, report
 
 FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'doctor')
 HEALTHY = ['ours_healthy', 'ours_healthy/train.log', 'trl_healthy']
@@ -27,7 +28,7 @@ def findings(name, device_gb=0.0):
 
 
 def cli(capsys, *argv):
-    code = doctor.main(list(argv))
+    code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -155,7 +156,7 @@ def test_an_entropy_of_exactly_0_is_no_measurement(tmp_path):
     for r in rows[14:]:
         r['entropy'] = r['tokens_trained'] = 0
     (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
-    assert doctor.detect_entropy_collapse(doctor.load(str(tmp_path))) == []
+    assert doctor.detect.detect_entropy_collapse(doctor.load(str(tmp_path))) == []
 
 
 def test_a_recovering_reward_is_not_called_a_dead_service(tmp_path):
@@ -214,7 +215,7 @@ def test_steps_logged_every_10_read_as_one_stretch(tmp_path):
     run = doctor.load(str(tmp_path))
     f = {f['name']: f for f in doctor.diagnose(run)}['reward_collapse']
     assert f['steps'] == list(range(60, 130, 10))
-    assert 'reward_collapse (steps 60-120)' in doctor.report(run, [f])
+    assert 'reward_collapse (steps 60-120)' in report(run, [f])
 
 
 def test_console_key_value_tokens(tmp_path):
@@ -394,8 +395,8 @@ def test_nanogpt_console():
 def test_unknown_names_are_one_line_after_the_findings(tmp_path, capsys):
     """Counted, the first few shown, all in --json; not a wall before the findings."""
     code, out, _ = cli(capsys, os.path.join(FIX, 'nanogpt_zero_loss.log'), '--no_plot')
-    assert out.splitlines()[-1] == ('not mapped: 2 names (critic, main); a table in doctor.py can '
-                                    'map them')
+    assert out.splitlines()[-1] == ('not mapped: 2 names (critic, main); a table in doctor/read.py '
+                                    'can map them')
     lines = open(os.path.join(FIX, 'verl_v0.5_gsm8k.log')).read().splitlines()
     lines[3] += ''.join(f" - my/metric_{i}:1.0" for i in range(7))
     path = tmp_path / 'verl.log'
@@ -404,7 +405,7 @@ def test_unknown_names_are_one_line_after_the_findings(tmp_path, capsys):
     out = out.splitlines()
     assert [n for n, line in enumerate(out) if 'my/metric' in line] == [len(out) - 1]
     assert out[-1] == ('not mapped: 7 names (first my/metric_0, my/metric_1, my/metric_2, my/metric_3, '
-                       'my/metric_4; --json lists all); a table in doctor.py can map them')
+                       'my/metric_4; --json lists all); a table in doctor/read.py can map them')
     code, out, _ = cli(capsys, str(path), '--no_plot', '--json')
     assert json.loads(out)['unknown'] == [f"my/metric_{i}" for i in range(7)]
 
@@ -481,7 +482,7 @@ def test_many_bad_rows_print_a_bounded_number_of_lines(tmp_path, capsys):
     path = tmp_path / 'metrics.jsonl'
     path.write_text('garbage\n' * 50 + '{"step": 1, "reward/mean": 0.5}\n')
     code, out, err = cli(capsys, str(path), '--no_plot')
-    assert len(err.splitlines()) == doctor.MAX_PROBLEM_LINES + 1
+    assert len(err.splitlines()) == MAX_PROBLEM_LINES + 1
     assert err.splitlines()[-1] == 'doctor: ... 30 more unreadable rows'
     assert code == 0 and 'unreadable rows: 50' in out
 
@@ -506,7 +507,7 @@ def test_nothing_raises_on_a_log_cut_anywhere(name, tmp_path):
         path.write_bytes(data[:cut] + bytes([rng.randrange(256) for _ in range(5)]))
         run = doctor.load(str(path))
         if isinstance(run, dict):
-            doctor.report(run, doctor.diagnose(run))
+            report(run, doctor.diagnose(run))
         else:
             assert run.startswith(str(path))
 

@@ -7,18 +7,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def project_imports():
+def project_files():
+    """{module: path}: the top-level files and each package's (a folder with an __init__.py: tasks,
+    doctor), the package itself named for its __init__.py."""
     files = {p.stem: p for p in ROOT.glob('*.py')}
-    for p in (ROOT / 'tasks').glob('*.py'):
-        files[f'tasks.{p.stem}' if p.stem != '__init__' else 'tasks'] = p
+    for init in ROOT.glob('*/__init__.py'):
+        pkg = init.parent.name
+        for p in init.parent.glob('*.py'):
+            files[f'{pkg}.{p.stem}' if p.stem != '__init__' else pkg] = p
+    return files
+
+
+def project_imports():
+    files = project_files()
     graph = {}
     for name, path in files.items():
+        package = name if path.name == '__init__.py' else name.rpartition('.')[0]
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 mods = [node.module]
+            elif isinstance(node, ast.ImportFrom) and node.level == 1 and package:
+                # from .read import x, from . import read: a module of the same package
+                mods = ([f'{package}.{node.module}'] if node.module
+                        else [f'{package}.{a.name}' for a in node.names])
             else:
                 mods = []
             for m in mods:
@@ -31,7 +45,8 @@ def project_imports():
 
 def test_no_import_circles():
     graph = project_imports()
-    assert {'train_grpo', 'tasks', 'tasks.gsm8k', 'batch', 'safety', 'parallel'} <= set(graph)
+    assert {'train_grpo', 'tasks', 'tasks.gsm8k', 'batch', 'safety', 'parallel', 'doctor',
+            'doctor.read', 'doctor.detect', 'doctor.__main__'} <= set(graph)
     state = {}
 
     def visit(n, path):

@@ -1,0 +1,22 @@
+"""
+The run doctor: reads a GRPO run's logs after the fact (ours, TRL, verl, a W&B history CSV, a
+nanoGPT-style console log) and says what went wrong, at which steps, with the numbers, the likely
+causes in order, and the fix (docs/doctor.md).
+
+    python -m doctor RUN [--json] [--device_gb=80] [--fail_on=warning] [--out PNG] [--no_plot]
+
+read.py finds and reads each source's log into one set of series (the name tables are there);
+detect.py turns the series into findings; __main__.py is the command line, the text and JSON
+report and the plot. From a program:
+
+    import doctor
+    run = doctor.load('out/arith')  # the run, or a one-line reason it cannot be read
+    findings = doctor.diagnose(run)
+
+The command line is not imported here (`from doctor.__main__ import main`): `python -m doctor`
+would otherwise import it twice.
+"""
+from doctor.detect import DETECTORS, diagnose
+from doctor.read import SERIES, TABLES, load
+
+__all__ = ['DETECTORS', 'SERIES', 'TABLES', 'diagnose', 'load']
