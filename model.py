@@ -307,12 +307,24 @@ class KVCache:
         self.max_len = max_len
         # host-side upper bound on lengths.max(): attention reads only this far, without a sync
         self.extent = 0
+        # static: attention reads all max_len positions (masked by lengths), a shape that does not
+        # change from step to step (sample.generate's graphs=True); see make_static
+        self.static = False
 
     def _with(self, k, v, lengths, max_len=None):
         c = object.__new__(KVCache)
-        c.k, c.v, c.lengths, c.extent = k, v, lengths, self.extent
+        c.k, c.v, c.lengths, c.extent, c.static = k, v, lengths, self.extent, False
         c.max_len = self.max_len if max_len is None else max_len
-        return c
+        return c.make_static() if self.static else c
+
+    def make_static(self):
+        """From here on every forward attends over all max_len positions, and the tensors keep
+        their addresses (torch.compile may then replay a CUDA graph that writes them in place; a
+        select or window is a new cache, static too, whose tensors are new: one more graph)."""
+        self.static = True
+        for t in (*self.k, *self.v, self.lengths):
+            torch._dynamo.mark_static_address(t)
+        return self
 
     def repeat_interleave(self, n):
         """Each row copied n times, adjacent (prefill a prompt once, then share it with its G
@@ -435,7 +447,9 @@ class GPT(nn.Module):
                 mask = packed_mask(mask, packed_backend(self.packed_attention, mask.device))
             pos = ar[None] if pos is None else pos
         else:
-            L = cache.extent + T
+            # a static cache: attention over every position, those not yet written masked, so
+            # each decode step has one shape (a CUDA graph); else only as far as any row has got
+            L = cache.max_len if cache.static else cache.extent + T
             if L > cache.max_len:
                 raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > '
                                  f'max_len {cache.max_len}')
@@ -447,7 +461,7 @@ class GPT(nn.Module):
             # then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None
-            if cache.extent != 0:
+            if cache.extent != 0 or cache.static:
                 seen = torch.arange(L, device=idx.device) <= pos[:, :, None]
                 mask = seen[:, None].repeat(1, 1, g, 1)
             rows = torch.arange(B, device=idx.device)[:, None]

@@ -22,6 +22,8 @@ import torch
 
 from sample_kernels import sample_tokens
 
+GRAPH_BUCKETS = 4  # generate(graphs=True): decode batch sizes n, n/2, n/4, n/8 (a compile each)
+
 
 def row_seeds(seed, prompt_index, group_size):
     """One 63-bit seed per (prompt, sample): the only source of randomness for that completion."""
@@ -31,6 +33,7 @@ def row_seeds(seed, prompt_index, group_size):
 
 # model -> its torch.compile'd forward, compiled once per process
 _compiled = weakref.WeakKeyDictionary()
+_graphed = weakref.WeakKeyDictionary()  # model -> its static-shape decode step (graphs=True)
 
 
 def decode_forward(model, compile):
@@ -45,6 +48,26 @@ def decode_forward(model, compile):
     if model not in _compiled:
         _compiled[model] = torch.compile(model, dynamic=True)
     return _compiled[model]
+
+
+def graph_forward(model):
+    """The decode step at a fixed shape (a static KV cache, a fixed batch): torch.compile with
+    fullgraph and no dynamic shapes, and on CUDA mode='reduce-overhead', which captures the step's
+    several hundred kernels as a CUDA graph and replays it with one launch. Each batch size
+    compiles (and captures) once: generate(graphs=True) shrinks the batch only to a few sizes."""
+    if model not in _graphed:
+        mode = 'reduce-overhead' if next(model.parameters()).is_cuda else None
+        _graphed[model] = torch.compile(model, mode=mode, fullgraph=True, dynamic=False)
+    return _graphed[model]
+
+
+def buckets(n, count=GRAPH_BUCKETS):
+    """The decode batch sizes generate(graphs=True) uses for n rows: n, then halves, count sizes
+    at most (one compile each), none below 1."""
+    sizes = [n]
+    while len(sizes) < count and sizes[-1] > 1:
+        sizes.append(-(-sizes[-1] // 2))
+    return sizes
 
 
 def no_refresh():  # the sampler is the trained model itself
@@ -102,13 +125,21 @@ def sampled_count(completion):
 @torch.no_grad()
 def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperature=1.0, top_k=0,
              top_p=1.0, min_p=0.0, seed=0, stop_ids=None, stop_strings=(), prompt_index=None,
-             compact=True, compile=False, progress=False, on_step=None):
+             compact=True, compile=False, graphs=False, check_every=0, progress=False,
+             on_step=None):
     """prompts: list of token-id lists. Returns len(prompts) * group_size dicts, prompt-major, each
     with ids (completion ids, stop token included), text, logprobs (of each sampled id under the
     full softmax at this temperature), finished (hit a stop) and truncated (hit max_new_tokens).
     compile: the prefill and decode steps run through torch.compile (see decode_forward; the first
-    call compiles, seconds to a minute). on_step() is called after every decode step (the training
-    loop's watchdog heartbeat)."""
+    call compiles, seconds to a minute). graphs: decode steps at a fixed shape through graph_forward
+    (a CUDA graph on a GPU): the cache attends over all its positions, and compaction shrinks the
+    batch only to the sizes of buckets(). check_every: the host reads how many rows are still
+    going (a device sync) every check_every steps (0: 8 on CUDA, where a sync stalls the launch
+    queue, else 1), and stops or compacts only then; the rows that stopped in between decode on
+    unseen (their ends are kept on the device). stop_strings need the text every step and read it
+    each step. The tokens are the same for any of these settings
+    (each row's draws depend on its seed, its step and its logits only). on_step() is called after
+    every decode step (the training loop's watchdog heartbeat)."""
     device = next(model.parameters()).device
     if stop_ids is None:
         stop_ids = tok.stop_ids
@@ -119,6 +150,10 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     P, G = len(prompts), group_size
     cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile)
     N = P * G
+    sizes = buckets(N)
+    if graphs:
+        forward = graph_forward(model)
+        cache.make_static()
     seeds = row_seeds(seed, prompt_index, G).to(device)
     # every completion's tokens and log-probs, by step. Rows that stopped but are still in the
     # decode batch (before compaction drops them, or with compact=False) keep writing here past
@@ -135,6 +170,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     live = torch.ones(N, dtype=torch.bool, device=device)
     ends = n_gen.clone()
     check_stops = len(stop_ids) > 0 or bool(stop_strings)
+    if stop_strings or not check_every:
+        check_every = 8 if device.type == 'cuda' and not stop_strings else 1
     n_live, n_tokens, t0, last_print = N, 0, time.time(), time.time()
 
     def write_back():
@@ -158,14 +195,19 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
                     stop[j] |= any(s in tail for s in stop_strings)
             ends = torch.where(stop, t + 1, ends)
             live = live & ~stop
-            n_live = int(live.sum())
+            if (t + 1) % check_every == 0:
+                n_live = int(live.sum())  # the loop's one read from the device
         if n_live == 0 or t == max_new_tokens - 1:
             break
         # compaction: copying the cache costs, so it is done when a quarter of the rows have
-        # finished
-        if compact and n_live <= 0.75 * len(live):
+        # finished; with graphs, to the smallest bucket that holds the rows still going (finished
+        # rows fill the rest)
+        smaller = [b for b in sizes if n_live <= b < len(live)]
+        if compact and (smaller if graphs else n_live <= 0.75 * len(live)):
             write_back()
             keep = live.nonzero().flatten()
+            if graphs:
+                keep = torch.cat([keep, (~live).nonzero().flatten()])[:smaller[-1]]
             rows = keep if rows is None else rows[keep]
             cache, ids, live, ends = cache.select(keep), ids[keep], live[keep], ends[keep]
             row_seed = seeds[rows]

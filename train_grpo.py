@@ -162,6 +162,8 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32)
 compile = False  # torch.compile the training forward
 compile_decode = False  # torch.compile the sampler's prefill and decode step (sample.py)
+decode_graphs = False  # fixed-shape decode steps, a CUDA graph each on a GPU (rollouts without tools)
+decode_check_every = 0  # decode steps between reads of how many rows still go; 0: 8 on CUDA, else 1
 grad_checkpoint = False  # recompute activations in backward (long completions)
 lora_rank = 0  # LoRA adapter rank, base frozen (0 = off); 32 is a common start, with ~10x the lr
 lora_alpha = 64.0  # adapter scale = lora_alpha / lora_rank (peft's convention)
@@ -443,7 +445,7 @@ def rollout(examples, first, step, timing):
                                     tool_delay_steps=tool_delay_steps, **sampling)
     else:
         comps = generate(gen_model, tok, my_prompts, G, max_new_tokens, progress=show_progress,
-                         **sampling)
+                         graphs=decode_graphs, check_every=decode_check_every, **sampling)
     timing['gen'] = timing.get('gen', 0.0) + time.time() - t
     t = time.time()
     texts = [c['text'] for c in comps]

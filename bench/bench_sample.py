@@ -72,6 +72,8 @@ parser.add_argument('--peak_bw', type=float, default=0.0)
 # extra sample.generate kwargs, a JSON object
 parser.add_argument('--gen_kwargs', type=json.loads, default={})
 parser.add_argument('--compile', type=int, default=1)  # also time ours with compile=True
+# also time ours with graphs=True (fixed-shape decode steps: CUDA graphs on a GPU)
+parser.add_argument('--graphs', type=int, default=int(GPU))
 args = parser.parse_args()
 device = 'cuda' if GPU else 'cpu'
 dtype = getattr(torch, args.dtype)
@@ -216,15 +218,21 @@ def main():
     def run_ours_compiled():
         return run_ours(compile=True)
 
+    def run_ours_graphs():
+        return run_ours(graphs=True)
+
     def run_hf():
         with torch.no_grad():
             return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                max_new_tokens=N, min_new_tokens=N, pad_token_id=tok.pad_id,
                                eos_token_id=None)
 
-    fns = {'ours': run_ours, 'ours_compiled': run_ours_compiled, 'hf': run_hf}
+    fns = {'ours': run_ours, 'ours_graphs': run_ours_graphs, 'ours_compiled': run_ours_compiled,
+           'hf': run_hf}
     if not args.compile:
         del fns['ours_compiled']
+    if not args.graphs:
+        del fns['ours_graphs']
     res = run_timed(fns, args.reps)
     ours_ids = [r['ids'] for r in res['ours']['out']]
     hf_ids = res['hf']['out'][:, ids.shape[1]:].tolist()
@@ -244,7 +252,8 @@ def main():
 
     med = {n: {t: statistics.median(r[t]) for t in ('wall', 'cpu')} for n, r in res.items()}
     ours_tps, hf_tps = B * N / med['ours']['wall'], B * N / med['hf']['wall']
-    labels = (('ours', 'ours'), ('ours_compiled', 'ours compiled'), ('hf', 'transformers'))
+    labels = (('ours', 'ours'), ('ours_graphs', 'ours graphs'), ('ours_compiled', 'ours compiled'),
+              ('hf', 'transformers'))
     for name, label in labels:
         if name not in res:
             continue
@@ -275,10 +284,19 @@ def main():
                    ours_compiled_s=round(med['ours_compiled']['wall'], 4),
                    compile_s=round(res['ours_compiled']['warmup'], 1),
                    compiled_same_tokens=round(same, 4))
+    if args.graphs:
+        gtps = B * N / med['ours_graphs']['wall']
+        same_g = sum(r['ids'] == a for r, a in zip(res['ours_graphs']['out'], ours_ids)) / B
+        print(f"graphs: {gtps:.0f} tok/s, {gtps / ours_tps:.2f}x eager; {same_g:.1%} of rows the "
+              f"very same tokens as eager; the first call (compiles, captures) took "
+              f"{res['ours_graphs']['warmup']:.1f} s")
+        out.update(ours_graphs_tok_s=round(gtps, 1), graphs_vs_eager=round(gtps / ours_tps, 3),
+                   graphs_first_call_s=round(res['ours_graphs']['warmup'], 1),
+                   graphs_same_tokens=round(same_g, 4))
     if GPU:
         cfg = ours.config
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
-        timed = [n for n in ('ours', 'ours_compiled') if n in med]
+        timed = [n for n in ('ours', 'ours_graphs', 'ours_compiled') if n in med]
         best = min(timed, key=lambda n: med[n]['wall'])
         rows = [p for p in prompts for _ in range(G)]
         achieved = decode_bytes(cfg, weight_bytes, rows, N, dtype.itemsize) / med[best]['wall']

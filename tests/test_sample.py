@@ -128,6 +128,52 @@ def test_compiled_decode_generates_as_eager():
     assert graphs == 2, f"{graphs} graphs compiled: expected two, the prefill and the decode step"
 
 
+def test_graph_decode_and_sparse_checks_generate_as_eager():
+    """graphs=True (fixed-shape decode steps: a static cache attended over all its positions,
+    torch.compile with fullgraph, the batch shrunk only to buckets) and check_every=k (the host
+    reads the rows still going every k steps): the same tokens and log-probs as eager with a read
+    every step, through rows stopping at different steps and compaction; fullgraph means no graph
+    break, and the graphs compiled are at most one per bucket, a second call reusing them."""
+    from torch._dynamo.utils import counters
+    model = tiny()
+    stops = [ord(c) for c in 'aeiou ']
+    base = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops,
+                    check_every=1)
+    assert sum(x['finished'] for x in base) >= 3, "test needs rows finishing early"
+    counters.clear()
+    for kw in (dict(check_every=8), dict(graphs=True), dict(graphs=True, check_every=5),
+               dict(graphs=True, compile=True)):
+        out = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops, **kw)
+        assert [x['ids'] for x in out] == [x['ids'] for x in base], kw
+        assert [x['finished'] for x in out] == [x['finished'] for x in base], kw
+        for x, y in zip(base, out):
+            assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-4), kw
+    assert model in sample._graphed
+    used = counters['stats']['unique_graphs']
+    # the decode step once per bucket used (12 rows: 12, 6, 3, 2) and compile=True's prefill
+    assert 2 <= used <= len(sample.buckets(12)) + 1, f'{used} graphs compiled'
+
+
+def test_the_decode_loop_reads_the_device_once_every_check_every_steps(monkeypatch):
+    """Host-device syncs in generate's loop: the count of rows still going is read once every
+    check_every steps, not every step (counted through Tensor.__int__, the loop's one read; no
+    compaction here, whose row selection reads the device too)."""
+    model = tiny()
+    reads = []
+    real = torch.Tensor.__int__
+    monkeypatch.setattr(torch.Tensor, '__int__', lambda t: reads.append(1) or real(t))
+
+    def count(k, n):  # reads in a generation of n tokens
+        reads.clear()
+        out = generate(model, TOK, PROMPTS, 2, n, temperature=1.0, seed=3, stop_ids=[1],
+                       compact=False, check_every=k)
+        assert not any(x['finished'] for x in out)
+        return len(reads)
+    # the 16 steps that 24 tokens take more than 8: a read each, or one every 8
+    assert count(1, 24) - count(1, 8) == 16
+    assert count(8, 24) - count(8, 8) == 2
+
+
 def test_stop_tokens_and_max_tokens():
     model = tiny()
     ref, _ = naive_greedy(model, PROMPTS[0], 12)
