@@ -235,6 +235,32 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
 
 
 
+def tool_settings(task, max_tool_calls=None, tool_timeout=5.0, tool_delay_steps=1):
+    """How rollouts of task call its tools, as the one value sample_batch and evaluate take: the
+    tools and their style (the task's), the calls per completion (max_tool_calls, None: the
+    task's), the time limit and the delay (generate_with_tools); None for a task without tools."""
+    import tasks
+    tools, style = tasks.tools_of(task)
+    if not tools:
+        return None
+    return dict(tools=tools, tool_style=style, tool_timeout=tool_timeout,
+                max_tool_calls=tasks.tool_call_limit(task, max_tool_calls),
+                tool_delay_steps=tool_delay_steps)
+
+
+def sample_batch(model, tok, prompts, group_size, max_new_tokens, *, tools=None, graphs=False,
+                 check_every=0, progress=False, **sampling):
+    """The one way to roll out: group_size completions of each prompt through generate, or, given
+    tools (tool_settings' value), through generate_with_tools. graphs, check_every and progress are
+    generate's: a rollout with tools pauses rows for their calls in a loop of its own."""
+    if tools is None:
+        return generate(model, tok, prompts, group_size, max_new_tokens, graphs=graphs,
+                        check_every=check_every, progress=progress, **sampling)
+    if graphs:
+        raise ValueError("graphs=True decodes rollouts without tools only")
+    return generate_with_tools(model, tok, prompts, group_size, max_new_tokens, **tools, **sampling)
+
+
 @torch.no_grad()
 def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *, tools,
                         tool_style='fenced', max_tool_calls=4, tool_timeout=5.0, temperature=1.0,
@@ -444,26 +470,21 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
-             out_path=None, progress=True, compile=False, first=0, max_tool_calls=None,
-             tool_timeout=5.0, tool_delay_steps=1):
+             out_path=None, progress=True, compile=False, first=0, tools=None):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). A task with tools is evaluated through generate_with_tools, as it
-    trains. Writes one JSON row per problem to out_path when given. Returns the summary dict.
-    first: the index of examples[0] among all problems evaluated (a rank's share under torchrun),
-    so that a problem's samples do not depend on how the problems were shared."""
+    trains, with tools = tool_settings' value (None: the task's defaults). Writes one JSON row per
+    problem to out_path when given. Returns the summary dict. first: the index of examples[0] among
+    all problems evaluated (a rank's share under torchrun), so that a problem's samples do not
+    depend on how the problems were shared."""
     import tasks
     answer = tasks.answer_fn(task)
-    tools, tool_style = tasks.tools_of(task)
-    max_tool_calls = tasks.tool_call_limit(task, max_tool_calls)
+    tools = tools or tool_settings(task)
 
     def sample(chunk_prompts, n, **kw):
-        if tools:
-            return generate_with_tools(model, tok, chunk_prompts, n, max_new_tokens, tools=tools,
-                                       tool_style=tool_style, max_tool_calls=max_tool_calls,
-                                       tool_timeout=tool_timeout,
-                                       tool_delay_steps=tool_delay_steps, compile=compile, **kw)
-        return generate(model, tok, chunk_prompts, n, max_new_tokens, compile=compile, **kw)
+        return sample_batch(model, tok, chunk_prompts, n, max_new_tokens, tools=tools,
+                            compile=compile, **kw)
 
     was_training = model.training
     model.eval()
@@ -643,19 +664,13 @@ if __name__ == '__main__':
     model.eval()
     if prompt:
         import tool_calls
-        tools, tool_style = tasks.tools_of(task_mod)  # the task's tools, called as in training
-        shown = tool_calls.template_variables(tools, tool_style)
+        # the task's tools, called as in training
+        tools = tool_settings(task_mod, max_tool_calls, tool_timeout, tool_delay_steps)
+        shown = tool_calls.template_variables(*tasks.tools_of(task_mod))
         ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''), **shown)]
-        common = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                      compile=compile)
-        if tools:
-            limit = tasks.tool_call_limit(task_mod, max_tool_calls)
-            completions = generate_with_tools(
-                model, tok, ids, num_completions, max_new_tokens, tools=tools,
-                tool_style=tool_style, max_tool_calls=limit, tool_timeout=tool_timeout,
-                tool_delay_steps=tool_delay_steps, **common)
-        else:
-            completions = generate(model, tok, ids, num_completions, max_new_tokens, **common)
+        completions = sample_batch(model, tok, ids, num_completions, max_new_tokens, tools=tools,
+                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                   compile=compile)
         for c in completions:
             ending = 'finished' if c['finished'] else 'truncated'
             calls = f", {len(c['tool_calls'])} tool calls" if tools else ''
@@ -672,6 +687,6 @@ if __name__ == '__main__':
                        n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
                        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
                        out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile,
-                       max_tool_calls=max_tool_calls, tool_timeout=tool_timeout,
-                       tool_delay_steps=tool_delay_steps)
+                       tools=tool_settings(task_mod, max_tool_calls, tool_timeout,
+                                           tool_delay_steps))
     print(json.dumps(summary))

@@ -201,8 +201,8 @@ from loss import advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
 from loss import adapt_entropy_coef, entropy_cut, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
-from sample import encode_prompts, evaluate, generate, sampler_model  # noqa: E402
-from sample import generate_with_tools, sampled_count  # noqa: E402
+from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
+from sample import tool_settings  # noqa: E402
 from sft import warm_start  # noqa: E402
 from tokenizer import set_chat_template_kwargs  # noqa: E402
 
@@ -225,7 +225,11 @@ try:
                                  messages=task_messages)
     task_tools, tool_style = tasks.tools_of(task_mod)  # (None, None): no tools
     task_answer = tasks.answer_fn(task_mod)  # what a void turn lacks (void_turn_filter)
-    call_limit = tasks.tool_call_limit(task_mod, max_tool_calls)
+    # the task's tools and how rollouts call them, one value (None: no tools)
+    tooling = tool_settings(task_mod, max_tool_calls, tool_timeout, tool_delay_steps)
+    if tooling and decode_graphs:
+        raise ValueError(f"--decode_graphs=True decodes rollouts without tools only; task {task!r} "
+                         "calls tools")
 except ValueError as e:
     die(str(e), 2)
 if sft_steps > 0 and not callable(getattr(task_mod, 'solution', None)):
@@ -337,8 +341,7 @@ def run_eval(at_step):
                  max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
                  compile=compile_decode, progress=verbose and master, n_samples=eval_samples or 1,
                  temperature=eval_temperature, seed=seed, first=lo,
-                 max_tool_calls=call_limit, tool_timeout=tool_timeout,
-                 tool_delay_steps=tool_delay_steps)
+                 tools=tooling)
     k = eval_samples
     sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
     if ddp:  # the task's own metrics are rank 0's share's
@@ -436,16 +439,11 @@ def rollout(examples, first, step, timing):
     t = time.time()
     show_progress = master and (step == 0 or verbose)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed * 100_003 + step,
-                    prompt_index=mine, compile=compile_decode, on_step=heartbeat)
+                    prompt_index=mine, compile=compile_decode, on_step=heartbeat,
+                    graphs=decode_graphs, check_every=decode_check_every)
     my_prompts = [prompts[i - first] for i in mine]
-    if task_tools:
-        comps = generate_with_tools(gen_model, tok, my_prompts, G, max_new_tokens, tools=task_tools,
-                                    tool_style=tool_style, max_tool_calls=call_limit,
-                                    tool_timeout=tool_timeout,
-                                    tool_delay_steps=tool_delay_steps, **sampling)
-    else:
-        comps = generate(gen_model, tok, my_prompts, G, max_new_tokens, progress=show_progress,
-                         graphs=decode_graphs, check_every=decode_check_every, **sampling)
+    comps = sample_batch(gen_model, tok, my_prompts, G, max_new_tokens, tools=tooling,
+                         progress=show_progress, **sampling)
     timing['gen'] = timing.get('gen', 0.0) + time.time() - t
     t = time.time()
     texts = [c['text'] for c in comps]

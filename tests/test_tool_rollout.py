@@ -319,7 +319,7 @@ def test_a_task_sets_its_call_limit_unless_the_config_does(monkeypatch, task_lim
 
     monkeypatch.setattr(sample, 'generate_with_tools', spy)
     sample.evaluate(Scripted({}, strength=0.0), TOK, task, task.load('test')[:2], max_new_tokens=8,
-                    progress=False, max_tool_calls=knob)
+                    progress=False, tools=sample.tool_settings(task, max_tool_calls=knob))
     assert limits == [want]
 
 
