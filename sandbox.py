@@ -66,16 +66,19 @@ How this differs from the projects it was compared with (source read at the comm
   program prints.
 """
 import ast
+import atexit
 import functools
 import math
 import operator
 import os
+import re
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 MAX_OUTPUT_CHARS = 2000  # what the model reads of one call's output, the middle cut beyond
@@ -89,6 +92,10 @@ PYTHON_MEMORY_BYTES = 1 << 30  # RLIMIT_AS: numpy and sympy import well within i
 PYTHON_PROCESSES = 64  # RLIMIT_NPROC (all of the user's processes and threads; root is exempt)
 PYTHON_FILE_BYTES = 16 << 20  # RLIMIT_FSIZE: the largest file the program may write
 PYTHON_DRAIN_S = 0.2  # after the kill, how long to read what the program had already printed
+PYTHON_DISK_BYTES = 64 << 20  # all the working dir holds: a tmpfs that size, else killed past it
+PYTHON_DISK_CHECK_S = 0.05  # without the tmpfs, how often the working dir's size is summed
+PYTHON_UID_BASE = 1 << 31  # as root, call `slot` of process `pid` runs as uid BASE + (pid << 9) + slot
+PYTHON_UID_SLOTS = 511  # calls of one process at once (pids < 2**22: the uids stay below 2**32 - 1)
 # new network, pid and mount namespaces whose processes die with the unshare process
 UNSHARE_FLAGS = ('--net', '--pid', '--fork', '--kill-child', '--mount-proc')
 SANDBOX_ENV = {'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8', 'OMP_NUM_THREADS': '1',
@@ -179,24 +186,51 @@ def calculator(expression: str) -> str:
 
 # ----------------------------------------------------------------------------- python
 
-# The child's first code: limits, then the audit hook, then the program (main.py in its working
-# directory), with tracebacks that start at the program. argv: root cpu_s memory processes fsize.
+# The child's first code, run as root where the trainer is: the tmpfs, limits, its own uid, then
+# the functions no audit event covers replaced, the audit hook, and the program (main.py in its
+# working directory), with tracebacks that start at the program.
+# argv: root cpu_s memory processes fsize disk uid (disk 0: no tmpfs; uid -1: keep the trainer's).
 CHILD = r'''
 import os, resource, sys, traceback
 root = os.path.realpath(sys.argv[1])
-cpu, memory, processes, file_size = map(int, sys.argv[2:6])
+cpu, memory, processes, file_size, disk, uid = map(int, sys.argv[2:8])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
 resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+if disk or uid >= 0:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+if disk:  # a mount namespace of its own: a tmpfs of disk bytes over the working directory
+    with open('main.py', encoding='utf-8') as f:
+        source = f.read()
+    owner = f',uid={uid},gid={uid}' if uid >= 0 else ''
+    options = f'size={disk},mode=0700{owner}'.encode()
+    if libc.mount(b'tmpfs', os.fsencode(root), b'tmpfs', 2 | 4, options) == 0:  # nosuid, nodev
+        os.chdir(root)
+        with open('main.py', 'w', encoding='utf-8') as f:
+            f.write(source)
+if uid >= 0:  # its own uid, keeping CAP_DAC_READ_SEARCH only: it reads what root reads (Python
+    # may be installed under a 0700 home), and writes, signals and counts processes as that uid
+    ok = libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(8, 1, 0, 0, 0) == 0  # NO_NEW_PRIVS, KEEPCAPS
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    caps = (ctypes.c_uint32 * 6)(1 << 2, 1 << 2, 0, 0, 0, 0)  # effective, permitted, inheritable
+    if not (ok and libc.capset(header, caps) == 0 and os.getuid() == uid):
+        sys.exit('sandbox: dropping root failed')
+if disk or uid >= 0:
+    del libc
 own_proc = os.path.realpath('/proc/self')
 WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 REFUSED = {'socket.connect', 'socket.bind', 'socket.sendto', 'socket.sendmsg',
            'socket.getaddrinfo', 'socket.gethostbyname', 'socket.gethostbyaddr',
            'socket.getnameinfo', 'os.fork', 'os.forkpty', 'os.system', 'os.exec', 'os.spawn',
            'os.posix_spawn', 'subprocess.Popen', 'pty.spawn', 'os.kill', 'os.killpg',
-           'signal.pthread_kill', 'resource.setrlimit', 'resource.prlimit'}
+           'signal.pthread_kill', 'resource.setrlimit', 'resource.prlimit', 'sys.settrace',
+           'sys.setprofile'}
 # event -> (position of a path argument, position of its dir_fd argument or None), ...
 PATH_EVENTS = {'os.remove': ((0, 1),), 'os.rmdir': ((0, 1),), 'os.mkdir': ((0, 2),),
                'os.chmod': ((0, 2),), 'os.chown': ((0, 3),), 'os.utime': ((0, 3),),
@@ -204,6 +238,11 @@ PATH_EVENTS = {'os.remove': ((0, 1),), 'os.rmdir': ((0, 1),), 'os.mkdir': ((0, 2
                'os.setxattr': ((0, None),), 'os.removexattr': ((0, None),),
                'shutil.rmtree': ((0, None),), 'os.symlink': ((1, 2),),
                'os.rename': ((0, 2), (1, 3)), 'os.link': ((0, 2), (1, 3))}
+# modules whose functions are replaced below: imported again, or made afresh, they would be whole
+PINNED = {'os', 'posix', 'signal', '_signal', '_posixsubprocess', '_imp'}
+# modules that reach past the hook: subinterpreters (hooks are per interpreter), test internals
+UNSAFE = {'_xxsubinterpreters', '_xxinterpchannels', '_interpreters', '_testcapi',
+          '_testinternalcapi', '_testmultiphase', '_testsinglephase', '_testbuffer'}
 
 def where(path, dir_fd=None):
     path = os.fsdecode(path)
@@ -217,27 +256,35 @@ def inside(path, top):
 def refuse(what):
     raise PermissionError(f'sandbox: {what} is not allowed')
 
+def check_open(path, real, flags):
+    if flags & WRITE and not inside(real, root) and real != '/dev/null':
+        refuse(f'writing {os.fsdecode(path)!r} (outside the working directory)')
+    other_process = real.startswith('/proc/') and real.split('/')[2].isdigit()
+    if other_process and not inside(real, own_proc):
+        refuse(f'reading {os.fsdecode(path)!r} (another process)')
+
 def audit(event, args):
     if event in REFUSED:
         refuse(event)
     if event.startswith('ctypes.') and not (event == 'ctypes.dlopen' and args[0] is None):
         refuse(event)
+    if event == 'import' and (args[0] in PINNED or args[0] in UNSAFE):
+        refuse(f'import {args[0]}')
     if event == 'open' and not isinstance(args[0], int) and args[0] is not None:
         path, mode, flags = args
-        real = where(path)
-        writing = flags & WRITE
-        if writing and mode is None and not os.path.isabs(os.fsdecode(path)):
+        if flags & WRITE and mode is None and not os.path.isabs(os.fsdecode(path)):
             refuse('os.open for writing with a relative path')
-        if writing and not inside(real, root) and real != '/dev/null':
-            refuse(f'writing {os.fsdecode(path)!r} (outside the working directory)')
-        other_process = real.startswith('/proc/') and real.split('/')[2].isdigit()
-        if other_process and not inside(real, own_proc):
-            refuse(f'reading {os.fsdecode(path)!r} (another process)')
+        check_open(path, where(path), flags)
     for path_at, dir_fd_at in PATH_EVENTS.get(event, ()):
         path = args[path_at] if path_at < len(args) else None
         dir_fd = args[dir_fd_at] if dir_fd_at is not None and dir_fd_at < len(args) else None
         if isinstance(path, (str, bytes, os.PathLike)) and not inside(where(path, dir_fd), root):
             refuse(f'{event} on {os.fsdecode(path)!r} (outside the working directory)')
+
+def refused(name):
+    def stub(*args, **kwargs):
+        refuse(name)
+    return stub
 
 def print_traceback(e):
     """The traceback without this file's frames (the hook's, the exec's): from the program on."""
@@ -249,6 +296,31 @@ def print_traceback(e):
         link = link.__cause__ or link.__context__
     sys.stderr.write(''.join(shown.format()))
 
+# What raises no audit event goes from the modules themselves (os re-exports posix, signal
+# _signal), before the hook refuses importing them again; a fresh module from _imp is refused too.
+import _imp, _posixsubprocess, _signal, posix, signal
+for module, name, shown in ((posix, 'pidfd_open', 'os.pidfd_open'),
+                            (_signal, 'pidfd_send_signal', 'signal.pidfd_send_signal'),
+                            (_posixsubprocess, 'fork_exec', '_posixsubprocess.fork_exec')):
+    for m in {module, os, signal} if module is not _posixsubprocess else {module}:
+        if hasattr(m, name):
+            setattr(m, name, refused(shown))
+create_builtin, posix_open = _imp.create_builtin, posix.open
+
+def fresh_builtin(spec):
+    if spec.name in PINNED:
+        refuse(f'a second {spec.name} module')
+    return create_builtin(spec)
+
+def open_at(path, flags, mode=0o777, *, dir_fd=None):
+    """os.open, with the path checked where dir_fd puts it (the 'open' event does not carry it)."""
+    if dir_fd is not None and not os.path.isabs(os.fsdecode(path)):
+        check_open(path, where(path, dir_fd), flags)
+    return posix_open(path, flags, mode, dir_fd=dir_fd)
+
+_imp.create_builtin = fresh_builtin
+posix.open = os.open = open_at
+os.supports_dir_fd.add(open_at)
 sys.addaudithook(audit)
 sys.argv = ['main.py']
 try:
@@ -282,6 +354,102 @@ def _unshare_prefix():
     return ()
 
 
+@functools.cache
+def _own_uids():
+    """Whether each call can run as a uid of its own: the trainer is root and the uids from
+    PYTHON_UID_BASE up exist here (a user namespace may map only a few)."""
+    if os.geteuid() != 0:
+        return False
+    for table in ('/proc/self/uid_map', '/proc/self/gid_map'):
+        with open(table) as f:
+            ranges = [tuple(map(int, line.split())) for line in f if line.strip()]
+        if not any(first <= PYTHON_UID_BASE and first + count >= 2**32 - 1
+                   for first, _, count in ranges):
+            return False
+    return True
+
+
+_lock = threading.Lock()
+_slots = set()  # the uid slots of this process's calls now running
+_run_dirs = {}  # pid -> that process's directory of working directories
+
+
+def _take_uid():
+    """A uid that nothing else uses while the call runs (its pid is this process's), or None."""
+    if not _own_uids():
+        return None
+    with _lock:
+        slot = min(set(range(PYTHON_UID_SLOTS)) - _slots, default=None)
+        if slot is None:
+            raise RuntimeError(f"more than {PYTHON_UID_SLOTS} python calls at once")
+        _slots.add(slot)
+    return PYTHON_UID_BASE + (os.getpid() << 9) + slot
+
+
+def _give_uid(uid):
+    with _lock:
+        _slots.discard((uid - PYTHON_UID_BASE) % (1 << 9))
+
+
+def _kill_uid(uid):
+    """SIGKILL every process of uid, in every pid namespace below ours, daemons included: kill(-1)
+    sent as uid reaches exactly the processes of uid, and a fork cannot slip past it."""
+    subprocess.run(['/bin/sh', '-c', 'kill -9 -1'], user=uid, group=uid, extra_groups=[],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _remove_run_dir(path, pid):
+    """path and what it holds, once no process of pid runs; the programs of its calls killed."""
+    if os.getpid() != pid and _alive(pid):
+        return
+    if _own_uids():
+        with os.scandir(path) as calls:
+            uids = {c.stat(follow_symlinks=False).st_uid for c in calls}
+        for uid in uids - {0}:
+            _kill_uid(uid)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_dir():
+    """This process's directory of working directories, tool-python-NS-PID-* (NS its pid
+    namespace), made on its first call, which removes those of processes of the namespace no
+    longer running (a trainer killed before its atexit)."""
+    pid = os.getpid()
+    with _lock:
+        if pid not in _run_dirs:
+            top, ns = tempfile.gettempdir(), os.stat('/proc/self/ns/pid').st_ino
+            for name in os.listdir(top):
+                owner = re.fullmatch(rf'tool-python-{ns}-(\d+)-\w+', name)  # pids of our namespace
+                if owner and not _alive(int(owner[1])):
+                    _remove_run_dir(os.path.join(top, name), int(owner[1]))
+            _run_dirs[pid] = tempfile.mkdtemp(prefix=f'tool-python-{ns}-{pid}-')
+            os.chmod(_run_dirs[pid], 0o711)  # the calls' uids pass through to their own dirs
+            atexit.register(_remove_run_dir, _run_dirs[pid], pid)
+        return _run_dirs[pid]
+
+
+def _disk_used(top):
+    """The bytes the files under top take on disk (blocks, so a sparse file counts what it holds)."""
+    total = 0
+    for path, dirs, files in os.walk(top):
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(path, name)).st_blocks * 512
+            except OSError:
+                pass  # deleted meanwhile
+    return total
+
+
 def cut_middle(text, limit=MAX_OUTPUT_CHARS, *, hidden=0):
     """text in at most limit characters: its head and tail around '... [N characters cut] ...'.
     hidden: characters already dropped from text's middle (text is then the head and tail of a
@@ -306,25 +474,34 @@ def _exited(proc):
     return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _read_output(proc, deadline, limit):
-    """What the child printed, its middle cut to limit characters, and whether the deadline
-    passed. Only the first and last 4*limit bytes are kept (each holds at least limit characters);
-    at the deadline the process group is killed and what is left in the pipe read. The group is
-    killed before the child is reaped, so its id cannot belong to anyone else yet."""
+def _read_output(proc, deadline, limit, root=None):
+    """What the child printed, its middle cut to limit characters, and why it was stopped: None,
+    'timeout' at the deadline, 'disk' once the files under root (when given) pass
+    PYTHON_DISK_BYTES. Only the first and last 4*limit bytes are kept (each holds at least limit
+    characters); when stopped the process group is killed and what is left in the pipe read. The
+    group is killed before the child is reaped, so its id cannot belong to anyone else yet."""
     fd, keep = proc.stdout.fileno(), 4 * limit
-    head, tail, hidden, timed_out = bytearray(), bytearray(), 0, False
+    head, tail, hidden, stop = bytearray(), bytearray(), 0, None
+    check = time.monotonic() if root else math.inf
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0 and timed_out:
+        now = time.monotonic()
+        if stop is None and now >= check:
+            check = now + PYTHON_DISK_CHECK_S
+            if _disk_used(root) > PYTHON_DISK_BYTES:
+                stop, deadline = 'disk', now + PYTHON_DRAIN_S
+                _kill_group(proc)
+        left = deadline - now
+        if left <= 0 and stop:
             break
         if left <= 0:
-            timed_out = True
+            stop = 'timeout'
             _kill_group(proc)
             deadline = time.monotonic() + PYTHON_DRAIN_S
             continue
-        if not poller.poll(left * 1000):
+        wait = left if stop else min(left, check - now)  # the watcher's next look
+        if not poller.poll(max(wait, 0) * 1000):
             continue
         chunk = os.read(fd, 1 << 16)
         if not chunk:
@@ -336,9 +513,9 @@ def _read_output(proc, deadline, limit):
             hidden += len(bytes(tail[:-keep]).translate(None, UTF8_CONTINUATION))
             del tail[:-keep]
     # the pipe closed: wait for the exit without reaping, then kill whatever the program left
-    while not timed_out and not _exited(proc):
+    while stop is None and not _exited(proc):
         if time.monotonic() > deadline:
-            timed_out = True
+            stop = 'timeout'
             break
         time.sleep(0.005)
     _kill_group(proc)
@@ -346,7 +523,7 @@ def _read_output(proc, deadline, limit):
         text = head.decode('utf-8', 'replace') + tail.decode('utf-8', 'replace')
     else:
         text = (head + tail).decode('utf-8', 'replace')
-    return cut_middle(text, limit, hidden=hidden), timed_out
+    return cut_middle(text, limit, hidden=hidden), stop
 
 
 def _signal_name(number):
@@ -366,12 +543,17 @@ def python(code: str, *, timeout: float = PYTHON_TIMEOUT_S) -> str:
     # Returns the output; a program that overruns the time limit raises TimeoutError carrying what
     # it had printed and one line saying so (run_call reports it as a 'timeout').
     _check_text(code, 'code', PYTHON_MAX_CODE_CHARS)
-    root = tempfile.mkdtemp(prefix='tool-python-')
+    prefix, uid = _unshare_prefix(), _take_uid()
     try:
+        root = tempfile.mkdtemp(prefix='call-', dir=_run_dir())
         with open(os.path.join(root, 'main.py'), 'w', encoding='utf-8') as f:
             f.write(code)
-        limits = [math.ceil(timeout) + 1, PYTHON_MEMORY_BYTES, PYTHON_PROCESSES, PYTHON_FILE_BYTES]
-        argv = [*_unshare_prefix(), sys.executable, '-I', '-B', '-u', '-X', 'utf8', '-c', CHILD,
+        if uid is not None:
+            os.chown(root, uid, uid)
+        # the tmpfs where there is a mount namespace (its size is then the cap); the watcher always
+        limits = [math.ceil(timeout) + 1, PYTHON_MEMORY_BYTES, PYTHON_PROCESSES, PYTHON_FILE_BYTES,
+                  PYTHON_DISK_BYTES if prefix else 0, -1 if uid is None else uid]
+        argv = [*prefix, sys.executable, '-I', '-B', '-u', '-X', 'utf8', '-c', CHILD,
                 root, *map(str, limits)]
         env = {**SANDBOX_ENV, 'HOME': root, 'TMPDIR': root}
         deadline = time.monotonic() + timeout
@@ -380,16 +562,22 @@ def python(code: str, *, timeout: float = PYTHON_TIMEOUT_S) -> str:
                                 start_new_session=True)
         try:
             # room for the status line below, so that run_call's cap cuts nothing more
-            text, timed_out = _read_output(proc, deadline, limit=MAX_OUTPUT_CHARS - 80)
+            text, stop = _read_output(proc, deadline, limit=MAX_OUTPUT_CHARS - 80, root=root)
         finally:
             _kill_group(proc)
+            if uid is not None:
+                _kill_uid(uid)  # what left the group (setsid) or the pid namespace is dying
             status = proc.wait()
             proc.stdout.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if uid is not None:
+            _give_uid(uid)
     end = '' if text.endswith('\n') or not text else '\n'
-    if timed_out:
+    if stop == 'timeout':
         raise TimeoutError(f"{text}{end}error: timed out after {timeout:g} s")
+    if stop == 'disk':
+        return f"{text}{end}error: killed: its files passed the {PYTHON_DISK_BYTES >> 20} MiB disk cap"
     if status < 0:
         return f"{text}{end}error: killed by {_signal_name(-status)}"
     if status > 0 and not text:
