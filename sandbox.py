@@ -7,9 +7,20 @@ The python tool runs each program in a fresh interpreter under these guards:
 - a new process (sys.executable -I: no user site, no PYTHON* variables), never a fork of the
   trainer, so none of its memory or open files; its environment is only PATH, LANG, HOME and TMPDIR
   (the temp dir) and one-thread settings for BLAS and OpenMP; stdin is /dev/null; the working
-  directory is a fresh temp dir, deleted afterwards;
+  directory is a fresh temp dir, deleted afterwards; the temp dirs of a trainer lie in one
+  tool-python-NS-PID-* dir, removed at its exit, or by the next trainer's first call if it was
+  killed (with the programs it left running, when they ran as uids of their own);
 - rlimits set in the child before the program runs: CPU seconds (the time limit + 1), address space
   (PYTHON_MEMORY_BYTES), processes (PYTHON_PROCESSES), file size (PYTHON_FILE_BYTES), no core files;
+- a trainer running as root runs each call as a uid of its own (PYTHON_UID_BASE + (pid << 9) +
+  slot, no account's), with no groups, no_new_privs and one capability, CAP_DAC_READ_SEARCH (it
+  reads what root reads, so the interpreter imports from a 0700 home): it cannot write the
+  trainer's files, signal or trace its processes, or read their /proc/PID/environ, and
+  RLIMIT_NPROC counts its own processes and threads only; when the call returns, kill(-1) sent as
+  that uid kills every process it started, daemons (setsid) included, namespaces or not;
+- disk: the working dir holds at most PYTHON_DISK_BYTES, as a tmpfs of that size mounted over it
+  in the call's mount namespace (writes then fail with ENOSPC), else the call is killed once the
+  files under it pass that size (summed every PYTHON_DISK_CHECK_S);
 - a wall clock: at the time limit the process group is killed (SIGKILL), and what the program had
   printed comes back with the error; stdout and stderr are read as they come and only the head and
   tail are kept (MAX_OUTPUT_CHARS, the middle cut), so a program printing gigabytes costs nothing;
@@ -17,27 +28,40 @@ The python tool runs each program in a fresh interpreter under these guards:
   namespaces: no network at all (the new namespace's loopback is down, 127.0.0.1 included), a /proc
   that shows only the program's own processes, and everything in the pid namespace dies with it
   (the program is its pid 1, which ignores signals it sends itself: a real crash still kills it);
+- functions that raise no audit event are replaced before the program runs, in the modules
+  themselves (so `import posix` finds the replacement): os.pidfd_open, signal.pidfd_send_signal
+  and _posixsubprocess.fork_exec are refused, and os.open checks the path that its dir_fd
+  resolves (the 'open' event does not carry dir_fd); importing those modules again, or making a
+  fresh one with _imp.create_builtin, is refused;
 - an audit hook (sys.addaudithook, installed before the program runs; Python code cannot remove it)
   that refuses: socket connect, bind, sendto, sendmsg and name lookups; opening for writing,
   creating, deleting, renaming, linking or changing modes of paths outside the temp dir (/dev/null
   excepted); fork, exec, spawn, system, subprocess, sending signals; ctypes beyond its own import;
-  setrlimit (root could raise its hard limits); opening /proc/PID of another process.
+  setrlimit (root could raise its hard limits); sys.settrace and sys.setprofile; opening /proc/PID
+  of another process; importing subinterpreters (their hooks are their own) and CPython's test
+  modules.
 These are guards against accidents and naive attempts, not a security boundary. What they do not
 protect against, so that untrusted code still wants a container or a VM:
 - reading: the program reads whatever the user running the trainer can read (keys, tokens under
-  ~/.cache/huggingface, checkpoints); run training as a user that owns nothing secret;
-- a program written to escape: the audit hook is a Python-level guard, not a syscall filter.
-  Compiled code (a C extension, _posixsubprocess.fork_exec) is not audited, introspection can
-  reach the hook's state, and os.open(..., dir_fd=...) does not report its dir_fd (relative writes
-  through os.open are refused for that reason, but that is one hole of many);
+  ~/.cache/huggingface, checkpoints; as root, everything, CAP_DAC_READ_SEARCH); run training as a
+  user that owns nothing secret;
+- a program written to escape: the hook and the replacements are Python-level guards, not a
+  syscall filter. Compiled code (a C extension) is not audited, and introspection (a traceback's
+  frames, gc) can reach the hook's state and the functions replaced. Past the hook, as a uid of
+  its own, such code may still write world-writable dirs (/tmp, /dev/shm: not capped) and files
+  the trainer made world-writable, and, without namespaces, open sockets;
+- a trainer not running as root (or where the uids are not mapped, as in a user namespace that
+  maps a few): the program runs as the trainer's user, so RLIMIT_NPROC counts all of that user's
+  processes and threads, the trainer's included (the program may be unable to start even one
+  thread), and only the hook keeps it from the trainer's files, signals and /proc/PID; without a
+  pid namespace too, a process that calls setsid leaves the group and survives the call;
 - without namespaces (no unshare, or no privilege to use it, as in Docker's default profile):
   sockets are refused only by the hook, /proc shows every process (the hook still refuses other
-  processes' /proc/PID), and a process that calls setsid leaves the group and survives the kill;
-- as root RLIMIT_NPROC does nothing (the kernel exempts root), so only the hook stops a fork bomb;
-  for other users it counts all their processes and threads, the trainer's included, so the program
-  may be unable to start even one thread;
-- disk: RLIMIT_FSIZE caps each file, not how many: the temp dir's filesystem can fill until the
-  time limit; memory: each call may use PYTHON_MEMORY_BYTES, as many at once as the pool runs;
+  processes' /proc/PID); disk is watched, not capped: a call may pass PYTHON_DISK_BYTES by what it
+  writes between two looks, and files deleted while still open are not seen;
+- temp dirs: a trainer's dir is removed only by one in the same pid namespace (pids elsewhere
+  mean other processes), and only once its pid is gone; memory: each call may use
+  PYTHON_MEMORY_BYTES, as many at once as the pool runs;
 - kernel bugs and side channels.
 
 How this differs from the projects it was compared with (source read at the commit named):
@@ -58,8 +82,9 @@ How this differs from the projects it was compared with (source read at the comm
 - nanochat, karpathy/nanochat 1c301a3, nanochat/execution.py (which says it is not a security
   sandbox): a multiprocessing child of the trainer (inheriting its memory and environment) that
   sets os.system, os.fork, ... to None and limits memory, with no network blocking. Here the
-  interpreter is fresh, the environment scrubbed, and the refusals are audit-hook checks, which
-  `import posix` cannot undo as it undoes a None assigned in os.
+  interpreter is fresh, the environment scrubbed, and the refusals are audit-hook checks, or
+  functions replaced in posix itself with importing it again refused, which `import posix` cannot
+  undo as it undoes a None assigned in os.
 - verifiers, PrimeIntellect-ai/verifiers 099e025, verifiers/envs/python_env.py (PythonEnv): a
   persistent REPL in a remote container, the last expression shown as Out[n]. Here every call is a
   new process (define again what a previous call defined) and nothing is shown but what the
