@@ -119,7 +119,7 @@ PYTHON_FILE_BYTES = 16 << 20  # RLIMIT_FSIZE: the largest file the program may w
 PYTHON_DRAIN_S = 0.2  # after the kill, how long to read what the program had already printed
 PYTHON_DISK_BYTES = 64 << 20  # all the working dir holds: a tmpfs that size, else killed past it
 PYTHON_DISK_CHECK_S = 0.05  # without the tmpfs, how often the working dir's size is summed
-PYTHON_UID_BASE = 1 << 31  # as root, call `slot` of process `pid` runs as uid BASE + (pid << 9) + slot
+PYTHON_UID_BASE = 1 << 31  # as root, call `slot` of process `pid` has uid BASE + (pid << 9) + slot
 PYTHON_UID_SLOTS = 511  # calls of one process at once (pids < 2**22: the uids stay below 2**32 - 1)
 # new network, pid and mount namespaces whose processes die with the unshare process
 UNSHARE_FLAGS = ('--net', '--pid', '--fork', '--kill-child', '--mount-proc')
@@ -238,7 +238,8 @@ if disk:  # a mount namespace of its own: a tmpfs of disk bytes over the working
             f.write(source)
 if uid >= 0:  # its own uid, keeping CAP_DAC_READ_SEARCH only: it reads what root reads (Python
     # may be installed under a 0700 home), and writes, signals and counts processes as that uid
-    ok = libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(8, 1, 0, 0, 0) == 0  # NO_NEW_PRIVS, KEEPCAPS
+    # PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS
+    ok = libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(8, 1, 0, 0, 0) == 0
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
@@ -437,10 +438,13 @@ def _remove_run_dir(path, pid):
     """path and what it holds, once no process of pid runs; the programs of its calls killed."""
     if os.getpid() != pid and _alive(pid):
         return
-    if _own_uids():
+    try:
         with os.scandir(path) as calls:
             uids = {c.stat(follow_symlinks=False).st_uid for c in calls}
-        for uid in uids - {0}:
+    except OSError:
+        return  # removed meanwhile
+    for uid in uids if _own_uids() else ():
+        if uid >= PYTHON_UID_BASE:
             _kill_uid(uid)
     shutil.rmtree(path, ignore_errors=True)
 
@@ -464,7 +468,7 @@ def _run_dir():
 
 
 def _disk_used(top):
-    """The bytes the files under top take on disk (blocks, so a sparse file counts what it holds)."""
+    """The bytes the files under top take on disk (blocks: a sparse file counts what it holds)."""
     total = 0
     for path, dirs, files in os.walk(top):
         for name in dirs + files:
@@ -568,7 +572,7 @@ def python(code: str, *, timeout: float = PYTHON_TIMEOUT_S) -> str:
     # Returns the output; a program that overruns the time limit raises TimeoutError carrying what
     # it had printed and one line saying so (run_call reports it as a 'timeout').
     _check_text(code, 'code', PYTHON_MAX_CODE_CHARS)
-    prefix, uid = _unshare_prefix(), _take_uid()
+    prefix, uid, root = _unshare_prefix(), _take_uid(), None
     try:
         root = tempfile.mkdtemp(prefix='call-', dir=_run_dir())
         with open(os.path.join(root, 'main.py'), 'w', encoding='utf-8') as f:
@@ -595,14 +599,16 @@ def python(code: str, *, timeout: float = PYTHON_TIMEOUT_S) -> str:
             status = proc.wait()
             proc.stdout.close()
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
         if uid is not None:
             _give_uid(uid)
     end = '' if text.endswith('\n') or not text else '\n'
     if stop == 'timeout':
         raise TimeoutError(f"{text}{end}error: timed out after {timeout:g} s")
     if stop == 'disk':
-        return f"{text}{end}error: killed: its files passed the {PYTHON_DISK_BYTES >> 20} MiB disk cap"
+        cap = PYTHON_DISK_BYTES >> 20
+        return f"{text}{end}error: killed: its files passed the {cap} MiB disk cap"
     if status < 0:
         return f"{text}{end}error: killed by {_signal_name(-status)}"
     if status > 0 and not text:
