@@ -3,10 +3,13 @@ calculator computes without eval, the python tool's guards hold against each thi
 do to the machine, calls are found and read in awkward text, and run_call never raises or hangs."""
 import builtins
 import concurrent.futures
+import inspect
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import time
 from typing import Literal, Optional
 
@@ -20,6 +23,7 @@ from tool_calls import (STYLES, call_closed, json_schema, parse_calls, response_
                         tool_messages)
 
 TIMEOUT = 2.0  # the time limit the sandbox tests run under
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_python(code, timeout=TIMEOUT):
@@ -253,7 +257,8 @@ def test_python_writes_only_in_its_working_directory(tmp_path):
 def test_python_working_directory_is_deleted():
     r = run_python('import os\nprint(os.getcwd())')
     path = r['output'].strip()
-    assert os.path.basename(path).startswith('tool-python-'), path
+    assert os.path.basename(path).startswith('call-'), path
+    assert os.path.basename(os.path.dirname(path)).startswith('tool-python-'), path
     assert not os.path.exists(path)
 
 
@@ -587,3 +592,230 @@ def test_cut_middle(n):
     cut, tail = rest.split(' characters cut] ...\n')
     assert text.startswith(head) and text.endswith(tail)
     assert len(head) + int(cut) + len(tail) == n
+
+
+# ----------------------------------------------------------------------------- attacks
+
+# Each attack runs in a trainer of its own (this driver, calling python() once), started in a pid
+# namespace of its own, so that a guard that fails kills or leaves behind nothing of the test run.
+# setup runs before the call and may define after(), whose value comes back with the output.
+ATTACK_DRIVER = r'''
+import json, os, sys, time
+import sandbox
+code, namespaces, setup, timeout = sys.argv[1], sys.argv[2] == '1', sys.argv[3], float(sys.argv[4])
+if not namespaces:
+    sandbox._unshare_prefix = lambda: ()
+exec(setup)
+start = time.monotonic()
+try:
+    out = sandbox.python(code.replace('TRAINER', str(os.getpid())), timeout=timeout)
+except TimeoutError as e:
+    out = str(e)
+seconds = time.monotonic() - start
+print(json.dumps({'output': out, 'seconds': seconds, 'after': after() if 'after' in dir() else None}))
+'''
+# pid 1 of a pid namespace ignores the signals it is sent from inside it: the driver runs as pid 2
+PID_1 = 'import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))'
+# what a program that escapes the audit hook (compiled code) could run: it goes in before the hook
+HOOK_LINE = 'sys.addaudithook(audit)\n'
+
+
+def attacks_can_run():
+    unshare = shutil.which('unshare')
+    if os.geteuid() != 0 or unshare is None:
+        pytest.skip('the attacks run as root in pid namespaces of their own (unshare)')
+    probe = subprocess.run([unshare, '--pid', '--fork', '--kill-child', '--mount-proc', 'true'],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f'unshare --pid does not work here: {probe.stderr.decode()[-200:]}')
+    return unshare
+
+
+def attack(code, namespaces, *, setup='', timeout=TIMEOUT, env=None):
+    """What python(code) returned to a trainer of its own, as root in a fresh pid namespace, with
+    the tool's namespaces as shipped or forced off; TRAINER in code is the trainer's pid."""
+    unshare = attacks_can_run()
+    argv = [unshare, '--pid', '--fork', '--kill-child', '--mount-proc', sys.executable, '-c', PID_1,
+            sys.executable, '-c', ATTACK_DRIVER, code, str(int(namespaces)), setup, str(timeout)]
+    r = subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
+                       timeout=timeout + 60)
+    assert r.returncode == 0, f'the trainer died ({r.returncode}): {r.stderr.decode()[-3000:]}'
+    return json.loads(r.stdout.decode().splitlines()[-1])
+
+
+def marked_processes(mark, wait=0.0):
+    """The live processes whose command line holds mark, but for this one and its parent, after
+    waiting up to wait seconds for them to go."""
+    found = []
+    for pid in set(filter(str.isdigit, os.listdir('/proc'))) - {str(os.getpid()), str(os.getppid())}:
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                cmdline = f.read().replace(b'\0', b' ').decode(errors='replace')
+            with open(f'/proc/{pid}/stat') as f:
+                state = f.read().rsplit(')', 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark in cmdline and state != 'Z':
+            found.append(cmdline)
+    if found and wait > 0:
+        time.sleep(0.01)
+        return marked_processes(mark, wait - 0.01)
+    return found
+
+
+@pytest.mark.parametrize('namespaces', [True, False])
+def test_attack_pidfd_cannot_signal_the_trainer(namespaces):
+    """signal.pidfd_send_signal on os.pidfd_open (no audit event for either): refused, as are the
+    ways back to the real functions (posix imported again, a fresh posix module)."""
+    code = ("import importlib.util, os, signal, sys\n"
+            "def attempt(what, f):\n"
+            "    try:\n"
+            "        f()\n"
+            "        print(what, 'went through')\n"
+            "    except Exception as e:\n"
+            "        print(what, e)\n"
+            "attempt('pidfd', lambda: signal.pidfd_send_signal(os.pidfd_open(TRAINER), 9))\n"
+            "spec = importlib.util.find_spec('posix')\n"
+            "attempt('fresh', lambda: importlib.util.module_from_spec(spec).pidfd_open(TRAINER))\n"
+            "def again():\n"
+            "    del sys.modules['posix']\n"
+            "    import posix\n"
+            "    posix.pidfd_open(TRAINER)\n"
+            "attempt('again', again)\n")
+    out = attack(code, namespaces)['output']
+    assert 'went through' not in out, out
+    assert 'pidfd sandbox: os.pidfd_open is not allowed' in out, out
+    assert 'fresh sandbox:' in out and 'again sandbox:' in out, out
+
+
+@pytest.mark.parametrize('namespaces', [True, False])
+def test_attack_dir_fd_cannot_read_another_process(namespaces):
+    """os.open(relative, dir_fd=...) of the trainer's /proc/PID/environ, through /proc, / and the
+    /dev/fd link: the 'open' audit event does not carry dir_fd, so os.open checks it itself."""
+    secret = 'hunter2-dir-fd-attack'
+    code = ("import os\n"
+            "for top, path in (('/proc', 'TRAINER/environ'), ('/', 'proc/TRAINER/environ'),\n"
+            "                  ('/dev', 'fd/../../TRAINER/environ')):\n"
+            "    try:\n"
+            "        fd = os.open(top, os.O_RDONLY)\n"
+            "        print(os.read(os.open(path, os.O_RDONLY, dir_fd=fd), 10**6))\n"
+            "    except OSError as e:\n"
+            "        print(top, e)\n")
+    out = attack(code, namespaces, env={'GRPO_TOOL_SECRET': secret})['output']
+    assert secret not in out, 'the program read the trainer\'s environment'
+    assert out.count('(another process) is not allowed') == 3, out
+
+
+@pytest.mark.parametrize('namespaces', [True, False])
+def test_attack_fork_exec_is_refused(tmp_path, namespaces):
+    """_posixsubprocess.fork_exec (no audit event) starting a shell that appends to a file of the
+    trainer's and leaves a daemon."""
+    victim = tmp_path / 'victim.txt'
+    victim.write_text('intact')
+    mark = f'{time.time_ns() % 10**9}'
+    code = ("import _posixsubprocess, os, time\n"
+            "r, w = os.pipe()\n"
+            f"args = [b'/bin/sh', b'-c', b'echo pwned >> {victim}; setsid sleep 30.{mark} &']\n"
+            "try:\n"
+            "    _posixsubprocess.fork_exec(args, [args[0]], True, (w,), None, None, -1, -1, -1, -1,\n"
+            "                               -1, -1, r, w, True, False, -1, None, None, None, -1,\n"
+            "                               None, False)\n"
+            "    time.sleep(0.5)\n"
+            "    print('started')\n"
+            "except Exception as e:\n"
+            "    print(e)\n")
+    setup = f'def after():\n    return marked_processes({mark!r}, wait=0.5)\n'
+    r = attack(code, namespaces, setup=MARKED + setup)
+    assert victim.read_text() == 'intact'
+    assert 'sandbox: _posixsubprocess.fork_exec is not allowed' in r['output'], r['output']
+    assert r['after'] == [], 'a process of the program outlived the call'
+
+
+# marked_processes, for a driver's after()
+MARKED = 'import os, time\n' + inspect.getsource(marked_processes) + '\n'
+
+
+@pytest.mark.parametrize('namespaces', [True, False])
+def test_attack_past_the_hook_runs_unprivileged_and_dies_with_the_call(tmp_path, namespaces):
+    """What compiled code could do past the audit hook (put in before the hook here): as a uid of
+    its own, it cannot write a file of the trainer's, RLIMIT_NPROC holds, and a daemon it started
+    with setsid is gone when the call returns."""
+    victim = tmp_path / 'victim.txt'
+    victim.write_text('intact')
+    mark = f'{time.time_ns() % 10**9}'
+    inject = ("import threading\n"
+              "print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())\n"
+              "try:\n"
+              f"    open({str(victim)!r}, 'a').write('pwned')\n"
+              "except OSError as e:\n"
+              "    print(e)\n"
+              "if os.fork() == 0:\n"
+              "    os.setsid()\n"
+              f"    os.execv('/bin/sleep', ['sleep', '30.{mark}'])\n"
+              "threading.stack_size(1 << 18)\n"
+              "stop, started = threading.Event(), 0\n"
+              "try:\n"
+              "    for _ in range(200):\n"
+              "        threading.Thread(target=stop.wait).start()\n"
+              "        started += 1\n"
+              "except RuntimeError as e:\n"
+              "    print(e)\n"
+              "stop.set()\n"
+              "print('threads', started)\n")
+    setup = (f"assert {HOOK_LINE!r} in sandbox.CHILD\n"
+             f"sandbox.CHILD = sandbox.CHILD.replace({HOOK_LINE!r}, {inject!r} + {HOOK_LINE!r})\n"
+             f"def after():\n    return marked_processes({mark!r}, wait=0.5)\n")
+    r = attack('print("done")', namespaces, setup=MARKED + setup)
+    out = r['output']
+    ids = [int(x) for x in out.splitlines()[0].split()[:3]]
+    assert 0 not in ids and out.splitlines()[0].endswith('[]'), out
+    assert victim.read_text() == 'intact' and 'Permission denied' in out, out
+    started = int(out.split('threads ')[1].split()[0])
+    assert started < sandbox.PYTHON_PROCESSES, out
+    assert r['after'] == [], 'a daemon of the program outlived the call'
+
+
+@pytest.mark.parametrize('namespaces', [True, False])
+def test_attack_disk_is_capped(namespaces):
+    """48 files of 15 MiB (720 MiB): the working directory holds at most PYTHON_DISK_BYTES, a tmpfs
+    that size in the mount namespace, else the call is killed once its files pass it."""
+    code = ("n, block = 0, b'x' * (15 << 20)\n"
+            "for i in range(48):\n"
+            "    with open(f'f{i}', 'wb') as f:\n"
+            "        f.write(block)\n"
+            "    n += len(block)\n"
+            "    print(n, flush=True)\n")
+    r = attack(code, namespaces, timeout=10.0)
+    cap = getattr(sandbox, 'PYTHON_DISK_BYTES', 64 << 20)
+    written = [int(line) for line in r['output'].splitlines() if line.isdigit()]
+    assert max(written, default=0) <= cap + (32 << 20), r['output']
+    assert 'No space left on device' in r['output'] or 'disk cap' in r['output'], r['output']
+    assert r['seconds'] < 5.0, r
+
+
+@pytest.mark.parametrize('namespaces', [True, False])
+def test_attack_a_killed_trainers_files_and_processes_go(tmp_path, namespaces):
+    """A trainer killed in the middle of a call leaves its working directory (and, without a pid
+    namespace, its program): the next trainer's first call removes both, and a trainer that exits
+    leaves nothing in the temp dir."""
+    tmp = tmp_path / 'tmp'
+    tmp.mkdir()
+    setup = ("import glob, subprocess\n"
+             "first = subprocess.Popen([sys.executable, '-c', 'import sandbox, sys\\n'\n"
+             "    'if sys.argv[1] != \"1\":\\n    sandbox._unshare_prefix = lambda: ()\\n'\n"
+             "    'sandbox.python(\"import time\\\\ntime.sleep(60)\", timeout=60)', sys.argv[2]])\n"
+             "while not glob.glob(os.environ['TMPDIR'] + '/**/main.py', recursive=True):\n"
+             "    time.sleep(0.05)\n"
+             "time.sleep(0.3)\n"
+             "first.kill()\n"
+             "first.wait()\n"
+             "firsts = set(os.listdir(os.environ['TMPDIR']))\n"
+             "def after():\n"
+             "    left = sorted(firsts & set(os.listdir(os.environ['TMPDIR'])))\n"
+             "    return left, marked_processes(os.environ['TMPDIR'])\n")
+    r = attack('print("hi")', namespaces, setup=MARKED + setup, env={'TMPDIR': str(tmp)})
+    left, programs = r['after']
+    assert r['output'] == 'hi\n'
+    assert left == [], 'the killed trainer\'s working directory is still there'
+    assert programs == [], 'the killed trainer\'s program still runs'
+    assert os.listdir(tmp) == [], 'the second trainer left its files'
