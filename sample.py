@@ -17,6 +17,7 @@ import sys
 import time
 import weakref
 from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 
@@ -261,6 +262,83 @@ def sample_batch(model, tok, prompts, group_size, max_new_tokens, *, tools=None,
     return generate_with_tools(model, tok, prompts, group_size, max_new_tokens, **tools, **sampling)
 
 
+@dataclass
+class ToolRow:
+    """A completion of a rollout with tools, on the host: its ids so far (sampled and inserted),
+    their log-probs, which were inserted (mask 1), where its current turn began, how many tokens
+    it sampled, its calls' results, and how it stands."""
+    ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    mask: list = field(default_factory=list)
+    turn_start: int = 0
+    n_sampled: int = 0
+    calls: list = field(default_factory=list)
+    done: bool = False
+    finished: bool = False
+    turn_limit: bool = False
+
+    def add(self, ids, logprobs, inserted):
+        self.ids += ids
+        self.logprobs += logprobs
+        self.mask += [int(inserted)] * len(ids)
+
+
+def closed_turn(row, token, tok, tools, tool_style, stop_set):
+    """The text of row's turn if token (just appended) closes a call in it, else None: a turn
+    style's stop token after a parsable call, or a fenced ```name block's closing fence."""
+    import tool_calls
+    if tool_style in tool_calls.TURN_STYLES:
+        if token not in stop_set:
+            return None
+        turn = tok.decode(row.ids[row.turn_start:-1])
+        return turn if tool_calls.parse_calls(turn, tool_style) else None
+    if '`' not in tok.decode([token]):
+        return None
+    turn = tok.decode(row.ids[row.turn_start:])
+    return turn if tool_calls.call_closed(turn, 'fenced', names=tools) else None
+
+
+def answer_ids(row, results, tok, answer, tool_style):
+    """The ids inserted after row's call: the chat template's answer (answer, turn styles), or the
+    results' fenced text on a line of its own."""
+    import tool_calls
+    if answer is not None:
+        return answer(results)
+    text = tool_calls.response_text(results, tool_style)
+    if not tok.decode(row.ids[-1:]).endswith('\n'):
+        text = '\n' + text
+    return tok.encode(text)
+
+
+def prefill_rows(forward, cache, chunks, where, extent, pad_id):
+    """One right-padded forward of chunks {row: ids} through a window of their rows' caches of
+    extent positions (their own lengths bound what each attends to; a pad may run past the cache's
+    end), copied back. where: row -> its index in the cache. Returns {row: next-token logits}."""
+    rows = list(chunks)
+    device = cache.lengths.device
+    at = torch.tensor([where[r] for r in rows], device=device)
+    lens = torch.tensor([len(chunks[r]) for r in rows], device=device)
+    feed = torch.full((len(rows), int(lens.max())), pad_id, dtype=torch.int64, device=device)
+    for i, r in enumerate(rows):
+        feed[i, :len(chunks[r])] = torch.tensor(chunks[r], device=device)
+    sub = cache.window(at, extent + feed.shape[1])
+    sub.extent = extent
+    new = forward(feed, kv_cache=sub, input_lengths=lens, last_only=True)[:, -1]
+    cache.put_window(at, sub)
+    return dict(zip(rows, new))
+
+
+def wait_for(futures, on_step):
+    """Wait for a call's futures (on_step every second meanwhile); returns the seconds waited."""
+    import concurrent.futures
+    t0 = time.time()
+    while not all(f.done() for f in futures):
+        concurrent.futures.wait(futures, timeout=1.0)
+        if on_step is not None:
+            on_step()
+    return time.time() - t0
+
+
 @torch.no_grad()
 def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *, tools,
                         tool_style='fenced', max_tool_calls=4, tool_timeout=5.0, temperature=1.0,
@@ -295,9 +373,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
         raise ValueError(f"unknown tool_style {tool_style!r} (styles: {tool_calls.STYLES})")
     device = next(model.parameters()).device
     stop_set = set(tok.stop_ids if stop_ids is None else stop_ids)
-    if prompt_index is None:
-        prompt_index = range(len(prompts))
-    prompt_index = list(prompt_index)
+    prompt_index = list(range(len(prompts)) if prompt_index is None else prompt_index)
     P, G = len(prompts), group_size
     N = P * G
     # one spare position: a row that has used its whole budget is still fed a pad (length 0)
@@ -305,121 +381,74 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                                      spare=1)
     seeds = row_seeds(seed, prompt_index, G).to(device)
     prompt_len = [len(prompts[r // G]) for r in range(N)]
-
-    # per completion, on the host: its ids so far (sampled and inserted), their log-probs, which
-    # are inserted, where its current turn began, its calls and results, and its state
-    out = [[] for _ in range(N)]
-    out_lp = [[] for _ in range(N)]
-    mask = [[] for _ in range(N)]
-    turn_start = [0] * N
-    n_sampled = [0] * N
-    calls = [[] for _ in range(N)]
-    done = [False] * N
-    finished = [False] * N
-    turn_limit = [False] * N
+    rows = [ToolRow() for _ in range(N)]
     paused = {}  # row -> (the token that closed its call, the futures of its calls, due step)
     # a thread per call that may be running at once (threads start as calls come), so that N
     # rows whose tools all hang wait one tool_timeout together, not one after another
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, N * max_tool_calls))
     step, waited = 0, 0.0  # decode steps so far; seconds spent waiting for late tools
 
-    def pause(r, token, turn):
-        parsed = tool_calls.parse_calls(turn, tool_style, names=tools)
-        if len(calls[r]) + len(parsed) > max_tool_calls:
-            done[r] = turn_limit[r] = True
-            return
-        futures = tool_calls.start_calls(parsed, tools, tool_timeout, pool)
-        paused[r] = (token, futures, step + tool_delay_steps)
+    def after_sampling(r, token, turn):
+        """Where row r goes after sampling token: paused for its calls, done, or on (True)."""
+        row = rows[r]
+        if turn is not None and len(row.ids) >= max_new_tokens:
+            row.done = True  # no room left for the answer: the calls are not run
+        elif turn is not None:
+            parsed = tool_calls.parse_calls(turn, tool_style, names=tools)
+            if len(row.calls) + len(parsed) > max_tool_calls:
+                row.done = row.turn_limit = True
+            else:
+                futures = tool_calls.start_calls(parsed, tools, tool_timeout, pool)
+                paused[r] = (token, futures, step + tool_delay_steps)
+        elif token in stop_set:
+            row.done = row.finished = True
+        elif len(row.ids) >= max_new_tokens:
+            row.done = True
+        else:
+            return True
+        return False
 
-    def answer_ids(r, results):
-        if answer is not None:
-            return answer(results)
-        text = tool_calls.response_text(results, tool_style)
-        if not tok.decode(out[r][-1:]).endswith('\n'):  # it starts a line of its own
-            text = '\n' + text
-        return tok.encode(text)
-
-    def wait_for(futures):
+    def resume(due):
+        """Insert the answers of the due rows' calls after the token that closed each one's call,
+        in one batched forward. Returns {row: next-token logits}."""
         nonlocal waited
-        t0 = time.time()
-        while not all(f.done() for f in futures):
-            concurrent.futures.wait(futures, timeout=1.0)
-            if on_step is not None:
-                on_step()
-        waited += time.time() - t0
-
-    def resume(rows):
-        """Insert the tool responses of rows (due this step) into their caches, after the token
-        that closed each one's call, in one batched forward. Returns {row: next-token logits}."""
         chunks = {}
-        for r in rows:
+        for r in due:
             token, futures, _ = paused.pop(r)
-            wait_for(futures)
+            waited += wait_for(futures, on_step)
             results = [f.result() for f in futures]
-            calls[r] += results
-            inserted = answer_ids(r, results)
-            if len(out[r]) + len(inserted) > max_new_tokens:
-                done[r] = True  # no room for the response: truncated
+            rows[r].calls += results
+            inserted = answer_ids(rows[r], results, tok, answer, tool_style)
+            if len(rows[r].ids) + len(inserted) > max_new_tokens:
+                rows[r].done = True  # no room for the response: truncated
                 continue
-            out[r] += inserted
-            out_lp[r] += [0.0] * len(inserted)
-            mask[r] += [1] * len(inserted)
-            turn_start[r] = len(out[r])
+            rows[r].add(inserted, [0.0] * len(inserted), inserted=True)
+            rows[r].turn_start = len(rows[r].ids)
             chunks[r] = [token] + inserted
-        return prefill_rows(list(chunks), chunks) if chunks else {}
-
-    def prefill_rows(rows, chunks):
-        """One right-padded forward of the rows' chunks through a copy of their caches (their
-        own lengths bound what it attends to; a pad may run past the cache's end), copied
-        back."""
-        at = torch.tensor([where[r] for r in rows], device=device)
-        lens = torch.tensor([len(chunks[r]) for r in rows], device=device)
-        feed = torch.full((len(rows), int(lens.max())), tok.pad_id, dtype=torch.int64,
-                          device=device)
-        for i, r in enumerate(rows):
-            feed[i, :len(chunks[r])] = torch.tensor(chunks[r], device=device)
-        extent = max(prompt_len[r] + len(out[r]) - len(chunks[r]) for r in rows)
-        sub = cache.window(at, extent + feed.shape[1])
-        sub.extent = extent
-        new = forward(feed, kv_cache=sub, input_lengths=lens, last_only=True)[:, -1]
-        cache.put_window(at, sub)
-        return dict(zip(rows, new))
+        if not chunks:
+            return {}
+        extent = max(prompt_len[r] + len(rows[r].ids) - len(chunks[r]) for r in chunks)
+        return prefill_rows(forward, cache, chunks, where, extent, tok.pad_id)
 
     # the decode batch: batch[i] is the completion that the cache's and logits' row i holds, and
     # where[r] that row for completion r
     batch = list(range(N))
     where = {r: r for r in batch}
     try:
-        while not all(done):
-            active = [r for r in batch if not done[r] and r not in paused]
+        while not all(row.done for row in rows):
+            active = [r for r in batch if not rows[r].done and r not in paused]
             feed = torch.full((len(batch), 1), tok.pad_id, dtype=torch.int64, device=device)
             fed = torch.zeros(len(batch), dtype=torch.long, device=device)
             if active:
                 at = torch.tensor([where[r] for r in active], device=device)
-                steps = torch.tensor([n_sampled[r] for r in active], device=device)
+                steps = torch.tensor([rows[r].n_sampled for r in active], device=device)
                 ids, lp = sample_tokens(logits[at], seeds[active], steps, temperature=temperature,
                                         top_k=top_k, top_p=top_p, min_p=min_p)
                 for r, token, logp in zip(active, ids.tolist(), lp.tolist()):
-                    out[r].append(token)
-                    out_lp[r].append(logp)
-                    mask[r].append(0)
-                    n_sampled[r] += 1
-                    closes = False
-                    if answer is not None and token in stop_set:  # a turn of calls ends here?
-                        turn = tok.decode(out[r][turn_start[r]:-1])
-                        closes = bool(tool_calls.parse_calls(turn, tool_style))
-                    elif answer is None and '`' in tok.decode([token]):  # a ```name block?
-                        turn = tok.decode(out[r][turn_start[r]:])
-                        closes = tool_calls.call_closed(turn, 'fenced', names=tools)
-                    if closes and len(out[r]) < max_new_tokens:
-                        pause(r, token, turn)
-                    elif closes:  # no room left for the answer: the calls are not run
-                        done[r] = True
-                    elif token in stop_set:
-                        done[r] = finished[r] = True
-                    elif len(out[r]) >= max_new_tokens:
-                        done[r] = True
-                    else:
+                    rows[r].add([token], [logp], inserted=False)
+                    rows[r].n_sampled += 1
+                    turn = closed_turn(rows[r], token, tok, tools, tool_style, stop_set)
+                    if after_sampling(r, token, turn):
                         feed[where[r], 0] = token
                         fed[where[r]] = 1
             if not bool(fed.any()) and paused:  # nothing to decode: on to the next answers due
@@ -432,7 +461,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                 logits[where[r]] = row_logits
             cache.extent = int(cache.lengths.max())
             step += 1
-            alive = [r for r in batch if not done[r]]
+            alive = [r for r in batch if not rows[r].done]
             if compact and alive and len(alive) <= 0.75 * len(batch):  # copying the cache costs
                 keep = torch.tensor([where[r] for r in alive], device=device)
                 cache, logits, batch = cache.select(keep), logits[keep], alive
@@ -443,13 +472,13 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
         pool.shutdown(wait=False, cancel_futures=True)
 
     results = []
-    for r in range(N):
-        ids = out[r]
-        text_ids = ids[:-1] if finished[r] and ids and ids[-1] in stop_set else ids
+    for r, row in enumerate(rows):
+        ids = row.ids
+        text_ids = ids[:-1] if row.finished and ids and ids[-1] in stop_set else ids
         results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids,
-                            text=tok.decode(text_ids), logprobs=out_lp[r], tool_mask=mask[r],
-                            tool_calls=calls[r], tool_wait_s=waited, finished=finished[r],
-                            truncated=not finished[r], turn_limit=turn_limit[r]))
+                            text=tok.decode(text_ids), logprobs=row.logprobs, tool_mask=row.mask,
+                            tool_calls=row.calls, tool_wait_s=waited, finished=row.finished,
+                            truncated=not row.finished, turn_limit=row.turn_limit))
     return results
 
 
