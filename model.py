@@ -253,9 +253,11 @@ class Attention(nn.Module):
             q, kc, vc = q.reshape(B, nkv, nh // nkv * T, hd), kc[:, :, :L], vc[:, :, :L]
             if T == 1 and q.device.type == 'cpu':
                 # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x
-                # what these take
-                scores = (q @ kc.transpose(-1, -2)) * hd ** -0.5
-                y = torch.softmax(torch.where(mask, scores, float('-inf')), dim=-1) @ vc
+                # what these take; batched over (row, kv head) as views of the cache, no copy of it
+                kc, vc = kc.reshape(B * nkv, L, hd), vc.reshape(B * nkv, L, hd)
+                scores = torch.bmm((q * hd ** -0.5).view(B * nkv, -1, hd), kc.transpose(1, 2))
+                scores = torch.where(mask, scores.view(B, nkv, -1, L), float('-inf'))
+                y = torch.bmm(torch.softmax(scores, dim=-1).view(B * nkv, -1, L), vc)
             else:
                 y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
             y = y.reshape(B, nh, T, hd)
