@@ -32,7 +32,8 @@ figures next to the targets in TARGETS):
                samples x 256 tokens: tokens/s eager and compiled next to transformers' generate
                (one timed run each), fraction of the HBM roofline
 Not in the default plan (--parts=...,step): step, bench/bench_step.py --preset=gpu next to TRL's
-GRPOTrainer (needs trl and datasets; without them ours alone after a skip line).
+GRPOTrainer (needs trl and datasets; without them ours alone after a skip line); step_graphs,
+step_gsm8k with --decode_graphs=True (decode steps captured as CUDA graphs), to set beside it.
 
 Time: a part starts only if what is left of the deadline (less RESERVE_S) covers its estimate, else
 it is skipped with that reason. It then runs until the end of its share (the parts' SHARES split
@@ -59,7 +60,7 @@ START = time.time()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-PARTS = ('tests', 'kernel', 'step_gsm8k', 'sample', 'step')
+PARTS = ('tests', 'kernel', 'step_gsm8k', 'sample', 'step', 'step_graphs')
 PLAN = ('tests', 'kernel', 'step_gsm8k', 'sample')  # the default: the most wanted first
 DEFAULT_DEADLINE_S = 480
 # seconds kept back from the deadline for the last summary and the interpreter's exit
@@ -70,12 +71,12 @@ RESERVE_S = 5
 # warm-up alone 20 s. Shares are weights: at the default deadline they add up to it, less the start
 # and RESERVE_S.
 GPU_BUDGET = {'tests': (60, 65), 'kernel': (45, 55), 'step_gsm8k': (230, 240),
-              'sample': (100, 110), 'step': (300, 360)}
+              'sample': (100, 110), 'step': (300, 360), 'step_graphs': (200, 240)}
 # --cpu-smoke: about the longest of its runs on a busy 2-core CPU (load average 4-5)
 SMOKE_BUDGET = {'tests': (40, 60), 'kernel': (30, 60), 'step_gsm8k': (40, 80), 'sample': (20, 60),
-                'step': (40, 80)}
+                'step': (40, 80), 'step_graphs': (60, 100)}
 FILES = {'kernel': 'kernels.json', 'step': 'step_vs_trl.json',
-         'step_gsm8k': 'step_gsm8k_shape.json'}
+         'step_gsm8k': 'step_gsm8k_shape.json', 'step_graphs': 'step_gsm8k_graphs.json'}
 LOG = 'gpu_check.log'
 # what the parts import, by module -> distribution: a machine that lacks one needs it as a wheel
 # (bench/device_prep.sh NAME==VERSION)
@@ -139,6 +140,12 @@ def commands(args, smoke, data_dir):
     gsm8k = ['--task=gsm8k', f'--data_dir={data_dir}']
     trl = [f'--trl={args.trl}']
     pytest = [PY, '-m', 'pytest', '-v', '-n', '0', '-p', 'no:cacheprovider']
+    def graphs(step_args):  # the same step with decode_graphs=True (CUDA graphs on a GPU)
+        ours = [a for a in step_args if a.startswith('--ours_args=')]
+        rest = [a for a in step_args if not a.startswith('--ours_args=')]
+        extra = ours[0][len('--ours_args='):] + ' ' if ours else ''
+        return rest + [f'--ours_args={extra}--decode_graphs=True']
+
     if smoke:
         # test_cuda.py but its two slow cases on a CPU (the Qwen-shape LM head, 70 s, and the
         # compiled decode, 30 s, on 2 cores; the GPU plan runs them)
@@ -161,6 +168,7 @@ def commands(args, smoke, data_dir):
             'step_gsm8k': (bench('bench_step.py') + step_gsm8k, {}),
             'sample': (bench('bench_sample.py') + sample, {}),
             'step': (bench('bench_step.py') + ['--preset=smoke', *gsm8k, *trl], {}),
+            'step_graphs': (bench('bench_step.py') + graphs(step_gsm8k), {}),
         }
     env = {'GRPO_TEST_DEVICE': 'cuda', 'TRITON_INTERPRET': '0'}
     kernel = ['--tokens=8192', '--vocab=151936', '--dtype=bfloat16', '--rows=256']
@@ -174,6 +182,7 @@ def commands(args, smoke, data_dir):
         'step_gsm8k': (bench('bench_step.py') + step_gsm8k, {}),
         'sample': (bench('bench_sample.py') + sample, {}),
         'step': (bench('bench_step.py') + ['--preset=gpu', *gsm8k, *trl], {}),
+        'step_graphs': (bench('bench_step.py') + graphs(step_gsm8k), {}),
     }
 
 
@@ -310,6 +319,8 @@ def headline(part, result):
                      ('ours_peak_mem_gb',), ('trl',)],
             'step_gsm8k': [('ours_step_s',), ('ours_phases',), ('ours_peak_mem_gb',),
                            ('ours_gen_tokens_per_s',), ('ours_completion_len',)],
+            'step_graphs': [('ours_step_s',), ('ours_phases',), ('ours_peak_mem_gb',),
+                            ('ours_gen_tokens_per_s',), ('ours_completion_len',)],
             'tests': [('summary',), ('failed',), ('failed_tests',)]}.get(part, [])
     return {'.'.join(k): dig(result, k) for k in keys}
 
