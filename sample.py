@@ -212,6 +212,9 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
             rows = keep if rows is None else rows[keep]
             cache, ids, live, ends = cache.select(keep), ids[keep], live[keep], ends[keep]
             row_seed = seeds[rows]
+        if graphs and device.type == 'cuda':
+            # a new replay: the last one's logits (read above) may now be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         logits = forward(ids[:, None], kv_cache=cache)[:, -1]
         if on_step is not None:
             on_step()
