@@ -26,6 +26,7 @@ try:
 except ImportError:
     BlockMask = flex_attention = None
 
+
 @dataclass
 class ModelConfig:
     arch: str = 'qwen2'              # 'qwen2', 'qwen3', 'llama' or 'gpt2'

@@ -138,9 +138,9 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     going (a device sync) every check_every steps (0: 8 on CUDA, where a sync stalls the launch
     queue, else 1), and stops or compacts only then; the rows that stopped in between decode on
     unseen (their ends are kept on the device). stop_strings need the text every step and read it
-    each step. The tokens are the same for any of these settings
-    (each row's draws depend on its seed, its step and its logits only). on_step() is called after
-    every decode step (the training loop's watchdog heartbeat)."""
+    each step. The tokens are the same for any of these settings (each row's draws depend on its
+    seed, its step and its logits only). on_step() is called after every decode step (the training
+    loop's watchdog heartbeat)."""
     device = next(model.parameters()).device
     if stop_ids is None:
         stop_ids = tok.stop_ids

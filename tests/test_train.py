@@ -610,6 +610,8 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2 and '--share_prompt' in p.stderr
     p = run(tmp_path, "--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]", check=False)
     assert p.returncode == 2 and 'corect' in p.stderr
+    p = run(tmp_path, '--task=arith_tools', '--decode_graphs=True', check=False)
+    assert p.returncode == 2 and '--decode_graphs' in p.stderr and 'tools' in p.stderr, p.stderr
 
 
 def tiny_qwen2_snapshot(path, max_positions):
