@@ -44,6 +44,33 @@ def stage_marker(step, t_step, last_progress, verbose, device):
     return mark
 
 
+def profile_start(device):
+    """torch.profiler from here to profile_stop (train_grpo's profile_step: one whole step): the
+    host's operators and, on CUDA, the device's kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU]
+    if torch.device(device).type == 'cuda':
+        activities.append(ProfilerActivity.CUDA)
+    prof = profile(activities=activities)
+    prof.start()
+    return prof
+
+
+def profile_stop(prof, step, out_dir, device, trace=False):
+    """Writes OUT/profile_step{step}.txt (the operators by their own time: on the device on CUDA,
+    else on the host) and, with trace, .json (a Chrome trace for ui.perfetto.dev: every operator of
+    the step, tens of MB on a CPU demo, far more for a GPU step); returns the table's path."""
+    prof.stop()
+    cuda = torch.device(device).type == 'cuda'
+    key = 'self_device_time_total' if cuda else 'self_cpu_time_total'
+    path = os.path.join(out_dir, f'profile_step{step}')
+    with open(path + '.txt', 'w') as f:
+        f.write(prof.key_averages().table(sort_by=key, row_limit=40) + '\n')
+    if trace:
+        prof.export_chrome_trace(path + '.json')
+    return path + '.txt'
+
+
 def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode):
     """Printed before the first step, which may take long enough to look like a hang: what it is
     about to do."""

@@ -134,6 +134,8 @@ eval_samples = 0  # k >= 2: also k sampled completions per problem: eval/pass@k,
 eval_temperature = 1.0  # their temperature (the same seed at every eval; greedy pass@1 stays)
 log_samples_every = 10  # every N steps, a few completions with their rewards to samples.jsonl
 verbose = False  # numbered per-stage lines with elapsed time and memory
+profile_step = 0  # profile this step (torch.profiler): OUT/profile_stepN.txt, its ops by time
+profile_trace = False  # also OUT/profile_stepN.json, a Chrome trace of every op (large)
 # checkpoints and guards
 save_every = 50  # checkpoint every N steps (also on SIGINT/SIGTERM and at the end; 0: only then)
 keep_last = 2  # checkpoints kept on disk
@@ -798,6 +800,7 @@ def checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state):
 while step < max_steps:
     t_step, timing = time.time(), {}
     mark = metrics.stage_marker(step + 1, t_step, last_progress, verbose, device)
+    prof = metrics.profile_start(device) if step + 1 == profile_step and master else None
     # 1-2. prompts, completions, rewards (dynamic_sampling: until P groups have a reward spread)
     roll = sample_step(step, cursor, timing)
     mark(f"generated and scored {len(roll['comps'])} completions")
@@ -815,6 +818,9 @@ while step < max_steps:
     upd = update(lay, side, now, groups['trained'][1], skipped=skipped, nan_loss=nan_loss)
     timing['update'] = time.time() - t
     mark("update done")
+    if prof is not None:
+        table = metrics.profile_stop(prof, step + 1, out_dir, device, trace=profile_trace)
+        print(f"profile of step {step + 1}: {table}")
     step, cursor = step + 1, roll['cursor']
     # 6. metrics, warnings, guards
     timing['step'] = time.time() - t_step

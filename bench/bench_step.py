@@ -123,14 +123,17 @@ def build_snapshot(path, preset, natural_stops, seed):
     return p.max().item()
 
 
-def run_ours(snap, work, pre, *, lr, steps, warmup, seed, device, data_args, config='', extra=()):
+def run_ours(snap, work, pre, *, lr, steps, warmup, seed, device, data_args, config='', extra=(),
+             profile=False):
     """train_grpo.py as a subprocess with every knob that changes the work set to match TRL's run;
     returns the measured steps' metrics rows. config: a train_grpo.py config file instead, whose
     shape (prompts, group, lengths, micro-batches, lr, rewards...) is kept; only the model, data,
-    step count and run plumbing are set here."""
+    step count and run plumbing are set here. profile: one more step, after the measured ones and
+    not among them, under torch.profiler (train_grpo's profile_step); its table is printed."""
     out = os.path.join(work, 'ours')
     plumbing = dict(init_from=snap, out_dir=out, resume='never', **data_args,
-                    max_steps=warmup + steps, eval_every=0, save_every=10**9, keep_last=1,
+                    max_steps=warmup + steps + profile, eval_every=0, save_every=10**9, keep_last=1,
+                    profile_step=(warmup + steps + 1) * profile,
                     export_hf=False, plot_every=0, log_samples_every=0, watchdog_s=0,
                     device=device, seed=seed)
     rewards = [{'name': 'bench_step:digit_fraction'}]
@@ -168,9 +171,13 @@ def run_ours(snap, work, pre, *, lr, steps, warmup, seed, device, data_args, con
         sys.exit(f"train_grpo.py exited {p.returncode}; its output:\n{open(log).read()[-4000:]}")
     rows = [json.loads(line) for line in open(os.path.join(out, 'metrics.jsonl'))]
     rows = [r for r in rows if 'timing_s/step' in r]
-    assert len(rows) == warmup + steps, (
-        f"expected {warmup + steps} step rows in metrics.jsonl, got {len(rows)}")
-    return rows[warmup:]
+    assert len(rows) == warmup + steps + profile, (
+        f"expected {warmup + steps + profile} step rows in metrics.jsonl, got {len(rows)}")
+    if profile:
+        table = os.path.join(out, f'profile_step{warmup + steps + 1}.txt')
+        print(f"profile of one more step (not measured), operators by their own time:\n"
+              f"{open(table).read()}", flush=True)
+    return rows[warmup:warmup + steps]
 
 
 def run_trl(snap, work, pre, *, lr, steps, warmup, seed, gpu, dataset_rows):
@@ -277,6 +284,8 @@ def main():
     ap.add_argument('--natural_stops', action='store_true')
     # snapshot, our out_dir and logs; '' = a temp dir removed at the end
     ap.add_argument('--work_dir', default='')
+    # ours only: one more step after the measured ones under torch.profiler, its table printed
+    ap.add_argument('--profile', type=int, default=0)
     # the prompts (see the docstring)
     ap.add_argument('--task', default='gsm8k', choices=['gsm8k', 'arith'])
     # GSM8K jsonl
@@ -395,7 +404,7 @@ def main():
         t = time.time()
         ours = run_ours(snap, work, pre, lr=args.lr, steps=args.steps, warmup=args.warmup,
                         seed=args.seed, device='cuda' if gpu else 'cpu', data_args=data_args,
-                        config=args.config, extra=args.ours_args.split())
+                        config=args.config, extra=args.ours_args.split(), profile=bool(args.profile))
         ours_wall = time.time() - t
         print(f"ours: train_grpo.py subprocess done in {ours_wall:.1f}s (incl. start-up, warm-up, "
               "checkpoints)", flush=True)

@@ -603,6 +603,14 @@ def test_watchdog_dumps_the_stalled_stack(tmp_path):
     assert 'injected_stall' in (tmp_path / 'watchdog_stacks.txt').read_text()
 
 
+def test_profile_step_writes_the_steps_operators(tmp_path):
+    p = run(tmp_path, '--max_steps=2', '--profile_step=2')
+    table = (tmp_path / 'profile_step2.txt').read_text()
+    assert 'aten::' in table and 'Self CPU' in table and 'profile of step 2' in p.stdout
+    assert not (tmp_path / 'profile_step1.txt').exists()
+    assert not (tmp_path / 'profile_step2.json').exists(), 'a trace only with profile_trace'
+
+
 def test_bad_config_is_one_line_and_exit_2(tmp_path):
     p = run(tmp_path, '--loss_agg=mean', check=False)
     assert p.returncode == 2 and '--loss_agg' in p.stderr
