@@ -1,7 +1,8 @@
 """The shape the code keeps as features land: ruff.toml's rules hold (no line over 120, pyflakes,
 at most 6 positional parameters), the core (top-level *.py, tasks/ and doctor/) has at most 5% of
-its lines over 100 characters, and nothing in the code or the requirement files speaks of how the
-project was developed instead of what it does."""
+its lines over 100 characters and no function longer than a reader can hold (MAX_FUNCTION_LINES,
+docstring aside; train_grpo.py's step loop MAX_LOOP_LINES), and nothing in the code or the
+requirement files speaks of how the project was developed instead of what it does."""
 import ast
 import re
 import subprocess
@@ -10,6 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_SHARE_OVER_100 = 0.05
+MAX_FUNCTION_LINES = 120  # the longest today: sample.generate_with_tools, its decode loop
+MAX_LOOP_LINES = 40  # train_grpo.py's `while step < max_steps:` loop, the algorithm in stages
 # built from parts so that this file does not match itself
 DEV_WORDS = re.compile('|'.join([r'\bsess' + r'ions?\b', r'\biss' + r'ues? \d', 'closing ' + 'note',
                                  r'\bhel' + r'pers?\b']), re.IGNORECASE)
@@ -56,6 +59,36 @@ def test_core_lines_over_100_are_few():
     share, n, total = share_over_100(core_files())
     msg = f"{n} of {total} core lines ({share:.1%}) are over 100 characters"
     assert share <= MAX_SHARE_OVER_100, msg
+
+
+def function_lengths(files):
+    """(lines, 'file:function') of every function, its docstring left out, longest first."""
+    out = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(encoding='utf-8'))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body
+                doc = ast.get_docstring(node) is not None and len(body) > 1
+                out.append((node.end_lineno - body[doc].lineno + 1, f"{f.name}:{node.name}"))
+    return sorted(out, reverse=True)
+
+
+def test_no_core_function_is_too_long():
+    lengths = function_lengths(core_files())
+    too_long = [(n, name) for n, name in lengths if n > MAX_FUNCTION_LINES]
+    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: {too_long}"
+    tree = ast.parse((ROOT / 'train_grpo.py').read_text(encoding='utf-8'))
+    loop = [n for n in tree.body if isinstance(n, ast.While)]
+    assert len(loop) == 1, "train_grpo.py has one top-level loop: the steps"
+    n = loop[0].end_lineno - loop[0].lineno + 1
+    assert n <= MAX_LOOP_LINES, f"train_grpo.py's step loop is {n} lines"
+
+
+def test_function_lengths_leave_the_docstring_out(tmp_path):
+    f = tmp_path / 'x.py'
+    f.write_text('def f():\n    """doc\n    more"""\n' + '    x = 1\n' * 130 + '\n\ndef g():\n    pass\n')
+    assert function_lengths([f]) == [(130, 'x.py:f'), (1, 'x.py:g')]
+    assert [n for n, _ in function_lengths([f]) if n > MAX_FUNCTION_LINES] == [130]
 
 
 def test_the_share_counts_long_lines(tmp_path):
