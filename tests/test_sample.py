@@ -141,8 +141,7 @@ def test_graph_decode_and_sparse_checks_generate_as_eager():
                     check_every=1)
     assert sum(x['finished'] for x in base) >= 3, "test needs rows finishing early"
     counters.clear()
-    for kw in (dict(check_every=8), dict(graphs=True), dict(graphs=True, check_every=5),
-               dict(graphs=True, compile=True)):
+    for kw in (dict(check_every=8), dict(graphs=True), dict(graphs=True, check_every=5)):
         out = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops, **kw)
         assert [x['ids'] for x in out] == [x['ids'] for x in base], kw
         assert [x['finished'] for x in out] == [x['finished'] for x in base], kw
@@ -150,8 +149,8 @@ def test_graph_decode_and_sparse_checks_generate_as_eager():
             assert x['logprobs'] == pytest.approx(y['logprobs'], abs=1e-4), kw
     assert model in sample._graphed
     used = counters['stats']['unique_graphs']
-    # the decode step once per bucket used (12 rows: 12, 6, 3, 2) and compile=True's prefill
-    assert 2 <= used <= len(sample.buckets(12)) + 1, f'{used} graphs compiled'
+    # the decode step once per bucket used (12 rows: 12, 6, 3, 2), the second call none more
+    assert 2 <= used <= len(sample.buckets(12)), f'{used} graphs compiled'
 
 
 def test_the_decode_loop_reads_the_device_once_every_check_every_steps(monkeypatch):
