@@ -238,7 +238,6 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     return results
 
 
-
 def tool_settings(task, max_tool_calls=None, tool_timeout=5.0, tool_delay_steps=1):
     """How rollouts of task call its tools, as the one value sample_batch and evaluate take: the
     tools and their style (the task's), the calls per completion (max_tool_calls, None: the
