@@ -2,7 +2,7 @@
 # Puts what bench/gpu_check.py needs on a GPU machine that has no package registry and receives
 # only the repository into git-ignored folders inside it, to be copied along with it:
 #   .gsm8k/  GSM8K's train.jsonl and test.jsonl, the step parts' prompts (from $GSM8K_DIR, default
-#            ../shared/gsm8k beside the repository)
+#            ../shared/gsm8k beside the repository), and COMMIT, the commit the results come from
 #   .whl/    wheels (CPython $WHEEL_PYTHON, default 3.12, x86-64 Linux, no dependencies) of the
 #            packages named as arguments: whatever the parts import that the machine lacks
 # Usage: bench/device_prep.sh [NAME==VERSION ...]
@@ -21,6 +21,10 @@ for split in train test; do
 done
 mkdir -p "$root/.gsm8k" "$root/.whl"
 cp "$src/train.jsonl" "$src/test.jsonl" "$root/.gsm8k/"
+# the commit, for results taken where the copy has no .git (bench/gpu_check.py records it); a
+# working tree that differs from it says so
+dirty=$(cd "$root" && git status --porcelain --untracked-files=no | head -n 1)
+echo "$(cd "$root" && git rev-parse --short HEAD)${dirty:+ with uncommitted changes}" > "$root/.gsm8k/COMMIT"
 echo "GSM8K: $(wc -l < "$root/.gsm8k/train.jsonl") train and $(wc -l < "$root/.gsm8k/test.jsonl") test rows in .gsm8k/"
 
 if [ "$#" -gt 0 ]; then

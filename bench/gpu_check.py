@@ -115,7 +115,25 @@ def versions():
             out[mod] = 'not installed'
     import torch
     out['cuda'] = torch.version.cuda
+    out['commit'] = commit()
     return out
+
+
+def commit():
+    """The repository's commit: from git, else (a copy without .git, as a GPU machine receives)
+    from .gsm8k/COMMIT, which bench/device_prep.sh writes; 'unknown' without either."""
+    try:
+        head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, text=True,
+                              capture_output=True, timeout=10)
+        if head.returncode == 0 and head.stdout.strip():
+            return head.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open(os.path.join(ROOT, '.gsm8k', 'COMMIT')) as f:
+            return f.read().strip() or 'unknown'
+    except OSError:
+        return 'unknown'
 
 
 def missing_imports():

@@ -143,3 +143,16 @@ def test_the_default_plan_fits_the_default_deadline_by_its_estimates():
         assert estimate <= share, f'{part}: its share is below its estimate'
     assert estimates < shares <= gpu_check.DEFAULT_DEADLINE_S - gpu_check.RESERVE_S
     assert gpu_check.DEFAULT_DEADLINE_S <= 480
+
+
+def test_the_results_name_their_commit(tmp_path, monkeypatch):
+    """From git where there is one, else from .gsm8k/COMMIT (a GPU machine receives the files
+    without .git; bench/device_prep.sh writes it), else 'unknown'."""
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=gpu_check.ROOT, text=True,
+                          capture_output=True).stdout.strip()
+    assert gpu_check.versions()['commit'] == head
+    monkeypatch.setattr(gpu_check, 'ROOT', str(tmp_path))  # no .git above a pytest tmp dir
+    assert gpu_check.commit() == 'unknown'
+    (tmp_path / '.gsm8k').mkdir()
+    (tmp_path / '.gsm8k' / 'COMMIT').write_text('abc1234 with uncommitted changes\n')
+    assert gpu_check.commit() == 'abc1234 with uncommitted changes'
