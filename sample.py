@@ -151,8 +151,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     P, G = len(prompts), group_size
     cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile)
     N = P * G
-    sizes = buckets(N)
     if graphs:
+        sizes = buckets(N)
         forward = graph_forward(model)
         cache.make_static()
     seeds = row_seeds(seed, prompt_index, G).to(device)
@@ -203,12 +203,14 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         # compaction: copying the cache costs, so it is done when a quarter of the rows have
         # finished; with graphs, to the smallest bucket that holds the rows still going (finished
         # rows fill the rest)
-        smaller = [b for b in sizes if n_live <= b < len(live)]
-        if compact and (smaller if graphs else n_live <= 0.75 * len(live)):
+        target = n_live if n_live <= 0.75 * len(live) else None
+        if graphs:
+            target = min((b for b in sizes if n_live <= b < len(live)), default=None)
+        if compact and target is not None:
             write_back()
             keep = live.nonzero().flatten()
             if graphs:
-                keep = torch.cat([keep, (~live).nonzero().flatten()])[:smaller[-1]]
+                keep = torch.cat([keep, (~live).nonzero().flatten()])[:target]
             rows = keep if rows is None else rows[keep]
             cache, ids, live, ends = cache.select(keep), ids[keep], live[keep], ends[keep]
             row_seed = seeds[rows]
