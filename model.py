@@ -217,52 +217,62 @@ class Attention(nn.Module):
         self.q_norm = Norm(hd, cfg.norm_eps, True) if qk_norm else None
         self.k_norm = Norm(hd, cfg.norm_eps, True) if qk_norm else None
 
-    def forward(self, x, rope, mask, kv):
-        B, T, _ = x.shape
+    def forward(self, x, shape, rope, mask, kv):
+        """x (B*T, n_embd): the rows of shape (B, T), as every block keeps them (each matmul 2-D,
+        no reshape around it) -> (B*T, n_embd)."""
+        B, T = shape
         nh, nkv, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
-        qk, v = self.c_attn(x).split([self.sizes[0] + self.sizes[1], self.sizes[2]], dim=-1)
-        qk = qk.view(B, T, nh + nkv, hd).transpose(1, 2)  # (B, nh + nkv, T, hd): queries then keys
+        # (B, T, heads, hd): queries, keys, values; RoPE and the cache write need no transpose
+        qk, v = self.c_attn(x).view(B, T, nh + 2 * nkv, hd).split([nh + nkv, nkv], dim=2)
         if self.q_norm is not None:  # qwen3: each head's query and key RMS-normed before RoPE
-            qk = torch.cat([self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])], dim=1)
+            qk = torch.cat([self.q_norm(qk[:, :, :nh]), self.k_norm(qk[:, :, nh:])], dim=2)
         if rope is not None:
             qk = apply_rope(qk, *rope)  # both at once: one set of kernels, not two
-        q, k = qk.split([nh, nkv], dim=1)               # (B, nh, T, hd), (B, nkv, T, hd)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)
+        q, k = qk.split([nh, nkv], dim=2)               # (B, T, nh, hd), (B, T, nkv, hd)
         if kv is not None:
             # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
             kc, vc, rows, pos = kv
-            kc[rows, :, pos] = k.transpose(1, 2)
-            vc[rows, :, pos] = v.transpose(1, 2)
-        if mask is None:
-            # causal LM, or a prefill into an empty cache: the fused kernels' fast path
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
-        elif BlockMask is not None and isinstance(mask, BlockMask):
-            # packed groups through FlexAttention (under autocast v is in the compute dtype)
-            y = flex(q.to(v.dtype), k.to(v.dtype), v, mask, nh != nkv)
-        elif kv is None:
-            # packed sequences (training): an explicit mask, broadcast over heads, so K/V are
-            # repeated
-            g = nh // nkv
-            if g != 1:
-                k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            kc[rows, :, pos] = k
+            vc[rows, :, pos] = v
+        if kv is not None and mask is not None:
+            y = self.cached(q, kc, vc, mask)
         else:
-            L = mask.size(-1)
-            # fold each kv head's group of query heads into the query axis (the mask is laid out so,
-            # see hidden): attention then reads the shared K/V as they are (no expanded copy) and
-            # any SDPA backend takes the mask
-            q, kc, vc = q.reshape(B, nkv, nh // nkv * T, hd), kc[:, :, :L], vc[:, :, :L]
-            if T == 1 and q.device.type == 'cpu':
-                # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x
-                # what these take; batched over (row, kv head) as views of the cache, no copy of it
-                kc, vc = kc.reshape(B * nkv, L, hd), vc.reshape(B * nkv, L, hd)
-                scores = torch.bmm((q * hd ** -0.5).view(B * nkv, -1, hd), kc.transpose(1, 2))
-                scores = torch.where(mask, scores.view(B, nkv, -1, L), float('-inf'))
-                y = torch.bmm(torch.softmax(scores, dim=-1).view(B * nkv, -1, L), vc)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
+            if mask is None:
+                # causal LM, or a prefill into an empty cache: the fused kernels' fast path
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
+            elif BlockMask is not None and isinstance(mask, BlockMask):
+                # packed groups through FlexAttention (under autocast v is in the compute dtype)
+                y = flex(q.to(v.dtype), k.to(v.dtype), v, mask, nh != nkv)
             else:
-                y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
-            y = y.reshape(B, nh, T, hd)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
+                # packed sequences (training): an explicit mask, broadcast over heads, so K/V are
+                # repeated
+                g = nh // nkv
+                if g != 1:
+                    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = y.transpose(1, 2).reshape(B * T, nh * hd)  # (B, nh, T, hd) -> rows
+        return self.c_proj(y)
+
+    def cached(self, q, kc, vc, bias):
+        """Attention of new queries q (B, T, nh, hd) over a cache (B, nkv, max_len, hd) with bias
+        (B, 1, g*T, L) (0 where seen, -inf elsewhere; see GPT.hidden) -> rows (B*T, nh*hd). Each kv
+        head's group of g query heads is folded into the query axis: attention then reads the
+        shared K/V as they are (no expanded copy) and any SDPA backend takes the mask."""
+        B, T, nh, hd = q.shape
+        nkv, L = kc.size(1), bias.size(-1)
+        if L < kc.size(2):
+            kc, vc = kc[:, :, :L], vc[:, :, :L]
+        if T == 1 and q.device.type == 'cpu':
+            # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x
+            # what these take; batched over (row, kv head) as views of the cache, no copy of it
+            q = (q * hd ** -0.5).view(B * nkv, nh // nkv, hd)
+            scores = torch.bmm(q, kc.reshape(B * nkv, L, hd).transpose(1, 2))
+            p = torch.softmax(scores.view(B, nkv, -1, L) + bias, dim=-1)
+            return torch.bmm(p.view(B * nkv, -1, L), vc.reshape(B * nkv, L, hd)).view(B, nh * hd)
+        q = q.transpose(1, 2).reshape(B, nkv, nh // nkv * T, hd)
+        y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias)
+        return y.reshape(B, nh, T, hd).transpose(1, 2).reshape(B * T, nh * hd)
 
 
 class MLP(nn.Module):
@@ -290,8 +300,8 @@ class Block(nn.Module):
         self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, mask, kv):
-        x = x + self.attn(self.ln_1(x), rope, mask, kv)
+    def forward(self, x, shape, rope, mask, kv):
+        x = x + self.attn(self.ln_1(x), shape, rope, mask, kv)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -457,40 +467,44 @@ class GPT(nn.Module):
                 raise ValueError(f'KV cache overflow: {cache.extent} cached + {T} new > '
                                  f'max_len {cache.max_len}')
             pos = cache.lengths[:, None] + ar  # (B, T)
-            # (B, 1, g*T, L): query t of row b sees positions <= pos[b, t], repeated for the g query
-            # heads that share a kv head (Attention folds them into the query axis). An empty cache:
-            # every row starts at 0, so plain causal attention over the new tokens (right padding is
-            # harmless: pad positions are overwritten by the tokens that follow, and masked until
-            # then)
+            # (B, 1, g*T, L), 0 or -inf, added to the scores: query t of row b sees positions <=
+            # pos[b, t], repeated for the g query heads that share a kv head (Attention.cached folds
+            # them into the query axis); built once here, in the model dtype, rather than a bool
+            # mask that SDPA would turn into this in every layer. An empty cache: every row starts
+            # at 0, so plain causal attention over the new tokens (right padding is harmless: pad
+            # positions are overwritten by the tokens that follow, and masked until then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None
             if cache.extent != 0 or cache.static:
                 seen = torch.arange(L, device=idx.device) <= pos[:, :, None]
-                mask = seen[:, None].repeat(1, 1, g, 1)
+                mask = torch.zeros(seen.shape, dtype=self.wte.weight.dtype, device=idx.device)
+                mask = mask.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)
             rows = torch.arange(B, device=idx.device)[:, None]
         if self.wpe is not None and L > cfg.max_seq_len:
             raise ValueError(f'sequence of {L} positions exceeds the model maximum '
                              f'{cfg.max_seq_len}')
+        # the blocks work on rows (B*T, n_embd): each matmul 2-D, no reshape around it
         x = self.wte(idx)
         rope = None
         if self.wpe is not None:
             x = x + self.wpe(pos)
         else:
             cos_sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
-            rope = tuple(t[:, None] for t in cos_sin)
+            rope = tuple(t[:, :, None] for t in cos_sin)  # (B, T, 1, hd): over the heads
+        x = x.view(B * T, -1)
         for i, block in enumerate(self.h):
             if self.grad_checkpoint and self.training and cache is None and torch.is_grad_enabled():
                 # keep only each block's input; recompute its activations in backward (long
                 # completions)
-                x = torch.utils.checkpoint.checkpoint(block, x, rope, mask, None,
+                x = torch.utils.checkpoint.checkpoint(block, x, (B, T), rope, mask, None,
                                                       use_reentrant=False)
             else:
                 layer_kv = None if cache is None else (cache.k[i], cache.v[i], rows, pos)
-                x = block(x, rope, mask, layer_kv)
+                x = block(x, (B, T), rope, mask, layer_kv)
         if cache is not None:
             cache.lengths += T if input_lengths is None else input_lengths.to(cache.lengths)
             cache.extent = L
-        return self.ln_f(x)
+        return self.ln_f(x).view(B, T, -1)
 
     def packed_kind(self):
         """The attention packed rows get on this model's device: 'flex' or 'sdpa'

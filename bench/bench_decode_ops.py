@@ -5,7 +5,9 @@ included, as the GPU would see them one launch (or one host-side dispatch) each.
 small model is bound by this count on a GPU: the H200 took 72 ms a decode step of 256 rows
 (docs/performance.md, GPU figures) where its memory traffic needs well under 1 ms.
 
-Counted, per call and per layer:
+Counted, per call and per layer, and how many of them are views (a view launches no kernel
+but costs a dispatch on the host all the same; on CUDA each of the others is about one launch,
+except that F.rms_norm, six operators on the CPU, is one fused kernel there):
   decode_forward  GPT.forward of one new token per row with a KV cache (what each decode step runs)
   decode_step     one step of sample.generate's loop: the sampler (its torch path: on CUDA the
                   Triton kernel is a few launches instead), the forward and the loop's own ops
@@ -38,7 +40,8 @@ args = parser.parse_args()
 
 
 class Count(TorchDispatchMode):
-    """Counts aten operators by name."""
+    """Counts aten operators by name; views (metadata only: no kernel, a host-side dispatch each)
+    also under the key VIEWS."""
 
     def __init__(self):
         super().__init__()
@@ -46,7 +49,12 @@ class Count(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[func.overloadpacket.__name__] += 1
+        if func.is_view or func.overloadpacket.__name__ == '_unsafe_view':
+            self.ops[VIEWS] += 1
         return func(*args, **(kwargs or {}))
+
+
+VIEWS = ' views'
 
 
 def counted(fn):
@@ -94,10 +102,11 @@ def main():
     result = {'config': 'qwen25_05b' + (f' ({L} layers)' if args.layers else ''), 'rows': B,
               'prompt': P, 'torch': torch.__version__}
     for name, ops in out.items():
+        views = ops.pop(VIEWS, 0)
         n = sum(ops.values())
-        result[name] = {'ops': n, 'per_layer': round(n / L, 1),
-                        'top': dict(ops.most_common(8))}
-        print(f"{name:16s} {n:6d} ops  {n / L:6.1f} per layer  "
+        result[name] = {'ops': n, 'per_layer': round(n / L, 1), 'views': views,
+                        'not_views': n - views, 'top': dict(ops.most_common(8))}
+        print(f"{name:16s} {n:6d} ops  {n / L:6.1f} per layer  {views:5d} views  "
               + ', '.join(f'{k} {v}' for k, v in ops.most_common(6)))
     print(json.dumps(result))
 
