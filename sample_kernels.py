@@ -180,56 +180,67 @@ def _sample_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, t_ptr,
 
 
 @triton.jit
-def _bisect(base, V, inv_temp, m, lo, hi, k, target, COUNT: tl.constexpr, NC: tl.constexpr,
-            NPASS: tl.constexpr, BLOCK: tl.constexpr):
-    # Largest key t in [lo, hi) with count(key >= t) >= k (COUNT) or mass(key >= t) >= target (mass,
-    # where mass = sum exp(z - m)). Invariant: the condition holds at lo and fails at hi. Also
-    # returns mass(>= t).
-    mass_lo = tl.zeros((), tl.float32)
-    for _ in range(NPASS):
-        cand = lo + ((hi - lo) * tl.arange(0, NC).to(tl.int64)) // NC  # cand[0] == lo
-        cand32 = cand.to(tl.int32)
-        cnt = tl.zeros([NC], tl.int32)
-        mass = tl.zeros([NC], tl.float32)
-        for start in range(0, V, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            inb = cols < V
-            z = tl.load(base + cols, mask=inb, other=float('-inf')).to(tl.float32) * inv_temp
-            b = z.to(tl.int32, bitcast=True)
-            # = _key(z), inlined for the interpreter's sake
-            key = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
-            ge = (key[:, None] >= cand32[None, :]) & inb[:, None]
-            if COUNT:
-                cnt += tl.sum(ge.to(tl.int32), 0)
-            mass += tl.sum(tl.where(ge, tl.exp(z - m)[:, None], 0.0), 0)
-        ok = (cnt >= k) if COUNT else (mass >= target)
-        hi = tl.min(tl.where(ok, hi, cand), 0)  # smallest failing candidate
-        lo = tl.max(tl.where(ok, cand, lo), 0)  # largest passing candidate
-        mass_lo = tl.min(tl.where(ok, mass, float('inf')), 0)  # mass falls as t rises
-    return lo, mass_lo
-
-
-@triton.jit
-def _threshold_kernel(x_ptr, stride_row, V, inv_temp, m_ptr, s_ptr, t_ptr, top_k, top_p,
-                      KEY_NEG_INF: tl.constexpr, DO_TOPK: tl.constexpr, DO_TOPP: tl.constexpr,
-                      NC: tl.constexpr, NPASS: tl.constexpr, BLOCK: tl.constexpr):
-    # one program per row: top-k first, then top-p on the renormalised top-k distribution (HF/vLLM
-    # order)
+def _bisect_pass_kernel(x_ptr, stride_row, V, inv_temp, tile, m_ptr, lo_ptr, hi_ptr, tgt_ptr,
+                        cnt_ptr, mass_ptr, done_ptr, mass_lo_ptr, t_ptr, top_k,
+                        COUNT: tl.constexpr, FIRST: tl.constexpr, NC: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    # One pass of the search for a row's threshold key t: the largest key in [lo, hi) with
+    # count(key >= t) >= top_k (COUNT) or mass(key >= t) >= target (mass = sum exp(z - m)); the
+    # condition holds at lo and fails at hi. Grid (rows, splits), as the sampling pass: each
+    # program counts its tile at NC candidates spread over [lo, hi), and the row's last program to
+    # finish adds the tiles up and narrows [lo, hi) to the gap after the largest passing candidate
+    # (NC ** passes >= 2 ** 32 finds any fp32 key). FIRST: hi starts above the row's max.
     row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    S = tl.num_programs(1)
     base = x_ptr + row * stride_row
     m = tl.load(m_ptr + row)
-    lo = tl.full((), KEY_NEG_INF, tl.int64)
-    hi = _key(m).to(tl.int64) + 1
-    mass_k = tl.load(s_ptr + row)
-    if DO_TOPK:
-        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, k=top_k, target=0.0, COUNT=True,
-                             NC=NC, NPASS=NPASS, BLOCK=BLOCK)
-    if DO_TOPP:
-        lo, mass_k = _bisect(base, V, inv_temp, m, lo, hi, k=0, target=top_p * mass_k, COUNT=False,
-                             NC=NC, NPASS=NPASS, BLOCK=BLOCK)
-    b = lo.to(tl.int32)
-    b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # the key map is its own inverse
-    tl.store(t_ptr + row, b.to(tl.float32, bitcast=True))
+    lo = tl.load(lo_ptr + row)
+    if FIRST:
+        hi = _key(m).to(tl.int64) + 1
+    else:
+        hi = tl.load(hi_ptr + row)
+    cand = lo + ((hi - lo) * tl.arange(0, NC).to(tl.int64)) // NC  # cand[0] == lo
+    cand32 = cand.to(tl.int32)
+    cnt = tl.zeros([NC], tl.int32)
+    mass = tl.zeros([NC], tl.float32)
+    first = split * tile
+    last = tl.minimum(first + tile, V)
+    for start in range(first, last, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < last
+        z = tl.load(base + cols, mask=inb, other=float('-inf')).to(tl.float32) * inv_temp
+        b = z.to(tl.int32, bitcast=True)
+        key = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # = _key(z), inlined for the interpreter's sake
+        ge = (key[:, None] >= cand32[None, :]) & inb[:, None]
+        if COUNT:
+            cnt += tl.sum(ge.to(tl.int32), 0)
+        mass += tl.sum(tl.where(ge, tl.exp(z - m)[:, None], 0.0), 0)
+    part = (row * S + split) * NC + tl.arange(0, NC)
+    tl.store(cnt_ptr + part, cnt)
+    tl.store(mass_ptr + part, mass)
+    # every thread's stores before the count goes up; the atomic (acq_rel) publishes them, and
+    # the last program's reads (past L1) see them all
+    tl.debug_barrier()
+    if tl.atomic_add(done_ptr + row, 1) == S - 1:
+        cnt = tl.zeros([NC], tl.int32)
+        mass = tl.zeros([NC], tl.float32)
+        for j in range(0, S):
+            part = (row * S + j) * NC + tl.arange(0, NC)
+            cnt += tl.load(cnt_ptr + part, cache_modifier='.cg')
+            mass += tl.load(mass_ptr + part, cache_modifier='.cg')
+        if COUNT:
+            ok = cnt >= top_k
+        else:
+            ok = mass >= tl.load(tgt_ptr + row)
+        lo_new = tl.max(tl.where(ok, cand, lo), 0)  # largest passing candidate
+        tl.store(lo_ptr + row, lo_new)
+        tl.store(hi_ptr + row, tl.min(tl.where(ok, hi, cand), 0))  # smallest failing one
+        tl.store(mass_lo_ptr + row, tl.min(tl.where(ok, mass, float('inf')), 0))
+        b = lo_new.to(tl.int32)
+        b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # the key map is its own inverse
+        tl.store(t_ptr + row, b.to(tl.float32, bitcast=True))
+        tl.store(done_ptr + row, 0)  # ready for the next pass
 
 
 # -----------------------------------------------------------------------------
@@ -315,12 +326,26 @@ def sample_tokens(logits, seeds, step, *, temperature=1.0, top_k=0, top_p=1.0, m
         m, s = one_pass(None, draw=False)  # row max and sum for the threshold search
         t = torch.full((B,), -math.inf, **f32)
         if do_topk or do_topp:
-            # NC candidates per element: keep the [BLOCK, NC] tile in registers
-            sblock = min(1024, block)
-            _threshold_kernel[(B,)](logits, logits.stride(0), V, inv_temp, m, s,
-                                    t_ptr=t, top_k=top_k, top_p=top_p, KEY_NEG_INF=_KEY_NEG_INF,
-                                    DO_TOPK=do_topk, DO_TOPP=do_topp, NC=_NC, NPASS=_NPASS,
-                                    BLOCK=sblock, num_warps=num_warps(sblock))
+            # the threshold search on the sampling pass's grid; BLOCK 256: its [BLOCK, NC] tiles fit
+            # in registers. Each pass's last program per row moves the search on, so a pass is one
+            # launch
+            sblock = min(256, block)
+            lo = torch.full((B,), _KEY_NEG_INF, device=logits.device, dtype=torch.int64)
+            hi, mass_k = torch.empty_like(lo), torch.empty_like(s)
+            cnt = torch.empty(B, S, _NC, device=logits.device, dtype=torch.int32)
+            mass = torch.empty(B, S, _NC, **f32)
+            done = torch.zeros(B, device=logits.device, dtype=torch.int32)
+
+            def search(count, target):
+                for p in range(_NPASS):
+                    _bisect_pass_kernel[(B, S)](
+                        logits, logits.stride(0), V, inv_temp, tile, m, lo, hi, target, cnt, mass,
+                        done, mass_k, t, top_k, COUNT=count, FIRST=p == 0, NC=_NC, BLOCK=sblock,
+                        num_warps=num_warps(sblock))
+            if do_topk:
+                search(True, s)
+            if do_topp:  # on the renormalised top-k distribution (HF/vLLM order)
+                search(False, top_p * (mass_k if do_topk else s))
         if min_p > 0.0:
             t = torch.maximum(t, m + math.log(min_p))
     m, s = one_pass(t, draw=True)

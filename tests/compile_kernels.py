@@ -69,12 +69,12 @@ for dt, (thresh, draw, greedy) in itertools.product(('*fp32', '*bf16'), passes):
     t_ptr = {} if thresh else dict(t_ptr=None)
     build(S._sample_pass_kernel, sp, HAS_THRESH=thresh, DRAW=draw, GREEDY=greedy,
           BLOCK=4096, **t_ptr)
-# BLOCK 1024 and its warps: what sample_tokens launches (sblock)
-searches = [(True, True), (True, False), (False, True)]
-for dt, (topk, topp) in itertools.product(('*fp32', '*bf16'), searches):
-    th = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', m_ptr='*fp32',
-              s_ptr='*fp32', t_ptr='*fp32', top_k='i32', top_p='fp32', KEY_NEG_INF=0,
-              DO_TOPK=0, DO_TOPP=0, NC=0, NPASS=0, BLOCK=0)
-    build(S._threshold_kernel, th, K.num_warps(1024), KEY_NEG_INF=S._KEY_NEG_INF, DO_TOPK=topk,
-          DO_TOPP=topp, NC=S._NC, NPASS=S._NPASS, BLOCK=1024)
+# the threshold search's passes: BLOCK 256 and its warps, as sample_tokens launches them
+for dt, count, first in itertools.product(('*fp32', '*bf16'), (True, False), (True, False)):
+    bp = dict(x_ptr=dt, stride_row='i32', V='i32', inv_temp='fp32', tile='i32', m_ptr='*fp32',
+              lo_ptr='*i64', hi_ptr='*i64', tgt_ptr='*fp32', cnt_ptr='*i32', mass_ptr='*fp32',
+              done_ptr='*i32', mass_lo_ptr='*fp32', t_ptr='*fp32', top_k='i32', COUNT=0,
+              FIRST=0, NC=0, BLOCK=0)
+    build(S._bisect_pass_kernel, bp, K.num_warps(256), COUNT=count, FIRST=first, NC=S._NC,
+          BLOCK=256)
 print(f'compiled {len(BUILT)} kernels for sm_90a and sm_80 with Triton {triton.__version__}')

@@ -249,6 +249,19 @@ def test_triton_sampler_draws_the_same_ids_as_torch(cfg):
     close(lp, full.gather(1, ids[:, None]).squeeze(1), 'sampled log p (vs fp64 full softmax)')
 
 
+def test_threshold_search_split_over_tiles_draws_as_torch():
+    """The top-k / top-p threshold search runs on (rows, tiles) programs, the last program of a row
+    to finish each pass adding the tiles up: 3 and 4 tiles of a 200-token vocabulary (blocks of 32)
+    draw the ids of the torch reference, whose threshold comes from a sort."""
+    cfg = dict(top_k=60, top_p=0.5)
+    logits, seeds = random_rows(B=6, vocab=200, seed=9)
+    ref_ids, _ = sample_tokens_ref(logits, seeds, 1, **cfg)
+    for n_split in (3, 5):
+        ids, _ = sample_tokens(logits, seeds, 1, **cfg, use_triton=True, n_split=n_split,
+                               block_size=32)
+        assert torch.equal(ids, ref_ids), f'{n_split} tiles: {(ids != ref_ids).sum()} ids differ'
+
+
 @pytest.mark.parametrize('use_triton', [True, False])
 @pytest.mark.parametrize('cfg', [dict(temperature=0.0), dict(top_k=1, temperature=0.7)], ids=str)
 def test_greedy_is_argmax(use_triton, cfg):
