@@ -470,15 +470,18 @@ class GPT(nn.Module):
             # (B, 1, g*T, L), 0 or -inf, added to the scores: query t of row b sees positions <=
             # pos[b, t], repeated for the g query heads that share a kv head (Attention.cached folds
             # them into the query axis); built once here, in the model dtype, rather than a bool
-            # mask that SDPA would turn into this in every layer. An empty cache: every row starts
-            # at 0, so plain causal attention over the new tokens (right padding is harmless: pad
-            # positions are overwritten by the tokens that follow, and masked until then)
+            # mask that SDPA would turn into this in every layer. Its rows are laid out a multiple
+            # of 8 apart (positions past L sliced off): SDPA's memory-efficient CUDA kernel copies a
+            # bias whose strides are not, in every layer. An empty cache: every row starts at 0, so
+            # plain causal attention over the new tokens (right padding is harmless: pad positions
+            # are overwritten by the tokens that follow, and masked until then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None
             if cache.extent != 0 or cache.static:
-                seen = torch.arange(L, device=idx.device) <= pos[:, :, None]
+                seen = torch.arange(-(-L // 8) * 8, device=idx.device) <= pos[:, :, None]
                 mask = torch.zeros(seen.shape, dtype=self.wte.weight.dtype, device=idx.device)
                 mask = mask.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)
+                mask = mask[..., :L]
             rows = torch.arange(B, device=idx.device)[:, None]
         if self.wpe is not None and L > cfg.max_seq_len:
             raise ValueError(f'sequence of {L} positions exceeds the model maximum '

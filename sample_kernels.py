@@ -288,7 +288,8 @@ def sample_tokens(logits, seeds, step, *, temperature=1.0, top_k=0, top_p=1.0, m
     draw: row b's id depends only on (seeds[b], step, logits[b]). temperature 0 or top_k 1 is greedy
     argmax. Returns ids int64 (B,) and logp fp32 (B,), the log-prob of each id under the FULL
     softmax at this temperature (temperature 1 when temperature is 0). Ties at the top-k / top-p
-    boundary value are all kept.
+    boundary value are all kept. n_split (tiles a row) and block_size (the vocabulary block of every
+    kernel, the threshold search's too) override the GPU's choices: tests set them.
     """
     if not (logits.is_cuda if use_triton is None else use_triton):
         return sample_tokens_ref(logits, seeds, step, temperature=temperature, top_k=top_k,
@@ -326,10 +327,10 @@ def sample_tokens(logits, seeds, step, *, temperature=1.0, top_k=0, top_p=1.0, m
         m, s = one_pass(None, draw=False)  # row max and sum for the threshold search
         t = torch.full((B,), -math.inf, **f32)
         if do_topk or do_topp:
-            # the threshold search on the sampling pass's grid; BLOCK 256: its [BLOCK, NC] tiles fit
-            # in registers. Each pass's last program per row moves the search on, so a pass is one
+            # the threshold search on the sampling pass's grid; BLOCK 256 on a GPU: its [BLOCK, NC]
+            # tiles fit in registers. Each pass's last program per row moves the search on, so a pass is one
             # launch
-            sblock = min(256, block)
+            sblock = block_size or min(256, block)
             lo = torch.full((B,), _KEY_NEG_INF, device=logits.device, dtype=torch.int64)
             hi, mass_k = torch.empty_like(lo), torch.empty_like(s)
             cnt = torch.empty(B, S, _NC, device=logits.device, dtype=torch.int32)

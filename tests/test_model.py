@@ -391,6 +391,31 @@ def test_a_decode_step_dispatches_few_operators_per_layer():
     assert per_layer <= 50, f'{per_layer} operators a layer in a decode forward'
 
 
+
+def test_the_cached_attention_gets_a_bias_sdpa_takes_as_it_is(monkeypatch):
+    """The mask of a forward over a cache reaches SDPA as an additive bias in the query's dtype with
+    its strides a multiple of 8 (else SDPA's memory-efficient CUDA kernel would turn a bool mask into
+    a bias, or copy an unaligned one, in every layer); here over 13 positions, not a multiple of 8."""
+    seen = []
+    real = M.F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(M.F, 'scaled_dot_product_attention', sdpa)
+    cfg = SCRATCH['qwen2_gqa_tied']
+    model = M.from_scratch(cfg, dtype=torch.bfloat16)
+    cache = M.KVCache(cfg, 2, 16, torch.bfloat16, 'cpu')
+    with torch.no_grad():
+        model(torch.ones(2, 10, dtype=torch.long), kv_cache=cache)
+        seen.clear()
+        model(torch.ones(2, 3, dtype=torch.long), kv_cache=cache)  # T > 1: SDPA on the CPU too
+    assert len(seen) == cfg.n_layer
+    for mask in seen:
+        assert mask.dtype == torch.bfloat16 and mask.shape[-1] == 13, (mask.dtype, mask.shape)
+        assert all(st % 8 == 0 for st in mask.stride()[:-1]), mask.stride()
+
+
 # -----------------------------------------------------------------------------
 # bad input: one clear line naming the file and the field or tensor
 
