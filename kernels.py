@@ -20,10 +20,16 @@ import triton.language as tl
 def _fold(base, n_loop, n_valid, m, s, w, inv_temp, BLOCK: tl.constexpr):
     # fold columns [0, n_loop) of one row (those from n_valid on read as -inf) into its online
     # softmax of z = x / T: m the running max of the RAW logits, s = sum e, w = sum e * d with d =
-    # (x - m) / T, e = exp(d)
+    # (x - m) / T, e = exp(d). Each block's load is issued one block ahead, so it is in flight
+    # while the block before it is reduced (the reductions wait on every warp; the load does not)
+    cols = tl.arange(0, BLOCK)
+    ahead = (cols < n_valid) & (cols < n_loop)
+    x_next = tl.load(base + cols, mask=ahead, other=float('-inf')).to(tl.float32)
     for start in range(0, n_loop, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(base + cols, mask=cols < n_valid, other=float('-inf')).to(tl.float32)
+        x = x_next
+        cols = start + BLOCK + tl.arange(0, BLOCK)
+        ahead = (cols < n_valid) & (cols < n_loop)
+        x_next = tl.load(base + cols, mask=ahead, other=float('-inf')).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, 0))
         shift = (m - m_new) * inv_temp
         alpha = tl.exp(shift)
