@@ -472,13 +472,14 @@ class GPT(nn.Module):
             # them into the query axis); built once here, in the model dtype, rather than a bool
             # mask that SDPA would turn into this in every layer. Its rows are laid out a multiple
             # of 8 apart (positions past L sliced off): SDPA's memory-efficient CUDA kernel copies a
-            # bias whose strides are not, in every layer. An empty cache: every row starts at 0, so
+            # bias whose strides are not, in every layer. Always some past L, so that the layout
+            # does not depend on L (a compiled forward would guard on it and compile twice). An empty cache: every row starts at 0, so
             # plain causal attention over the new tokens (right padding is harmless: pad positions
             # are overwritten by the tokens that follow, and masked until then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None
             if cache.extent != 0 or cache.static:
-                seen = torch.arange(-(-L // 8) * 8, device=idx.device) <= pos[:, :, None]
+                seen = torch.arange(L // 8 * 8 + 8, device=idx.device) <= pos[:, :, None]
                 mask = torch.zeros(seen.shape, dtype=self.wte.weight.dtype, device=idx.device)
                 mask = mask.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)
                 mask = mask[..., :L]

@@ -24,6 +24,9 @@ import torch
 from sample_kernels import sample_tokens
 
 GRAPH_BUCKETS = 4  # generate(graphs=True): decode batch sizes n, n/2, n/4, n/8 (a compile each)
+# generate(graphs=True): the static cache's length rounded up to a multiple of this, so that calls
+# whose longest prompt differs (a training step's new prompts) reuse the same graphs
+GRAPH_LENGTH = 256
 
 
 def row_seeds(seed, prompt_index, group_size):
@@ -92,10 +95,12 @@ def sampler_model(model, dtype, fsdp):
     return gen, functools.partial(copy_weights, gen, model)
 
 
-def prefill(model, tok, prompts, group_size, max_new_tokens, *, compile=False, spare=0):
+def prefill(model, tok, prompts, group_size, max_new_tokens, *, compile=False, spare=0,
+            round_to=1):
     """Checks the prompts fit, prefills every prompt once (right-padded, per-row lengths) and copies
     its cache for its group_size samples. Returns (cache with room for max_new_tokens + spare more
-    positions, the next-token logits of each sample's row, the forward decode steps use)."""
+    positions, its length rounded up to a multiple of round_to within the model's max_seq_len, the
+    next-token logits of each sample's row, the forward decode steps use)."""
     from model import KVCache
     device = next(model.parameters()).device
     P, G = len(prompts), group_size
@@ -109,7 +114,8 @@ def prefill(model, tok, prompts, group_size, max_new_tokens, *, compile=False, s
     idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)
     for i, p in enumerate(prompts):
         idx[i, :len(p)] = torch.tensor(p, device=device)
-    cache = KVCache(model.config, P, max_len + spare, next(model.parameters()).dtype, device)
+    length = max(max_len + spare, min(-(-max_len // round_to) * round_to, model.config.max_seq_len))
+    cache = KVCache(model.config, P, length, next(model.parameters()).dtype, device)
     forward = decode_forward(model, compile)
     logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
     cache = cache.repeat_interleave(G)
@@ -149,7 +155,8 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         prompt_index = range(len(prompts))
     prompt_index = list(prompt_index)
     P, G = len(prompts), group_size
-    cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile)
+    cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile,
+                                     round_to=GRAPH_LENGTH if graphs else 1)
     N = P * G
     if graphs:
         sizes = buckets(N)

@@ -158,11 +158,13 @@ def commands(args, smoke, data_dir):
     gsm8k = ['--task=gsm8k', f'--data_dir={data_dir}']
     trl = [f'--trl={args.trl}']
     pytest = [PY, '-m', 'pytest', '-v', '-n', '0', '-p', 'no:cacheprovider']
-    def graphs(step_args):  # the same step with decode_graphs=True (CUDA graphs on a GPU)
+    def graphs(step_args):
+        # the same step with decode_graphs=True (CUDA graphs on a GPU), 2 measured steps, then one
+        # more under torch.profiler: its table of operators (in the log) says where the update goes
         ours = [a for a in step_args if a.startswith('--ours_args=')]
-        rest = [a for a in step_args if not a.startswith('--ours_args=')]
+        rest = [a for a in step_args if not a.startswith(('--ours_args=', '--steps='))]
         extra = ours[0][len('--ours_args='):] + ' ' if ours else ''
-        return rest + [f'--ours_args={extra}--decode_graphs=True']
+        return rest + ['--steps=2', '--profile=1', f'--ours_args={extra}--decode_graphs=True']
 
     if smoke:
         # test_cuda.py but its two slow cases on a CPU (the Qwen-shape LM head, 70 s, and the

@@ -153,6 +153,21 @@ def test_graph_decode_and_sparse_checks_generate_as_eager():
     assert 2 <= used <= len(sample.buckets(12)), f'{used} graphs compiled'
 
 
+def test_graph_decode_keeps_its_graphs_across_calls_with_other_prompt_lengths():
+    """Training calls generate once a step with new prompts: with graphs=True the static cache's
+    length is rounded up (sample.GRAPH_LENGTH), so calls whose longest prompt differs share their
+    graphs: one per batch bucket over all three calls (6 before the rounding)."""
+    from torch._dynamo.utils import counters
+    model = tiny()
+    stops = [ord(c) for c in 'aeiou ']
+    longer = PROMPTS[:2] + [TOK.encode("A much longer prompt than the others, by far.")]
+    counters.clear()
+    for prompts in (PROMPTS, longer, PROMPTS[:1] * 3):  # longest prompts: 32, 44, 18 bytes
+        generate(model, TOK, prompts, 4, 24, temperature=1.0, seed=3, stop_ids=stops, graphs=True)
+    used = counters['stats']['unique_graphs']
+    assert used <= len(sample.buckets(12)), f'{used} graphs for 4 batch sizes'
+
+
 def test_the_decode_loop_reads_the_device_once_every_check_every_steps(monkeypatch):
     """Host-device syncs in generate's loop: the count of rows still going is read once every
     check_every steps, not every step (counted through Tensor.__int__, the loop's one read; no
