@@ -333,10 +333,22 @@ class KVCache:
     def make_static(self):
         """From here on every forward attends over all max_len positions, and the tensors keep
         their addresses (torch.compile may then replay a CUDA graph that writes them in place; a
-        select or window is a new cache, static too, whose tensors are new: one more graph)."""
+        select or window is a new cache, static too, whose tensors are new: one more graph, so
+        sample.generate copies rows between caches it keeps instead, with load_)."""
         self.static = True
         for t in (*self.k, *self.v, self.lengths):
             torch._dynamo.mark_static_address(t)
+        return self
+
+    def load_(self, src, rows=None):
+        """Copy src's rows (all of them, or these, in this order) into this cache's own tensors,
+        which keep their addresses."""
+        for dst, t in zip((*self.k, *self.v, self.lengths), (*src.k, *src.v, src.lengths)):
+            if rows is None:
+                dst.copy_(t)
+            else:
+                torch.index_select(t, 0, rows.to(t.device), out=dst)
+        self.extent = src.extent
         return self
 
     def repeat_interleave(self, n):
@@ -473,12 +485,13 @@ class GPT(nn.Module):
             # mask that SDPA would turn into this in every layer. Its rows are laid out a multiple
             # of 8 apart (positions past L sliced off): SDPA's memory-efficient CUDA kernel copies a
             # bias whose strides are not, in every layer. Always some past L, so that the layout
-            # does not depend on L (a compiled forward would guard on it and compile twice). An empty cache: every row starts at 0, so
-            # plain causal attention over the new tokens (right padding is harmless: pad positions
-            # are overwritten by the tokens that follow, and masked until then)
+            # does not depend on L (a compiled forward would guard on it and compile twice). An
+            # empty cache: every row starts at 0, so plain causal attention over the new tokens
+            # (right padding is harmless: pad positions are overwritten by the tokens that follow,
+            # and masked until then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None
-            if cache.extent != 0 or cache.static:
+            if cache.static or cache.extent != 0:  # static first: a graph reads no extent
                 seen = torch.arange(L // 8 * 8 + 8, device=idx.device) <= pos[:, :, None]
                 mask = torch.zeros(seen.shape, dtype=self.wte.weight.dtype, device=idx.device)
                 mask = mask.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)
