@@ -114,11 +114,12 @@ def sampler_model(model, dtype, fsdp):
 
 
 def prefill(model, tok, prompts, group_size, max_new_tokens, *, compile=False, spare=0,
-            round_to=1):
+            round_to=1, repeat=True):
     """Checks the prompts fit, prefills every prompt once (right-padded, per-row lengths) and copies
-    its cache for its group_size samples. Returns (cache with room for max_new_tokens + spare more
-    positions, its length rounded up to a multiple of round_to within the model's max_seq_len, the
-    next-token logits of each sample's row, the forward decode steps use)."""
+    its cache for its group_size samples (repeat=False: one row a prompt, for the caller to copy).
+    Returns (cache with room for max_new_tokens + spare more positions, its length rounded up to a
+    multiple of round_to within the model's max_seq_len, the next-token logits of each sample's
+    row, the forward decode steps use)."""
     from model import KVCache
     device = next(model.parameters()).device
     P, G = len(prompts), group_size
@@ -136,7 +137,8 @@ def prefill(model, tok, prompts, group_size, max_new_tokens, *, compile=False, s
     cache = KVCache(model.config, P, length, next(model.parameters()).dtype, device)
     forward = decode_forward(model, compile)
     logits = forward(idx, kv_cache=cache, input_lengths=lens, last_only=True)[:, -1]
-    cache = cache.repeat_interleave(G)
+    if repeat:
+        cache = cache.repeat_interleave(G)
     logits = logits.repeat_interleave(G, dim=0)
     return cache, logits, forward
 
@@ -174,13 +176,14 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     prompt_index = list(prompt_index)
     P, G = len(prompts), group_size
     cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile,
-                                     round_to=GRAPH_LENGTH if graphs else 1)
+                                     round_to=GRAPH_LENGTH if graphs else 1, repeat=not graphs)
     N = P * G
     if graphs:
+        # each prompt's row copied straight into its samples' rows of the kept full-batch cache
         sizes = buckets(N)
         forward = graph_forward(model)
         static = static_caches(model, cache, sizes)
-        cache = static[N].load_(cache)
+        cache = static[N].load_(cache, torch.arange(P, device=device).repeat_interleave(G))
     seeds = row_seeds(seed, prompt_index, G).to(device)
     # every completion's tokens and log-probs, by step. Rows that stopped but are still in the
     # decode batch (before compaction drops them, or with compact=False) keep writing here past
