@@ -83,11 +83,13 @@ def static_caches(model, like, sizes):
     allocated between calls: about 1.9x one cache at the full batch."""
     from model import KVCache
     have = _static.get(model)
-    kind = lambda t: (t.shape[1:], t.dtype, t.device)  # noqa: E731
-    if have is None or sorted(have) != sorted(sizes) or kind(have[sizes[0]].k[0]) != kind(like.k[0]):
+    t = like.k[0]
+    if have is None or sorted(have) != sorted(sizes) or (
+            have[sizes[0]].max_len, have[sizes[0]].k[0].dtype, have[sizes[0]].k[0].device) != (
+            like.max_len, t.dtype, t.device):
         _static.pop(model, None)  # the old ones go before the new ones are allocated
-        have = {b: KVCache(model.config, b, like.max_len, like.k[0].dtype,
-                           like.k[0].device).make_static() for b in sizes}
+        have = {b: KVCache(model.config, b, like.max_len, t.dtype, t.device).make_static()
+                for b in sizes}
         _static[model] = have
     return have
 
