@@ -328,8 +328,8 @@ def sample_tokens(logits, seeds, step, *, temperature=1.0, top_k=0, top_p=1.0, m
         t = torch.full((B,), -math.inf, **f32)
         if do_topk or do_topp:
             # the threshold search on the sampling pass's grid; BLOCK 256 on a GPU: its [BLOCK, NC]
-            # tiles fit in registers. Each pass's last program per row moves the search on, so a pass is one
-            # launch
+            # tiles fit in registers. Each pass's last program per row moves the search on, so a
+            # pass is one launch
             sblock = block_size or min(256, block)
             lo = torch.full((B,), _KEY_NEG_INF, device=logits.device, dtype=torch.int64)
             hi, mass_k = torch.empty_like(lo), torch.empty_like(s)

@@ -393,9 +393,10 @@ def test_a_decode_step_dispatches_few_operators_per_layer():
 
 
 def test_the_cached_attention_gets_a_bias_sdpa_takes_as_it_is(monkeypatch):
-    """The mask of a forward over a cache reaches SDPA as an additive bias in the query's dtype with
-    its strides a multiple of 8 (else SDPA's memory-efficient CUDA kernel would turn a bool mask into
-    a bias, or copy an unaligned one, in every layer); here over 13 positions, not a multiple of 8."""
+    """The mask of a forward over a cache reaches SDPA as an additive bias in the query's dtype
+    with its strides a multiple of 8 (else SDPA's memory-efficient CUDA kernel would turn a bool
+    mask into a bias, or copy an unaligned one, in every layer); here over 13 positions, not a
+    multiple of 8."""
     seen = []
     real = M.F.scaled_dot_product_attention
 
