@@ -439,3 +439,30 @@ def test_a_training_step_with_calls_and_an_entropy_cut(tmp_path, monkeypatch):
         (m['frac_zero_std'], m['rows_trained'], off['rows_trained'])
     for key in ('grad_norm', 'loss', 'entropy_cut'):
         assert math.isclose(m[key], off[key], rel_tol=1e-5, abs_tol=1e-9), (key, m[key], off[key])
+
+
+def test_a_compiled_tool_rollout_samples_as_eager():
+    """compile=True through generate_with_tools (the prefill and decode steps through
+    torch.compile, dynamic shapes): rows that call tools, their responses prefilled into the cache
+    mid-decode, rows finishing and the batch compacting, give the same ids, masks and calls as
+    eager, and log-probs equal to float noise."""
+    want, _ = scripted_completion(CALLS_3)
+    prompts = [PROMPT, PROMPT + TOK.encode(" " * 9)]
+    runs = []
+    for compile in (False, True):
+        model = Scripted(script_of(want), strength=8.0)
+        runs.append(generate_with_tools(model, TOK, prompts, 4, 160, tools=TOOLS,
+                                        temperature=1.0, seed=11, compile=compile))
+        if compile:
+            assert model in sample._compiled, "compile=True did not go through torch.compile"
+    eager, compiled = runs
+    for key in ('ids', 'tool_mask', 'finished', 'truncated'):
+        assert [c[key] for c in compiled] == [c[key] for c in eager], key
+    calls = [[[{k: v for k, v in call.items() if k != 'seconds'} for call in c['tool_calls']]
+              for c in run] for run in runs]
+    assert calls[1] == calls[0], "the calls (names, arguments, outputs) differ"
+    for a, b in zip(eager, compiled):
+        assert b['logprobs'] == pytest.approx(a['logprobs'], abs=1e-4)
+    called = [sum(c['tool_mask']) > 0 for c in eager]
+    assert any(called) and not all(called), "every row alike: the test checks nothing"
+    assert sum(c['finished'] for c in eager) >= 2, "no row finished early: nothing compacted"

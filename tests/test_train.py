@@ -426,7 +426,7 @@ def median(xs, default):
 
 
 def test_kill_at_random_instants(tmp_path):
-    """20 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that
+    """12 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that
     on a fast machine or a slow one they spread over start-up, generation and the update, and
     checkpoint writing: every checkpoint on disk loads, no restart resumes from an older checkpoint
     than the last, and the finished run has every step once.
@@ -444,7 +444,8 @@ def test_kill_at_random_instants(tmp_path):
     step_s = []
     write_s = []
     positions = []  # (where, newest checkpoint before the run, newest after its kill)
-    for i in range(20):
+    kills = 12
+    for i in range(kills):
         before = newest_ckpt(tmp_path)[0]
         proc = start(tmp_path, *args)
         t0 = time.time()
@@ -509,15 +510,16 @@ def test_kill_at_random_instants(tmp_path):
     assert resumed_from == sorted(resumed_from), f"a restart went backwards: {positions}"
     # kills after the run had written a checkpoint of its own
     after = sum(a > b for _, b, a in positions)
-    assert after >= 20 // 3, (f"only {after}/20 kills landed after a checkpoint: "
+    assert after >= kills // 3, (f"only {after}/{kills} kills landed after a checkpoint: "
                               f"the test covered start-up only: {positions}")
-    assert any(w == 'startup' for w, _, _ in positions), positions
+    for place in ('startup', 'step', 'write'):
+        assert any(w.startswith(place) for w, _, _ in positions), (place, positions)
     # finish a few steps past the last checkpoint (max_steps only shapes the LR schedule)
     last = resumed_from[-1] + 3
     p = run(tmp_path, *args[1:], f'--max_steps={last}', '--resume_changed=True', timeout=300)
     assert "resume: " in p.stdout
     steps = [r['step'] for r in metrics(tmp_path)]
-    assert steps == list(range(last + 1)), f"steps lost or duplicated across 20 kills: {steps}"
+    assert steps == list(range(last + 1)), f"steps lost or duplicated across {kills} kills: {steps}"
 
 
 def test_sigterm_saves_and_exits(tmp_path):
