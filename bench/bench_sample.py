@@ -17,9 +17,12 @@ greedy tokens of the two are compared to show that the work is the same.
        of the HBM roofline: every forward reads all weights and the KV cache held at that step;
        bytes over time over peak.
 
-Ours runs twice: eager, and with compile=True (prefill and decode steps through torch.compile; its
-first call, the warm-up, compiles and is reported as compile_s). Timed runs alternate ours / ours
-compiled / transformers so a change in machine load hits all three. On CPU the process CPU time is
+Ours runs eager, with compile=True (prefill and decode steps through torch.compile; its first call,
+the warm-up, compiles and is reported as compile_s) and with graphs=True (fixed-shape decode steps,
+CUDA graphs on a GPU; on by default there). Timed runs alternate ours / transformers / ours compiled
+/ ours graphs, in that order of priority, so a change in machine load hits all of them; each is
+warmed up just before its first timed call, and a JSON line of the tokens/s so far follows each
+timed call, so a run cut short by a time limit keeps what it had. On CPU the process CPU time is
 reported next to wall time: on a shared machine it is the steadier of the two.
 
 Usage: python bench/bench_sample.py [--batch=B] [--new_tokens=N] [--prompt_len=L] [--reps=R]
@@ -61,6 +64,8 @@ parser.add_argument('--prompt_len', type=int, default=40)
 parser.add_argument('--new_tokens', type=int, default=256 if GPU else 64)
 # timed runs of each after one warm-up; median
 parser.add_argument('--reps', type=int, default=3 if GPU else 5)
+# new tokens of eager ours' and transformers' warm-up calls
+parser.add_argument('--warmup_tokens', type=int, default=16)
 # a row matches when its first this-many tokens agree
 parser.add_argument('--match_tokens', type=int, default=8)
 # noise added to every HF-initialised parameter
@@ -148,25 +153,27 @@ def sync():
         torch.cuda.synchronize()
 
 
-def run_timed(fns, reps):
-    """Warm each fn up once, then time reps rounds, each round running every fn once in turn.
-    -> {name: dict(wall=[s], cpu=[s], extra_gb=peak GPU memory above what was allocated at the
-                   call, out=..., warmup=s)}"""
+def run_timed(fns, reps, tokens):
+    """fns: {name: (fn, warm_up)}. reps rounds, each running every fn once in turn, a fn's warm_up
+    (first CUDA calls, compiles, captures) just before its first timed call. After each timed call a
+    JSON line of the tokens/s so far (tokens a call), so a run killed part-way still ends with the
+    figures it had. -> {name: dict(wall=[s], cpu=[s], extra_gb=peak GPU memory above what was
+    allocated at the call, out=the last call's, warmup=s)}"""
     res = {}
-    for name, fn in fns.items():
-        w = time.perf_counter()
-        res[name] = dict(wall=[], cpu=[], extra_gb=0.0, out=fn())
-        sync()
-        res[name]['warmup'] = time.perf_counter() - w
-        print(f"  {name}: warm-up {res[name]['warmup']:.1f} s", flush=True)
-    for _ in range(reps):
-        for name, fn in fns.items():
+    for r in range(reps):
+        for name, (fn, warm_up) in fns.items():
+            if r == 0:
+                w = time.perf_counter()
+                warm_up()
+                sync()
+                res[name] = dict(wall=[], cpu=[], extra_gb=0.0, warmup=time.perf_counter() - w)
+                print(f"  {name}: warm-up {res[name]['warmup']:.1f} s", flush=True)
             sync()
             if GPU:
                 base = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
             w, c = time.perf_counter(), time.process_time()
-            fn()
+            res[name]['out'] = fn()
             sync()
             res[name]['wall'].append(time.perf_counter() - w)
             res[name]['cpu'].append(time.process_time() - c)
@@ -174,6 +181,9 @@ def run_timed(fns, reps):
             if GPU:
                 extra = (torch.cuda.max_memory_allocated() - base) / 1e9
                 res[name]['extra_gb'] = max(res[name]['extra_gb'], extra)
+            so_far = {f'{n}_tok_s': round(tokens / statistics.median(v['wall']), 1)
+                      for n, v in res.items() if v['wall']}
+            print(json.dumps({'partial': True, **so_far}), flush=True)
     return res
 
 
@@ -211,8 +221,8 @@ def main():
               f"scheduler slice for its second thread (try --threads=1; the CPU-time ratio is the "
               f"steadier number)")
 
-    def run_ours(**kw):
-        return generate(ours, tok, prompts, group_size=G, max_new_tokens=N, temperature=0.0,
+    def run_ours(n=N, **kw):
+        return generate(ours, tok, prompts, group_size=G, max_new_tokens=n, temperature=0.0,
                         stop_ids=[], **{**args.gen_kwargs, **kw})
 
     def run_ours_compiled():
@@ -221,19 +231,24 @@ def main():
     def run_ours_graphs():
         return run_ours(graphs=True)
 
-    def run_hf():
+    def run_hf(n=N):
         with torch.no_grad():
             return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                               max_new_tokens=N, min_new_tokens=N, pad_token_id=tok.pad_id,
+                               max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_id,
                                eos_token_id=None)
 
-    fns = {'ours': run_ours, 'ours_graphs': run_ours_graphs, 'ours_compiled': run_ours_compiled,
-           'hf': run_hf}
+    # (timed, warm-up): eager ours and transformers warm up on a few tokens (the first CUDA calls
+    # and Triton's compiles need no more); compiled and graphs on the whole length, so that their
+    # timed calls meet the shapes they compiled for (graphs: the static cache's length)
+    W = min(N, args.warmup_tokens)
+    fns = {'ours': (run_ours, lambda: run_ours(W)), 'hf': (run_hf, lambda: run_hf(W)),
+           'ours_compiled': (run_ours_compiled, run_ours_compiled),
+           'ours_graphs': (run_ours_graphs, run_ours_graphs)}
     if not args.compile:
         del fns['ours_compiled']
     if not args.graphs:
         del fns['ours_graphs']
-    res = run_timed(fns, args.reps)
+    res = run_timed(fns, args.reps, B * N)
     ours_ids = [r['ids'] for r in res['ours']['out']]
     hf_ids = res['hf']['out'][:, ids.shape[1]:].tolist()
     assert all(len(r) == N for r in ours_ids), (
@@ -315,6 +330,17 @@ def main():
                    roofline_frac=None if roofline is None else round(roofline, 4),
                    achieved_gb_s=round(achieved / 1e9, 1), peak_bw_gb_s=peak_bw and peak_bw / 1e9,
                    peak_mem_gb=round(peak_ours, 3), hf_peak_mem_gb=round(peak_hf, 3))
+        # what one eager decode forward of ours dispatches at this batch, and launches on the GPU:
+        # counted after the timing (bench_decode_ops.py); a failure here loses no figure above
+        try:
+            from bench_decode_ops import decode_forward_counts
+            c = decode_forward_counts(ours, B, args.prompt_len)
+            print(f"one eager decode forward of {B} rows: {c['ops']} aten operators "
+                  f"({c['views']} views), {c['device_launches']} device launches")
+            out.update(decode_forward_ops=c['ops'], decode_forward_views=c['views'],
+                       decode_forward_launches=c['device_launches'])
+        except Exception as e:  # reported in the JSON instead
+            out['decode_forward_counts_error'] = repr(e)[:500]
     else:
         out.update(ratio_cpu_time=round(med['hf']['cpu'] / med['ours']['cpu'], 3),
                    threads=torch.get_num_threads(), load_avg=round(load, 2))

@@ -29,8 +29,9 @@ figures next to the targets in TARGETS):
                train.jsonl in --data_dir (bench/device_prep.sh copies it into .gsm8k/): without
                it the part is skipped and says why; it never falls back to other prompts.
   sample       bench/bench_sample.py at Qwen2.5-0.5B's shape, random weights, bf16, 64 prompts x 8
-               samples x 256 tokens: tokens/s eager and compiled next to transformers' generate
-               (one timed run each), fraction of the HBM roofline
+               samples x 256 tokens: tokens/s eager, graphs and compiled next to transformers'
+               generate (one timed run each), fraction of the HBM roofline; then what one eager
+               decode forward dispatches (aten operators) and launches on the GPU (profiler)
 Not in the default plan (--parts=...,step): step, bench/bench_step.py --preset=gpu next to TRL's
 GRPOTrainer (needs trl and datasets; without them ours alone after a skip line); step_graphs,
 step_gsm8k with --decode_graphs=True (decode steps captured as CUDA graphs), to set beside it.
@@ -334,8 +335,10 @@ def headline(part, result):
                        ('packed_attention', 'flex_fwd_bwd', 'ms'),
                        ('packed_attention', 'sdpa_dense_fwd_bwd', 'ms'),
                        ('packed_attention', 'rows_fwd_bwd', 'ms')],
-            'sample': [('ours_tok_s',), ('ours_compiled_tok_s',), ('hf_tok_s',), ('ratio',),
-                       ('ratio_compiled',), ('roofline_frac',), ('peak_mem_gb',)],
+            'sample': [('ours_tok_s',), ('ours_graphs_tok_s',), ('ours_compiled_tok_s',),
+                       ('hf_tok_s',), ('ratio',), ('ratio_compiled',), ('graphs_vs_eager',),
+                       ('roofline_frac',), ('peak_mem_gb',), ('decode_forward_ops',),
+                       ('decode_forward_launches',)],
             'step': [('ours_step_s',), ('trl_step_s',), ('ratio',), ('ours_phases',),
                      ('ours_peak_mem_gb',), ('trl',)],
             'step_gsm8k': [('ours_step_s',), ('ours_phases',), ('ours_peak_mem_gb',),

@@ -3,6 +3,7 @@ KV-cache decoding, padded batches, cache row ops, export round trip, sharded loa
 one-line errors for bad snapshots."""
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -362,34 +363,22 @@ def test_qwen25_05b_shape_has_the_published_parameter_count():
 
 def test_a_decode_step_dispatches_few_operators_per_layer():
     """Eager decoding on a GPU is bound by the operators a step dispatches (each a launch or a
-    host-side dispatch): one decode forward's aten operators per layer, views included, counted as
-    bench/bench_decode_ops.py counts them (a layer's count: 3 layers' minus 2 layers'). The layer
-    works on 2-D rows (no reshape around each matmul), keeps (B, T, heads, hd) for RoPE and the
-    cache write (no transposes), and gets its mask as a float bias built once a forward; 66 a
-    layer before that, 48 after (the CPU: its RMSNorm alone is 6 operators, 1 kernel on CUDA)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
+    host-side dispatch): one decode forward's aten operators per layer, views included, counted by
+    bench/bench_decode_ops.py's decode_forward_counts (a layer's count: 3 layers' minus 2 layers').
+    The layer works on 2-D rows (no reshape around each matmul), keeps (B, T, heads, hd) for RoPE
+    and the cache write (no transposes), and gets its mask as a float bias built once a forward; 66
+    a layer before that, 48 after (the CPU: its RMSNorm alone is 6 operators, 1 kernel on CUDA)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'bench'))
+    from bench_decode_ops import decode_forward_counts
 
     def ops(n_layer):
         cfg = M.ModelConfig(arch='qwen2', vocab_size=64, n_layer=n_layer, n_head=4, n_kv_head=2,
                             n_embd=32, intermediate_size=48)
-        model = M.GPT(cfg).eval()
-        cache = M.KVCache(cfg, 3, 16, torch.float32, 'cpu')
-        with torch.no_grad():
-            model(torch.ones(3, 5, dtype=torch.long), kv_cache=cache)
-            Count.n = 0
-            with Count():
-                model(torch.ones(3, 1, dtype=torch.long), kv_cache=cache)
-        return Count.n
+        counts = decode_forward_counts(M.GPT(cfg).eval(), 3, 5)
+        assert 0 < counts['views'] < counts['ops'] and 'device_launches' not in counts
+        return counts['ops']
     per_layer = ops(3) - ops(2)
     assert per_layer <= 50, f'{per_layer} operators a layer in a decode forward'
-
 
 
 def test_the_cached_attention_gets_a_bias_sdpa_takes_as_it_is(monkeypatch):
