@@ -38,7 +38,6 @@ import sample  # noqa: E402
 from model import GPT, KVCache, qwen25_05b_config  # noqa: E402
 
 
-
 class Count(TorchDispatchMode):
     """Counts aten operators by name; views (metadata only: no kernel, a host-side dispatch each)
     also under the key VIEWS."""
