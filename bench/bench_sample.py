@@ -41,6 +41,7 @@ import tempfile
 import time
 
 import torch
+from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hf as H
@@ -302,12 +303,15 @@ def main():
     if args.graphs:
         gtps = B * N / med['ours_graphs']['wall']
         same_g = sum(r['ids'] == a for r, a in zip(res['ours_graphs']['out'], ours_ids)) / B
+        # compiled graphs that torch ran without a CUDA graph (it says why in a warning above)
+        skips = counters['inductor']['cudagraph_skips']
         print(f"graphs: {gtps:.0f} tok/s, {gtps / ours_tps:.2f}x eager; {same_g:.1%} of rows the "
               f"very same tokens as eager; the first call (compiles, captures) took "
-              f"{res['ours_graphs']['warmup']:.1f} s")
+              f"{res['ours_graphs']['warmup']:.1f} s" + (f"; CUDA graphs skipped: {skips}" if GPU
+                                                          else ''))
         out.update(ours_graphs_tok_s=round(gtps, 1), graphs_vs_eager=round(gtps / ours_tps, 3),
                    graphs_first_call_s=round(res['ours_graphs']['warmup'], 1),
-                   graphs_same_tokens=round(same_g, 4))
+                   graphs_same_tokens=round(same_g, 4), graphs_cudagraph_skips=skips)
     if GPU:
         cfg = ours.config
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())

@@ -156,9 +156,14 @@ def test_compiled_decode_on_cuda_generates_as_eager():
 def test_graph_decode_on_cuda_generates_as_eager():
     """graphs=True on CUDA: decode steps captured as CUDA graphs (mode='reduce-overhead') draw the
     same tokens as eager through compaction to smaller buckets, checking every 8 steps, in three
-    calls that reuse the graphs and the static caches of the first."""
+    calls that reuse the graphs and the static caches of the first. And really captured: torch
+    falls back to running a compiled graph without a CUDA graph (a warning, a counter) when it
+    mutates an input that has no static address, or holds a CPU tensor."""
+    from torch._dynamo.utils import counters
+
     from sample import generate
     from test_sample import PROMPTS, TOK, tiny
+    counters.clear()
     model = tiny().to(DEV)
     stops = list(range(97, 123)) + list(range(128, 256))  # on the CPU: 9 of 12 rows stop early
     for seed in (5, 7, 5):  # the later calls replay the graphs (and caches) the first captured
@@ -168,6 +173,7 @@ def test_graph_decode_on_cuda_generates_as_eager():
                      graphs=True, check_every=8)
         assert [x['ids'] for x in a] == [x['ids'] for x in b], \
             'the captured decode step changed the completions on CUDA'
+    assert counters['inductor']['cudagraph_skips'] == 0, 'decode steps ran without a CUDA graph'
 
 
 def test_bf16_generation_on_cuda_runs_and_stops():
