@@ -34,7 +34,10 @@ figures next to the targets in TARGETS):
                decode forward dispatches (aten operators) and launches on the GPU (profiler)
 Not in the default plan (--parts=...,step): step, bench/bench_step.py --preset=gpu next to TRL's
 GRPOTrainer (needs trl and datasets; without them ours alone after a skip line); step_graphs,
-step_gsm8k with --decode_graphs=True (decode steps captured as CUDA graphs), to set beside it.
+step_gsm8k with --decode_graphs=True (decode steps captured as CUDA graphs), to set beside it;
+step_compiled, step_gsm8k with --compile_decode=True (prefill and decode steps through
+torch.compile, dynamic shapes). Both: 2 measured steps, then one profiled (its operator table in
+the log).
 
 Time: a part starts only if what is left of the deadline (less RESERVE_S) covers its estimate, else
 it is skipped with that reason. It then runs until the end of its share (the parts' SHARES split
@@ -61,7 +64,7 @@ START = time.time()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-PARTS = ('tests', 'kernel', 'step_gsm8k', 'sample', 'step', 'step_graphs')
+PARTS = ('tests', 'kernel', 'step_gsm8k', 'sample', 'step', 'step_graphs', 'step_compiled')
 PLAN = ('tests', 'kernel', 'step_gsm8k', 'sample')  # the default: the most wanted first
 DEFAULT_DEADLINE_S = 480
 # seconds kept back from the deadline for the last summary and the interpreter's exit
@@ -73,12 +76,15 @@ RESERVE_S = 5
 # (decode-bound); sample's eager warm-up alone 20 s. Shares are weights: at the default deadline
 # they add up to it, less RESERVE_S.
 GPU_BUDGET = {'tests': (90, 92), 'kernel': (45, 48), 'step_gsm8k': (230, 232),
-              'sample': (100, 103), 'step': (300, 360), 'step_graphs': (200, 240)}
+              'sample': (100, 103), 'step': (300, 360), 'step_graphs': (200, 240),
+              'step_compiled': (200, 240)}
 # --cpu-smoke: about the longest of its runs on a busy 2-core CPU (load average 4-5)
 SMOKE_BUDGET = {'tests': (40, 60), 'kernel': (30, 60), 'step_gsm8k': (40, 80), 'sample': (20, 60),
-                'step': (40, 80), 'step_graphs': (60, 100)}
+                'step': (40, 80), 'step_graphs': (60, 100),
+                'step_compiled': (60, 100)}
 FILES = {'kernel': 'kernels.json', 'step': 'step_vs_trl.json',
-         'step_gsm8k': 'step_gsm8k_shape.json', 'step_graphs': 'step_gsm8k_graphs.json'}
+         'step_gsm8k': 'step_gsm8k_shape.json', 'step_graphs': 'step_gsm8k_graphs.json',
+         'step_compiled': 'step_gsm8k_compiled.json'}
 LOG = 'gpu_check.log'
 # what the parts import, by module -> distribution: a machine that lacks one needs it as a wheel
 # (bench/device_prep.sh NAME==VERSION)
@@ -160,13 +166,15 @@ def commands(args, smoke, data_dir):
     gsm8k = ['--task=gsm8k', f'--data_dir={data_dir}']
     trl = [f'--trl={args.trl}']
     pytest = [PY, '-m', 'pytest', '-v', '-n', '0', '-p', 'no:cacheprovider']
-    def graphs(step_args):
-        # the same step with decode_graphs=True (CUDA graphs on a GPU), 2 measured steps, then one
-        # more under torch.profiler: its table of operators (in the log) says where the update goes
+    def decoding(step_args, knob):
+        # the same step with knob (decode_graphs=True: CUDA graphs on a GPU; compile_decode=True),
+        # 2 measured steps, then one more under torch.profiler: its table of operators (in the log)
+        # says where the update goes
         ours = [a for a in step_args if a.startswith('--ours_args=')]
         rest = [a for a in step_args if not a.startswith(('--ours_args=', '--steps='))]
         extra = ours[0][len('--ours_args='):] + ' ' if ours else ''
-        return rest + ['--steps=2', '--profile=1', f'--ours_args={extra}--decode_graphs=True']
+        return bench('bench_step.py') + rest + ['--steps=2', '--profile=1',
+                                                f'--ours_args={extra}--{knob}=True']
 
     if smoke:
         # test_cuda.py but its two slow cases on a CPU (the Qwen-shape LM head, 70 s, and the
@@ -190,7 +198,8 @@ def commands(args, smoke, data_dir):
             'step_gsm8k': (bench('bench_step.py') + step_gsm8k, {}),
             'sample': (bench('bench_sample.py') + sample, {}),
             'step': (bench('bench_step.py') + ['--preset=smoke', *gsm8k, *trl], {}),
-            'step_graphs': (bench('bench_step.py') + graphs(step_gsm8k), {}),
+            'step_graphs': (decoding(step_gsm8k, 'decode_graphs'), {}),
+            'step_compiled': (decoding(step_gsm8k, 'compile_decode'), {}),
         }
     env = {'GRPO_TEST_DEVICE': 'cuda', 'TRITON_INTERPRET': '0'}
     kernel = ['--tokens=8192', '--vocab=151936', '--dtype=bfloat16', '--rows=256']
@@ -204,7 +213,8 @@ def commands(args, smoke, data_dir):
         'step_gsm8k': (bench('bench_step.py') + step_gsm8k, {}),
         'sample': (bench('bench_sample.py') + sample, {}),
         'step': (bench('bench_step.py') + ['--preset=gpu', *gsm8k, *trl], {}),
-        'step_graphs': (bench('bench_step.py') + graphs(step_gsm8k), {}),
+        'step_graphs': (decoding(step_gsm8k, 'decode_graphs'), {}),
+        'step_compiled': (decoding(step_gsm8k, 'compile_decode'), {}),
     }
 
 
@@ -345,6 +355,8 @@ def headline(part, result):
                            ('ours_gen_tokens_per_s',), ('ours_completion_len',)],
             'step_graphs': [('ours_step_s',), ('ours_phases',), ('ours_peak_mem_gb',),
                             ('ours_gen_tokens_per_s',), ('ours_completion_len',)],
+            'step_compiled': [('ours_step_s',), ('ours_phases',), ('ours_peak_mem_gb',),
+                              ('ours_gen_tokens_per_s',), ('ours_completion_len',)],
             'tests': [('summary',), ('failed',), ('failed_tests',)]}.get(part, [])
     return {'.'.join(k): dig(result, k) for k in keys}
 
