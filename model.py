@@ -79,8 +79,9 @@ class Norm(nn.Module):
             return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
         if x.dtype == torch.float32:  # the gain inside: one kernel on CUDA
             return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
-        # HF's order in half precision: normalize in fp32, cast, then the gain
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+        # HF's order in half precision: normalized in fp32 and rounded to x's dtype (F.rms_norm
+        # computes in fp32 whatever its input: one kernel on CUDA, no casts around it), then the gain
+        return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
 
 
 def rope_cos_sin(pos, head_dim, theta, dtype, scaling=None):
