@@ -511,7 +511,7 @@ def test_kill_at_random_instants(tmp_path):
     # kills after the run had written a checkpoint of its own
     after = sum(a > b for _, b, a in positions)
     assert after >= kills // 3, (f"only {after}/{kills} kills landed after a checkpoint: "
-                              f"the test covered start-up only: {positions}")
+                                 f"the test covered start-up only: {positions}")
     for place in ('startup', 'step', 'write'):
         assert any(w.startswith(place) for w, _, _ in positions), (place, positions)
     # finish a few steps past the last checkpoint (max_steps only shapes the LR schedule)
