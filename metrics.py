@@ -16,6 +16,20 @@ import tasks
 from sample import sampled_count
 
 
+def compile_totals():
+    """(graphs torch.compile has built in this process, seconds it spent building them): Dynamo's
+    tracing with Inductor's forward compiles, and the backward compiles AOTAutograd runs at a
+    graph's first backward. A step's share is the difference. torch's own bookkeeping
+    (torch._dynamo.utils, private: the same names from 2.6 to 2.13; (0, 0.0) if they go)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics as times, counters
+    except ImportError:
+        return 0, 0.0
+    seconds = sum(times.get('_compile.compile_inner', ())) + sum(
+        times.get('backward._backward_impl', ()))
+    return counters['stats']['unique_graphs'], seconds
+
+
 def mem_stats(device):
     """Memory in GiB: CUDA's allocator on a GPU; on a CPU the resident set and its peak."""
     if device.startswith('cuda'):
@@ -264,7 +278,11 @@ def step_line(m):
         clip = f"clip {m['clip/low_frac']:.3f}/{m['clip/high_frac']:.3f} | "
     timing = (f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} "
               f"rew {m['timing_s/reward']:.1f} ref {m['timing_s/ref']:.1f} "
-              f"old {m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f})")
+              f"old {m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f}")
+    if m.get('compile/graphs'):  # of those, torch.compile building graphs (first steps, new shapes)
+        n = m['compile/graphs']
+        timing += f"; compile {m['timing_s/compile']:.1f} for {n} graph{'s' * (n != 1)}"
+    timing += ")"
     if 'tools/calls_per_completion' in m:
         clip += f"calls {m['tools/calls_per_completion']:.2f} | "
     return (f"step {m['step']:5d} | reward {m['reward/mean']:.3f}±{m['reward/std']:.3f} | "

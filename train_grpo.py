@@ -693,12 +693,15 @@ def update(lay, side, now, n_tokens, *, skipped, nan_loss):
     return {'first': first, 'last': last, 'grad_norm': grad_norm}
 
 
-def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped):
+def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, compiled):
     """6. The step's metrics row (metrics.py): rewards and rollouts, the update's sums, what was
-    trained on and the coefficients applied."""
+    trained on and the coefficients applied; compiled: metrics.compile_totals() at the step's
+    start."""
+    graphs, seconds = metrics.compile_totals()
+    timing['compile'] = seconds - compiled[1]  # torch.compile's share of the phases' seconds
     if ddp:  # the slowest rank's: the step waits for it
         timing = dict(zip(timing, all_reduce(list(timing.values()), device, 'max')))
-    m = {'step': step, 'lr': now['lr']}
+    m = {'step': step, 'lr': now['lr'], 'compile/graphs': graphs - compiled[0]}
     m.update(metrics.rollout_metrics(roll['rewards'], roll['zero_std'], roll['sc'], roll['comps'],
                                      roll['prompts'], timing))
     if dynamic_sampling:
@@ -798,7 +801,7 @@ def checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state):
 
 
 while step < max_steps:
-    t_step, timing = time.time(), {}
+    t_step, timing, compiled = time.time(), {}, metrics.compile_totals()
     mark = metrics.stage_marker(step + 1, t_step, last_progress, verbose, device)
     prof = metrics.profile_start(device) if step + 1 == profile_step and master else None
     # 1-2. prompts, completions, rewards (dynamic_sampling: until P groups have a reward spread)
@@ -825,7 +828,7 @@ while step < max_steps:
     # 6. metrics, warnings, guards
     timing['step'] = time.time() - t_step
     m = step_metrics(step, roll, groups, lay, side['cut'], upd, now=now, timing=timing,
-                     skipped=skipped)
+                     skipped=skipped, compiled=compiled)
     if adaptive_entropy and not skipped:  # the next step's coefficient, from this step's entropy
         entropy_state = next_entropy_state(entropy_state, m['entropy'])
     action = report(step, m, roll, guards, rollbacks, skipped)

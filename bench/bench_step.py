@@ -441,9 +441,13 @@ def main():
           "(forward + log-probs + loss + backward + clip + AdamW)")
     print(f"  other      {ours_phases['other']:8.3f} s  (prompts, advantages, packing)")
     print(f"  step       {ours_step:8.3f} s  each: {[round(e['step'], 3) for e in ours_each]}")
+    compiles = [round(r.get('timing_s/compile', 0.0), 3) for r in ours]
+    if any(compiles):
+        print(f"  of which torch.compile building graphs, each step: {compiles} s")
     # frac_zero_std 1: no update ran that step
     ours_steps = [{k: round(v, 4) for k, v in e.items()}
-                  | {'peak_mem_gb': round(r['mem/peak_gb'], 3), 'frac_zero_std': r['frac_zero_std']}
+                  | {'peak_mem_gb': round(r['mem/peak_gb'], 3), 'frac_zero_std': r['frac_zero_std'],
+                     'compile_s': round(r.get('timing_s/compile', 0.0), 3)}
                   for e, r in zip(ours_each, ours)]
     gen_tokens_per_s = statistics.median(r['perf/gen_tokens_per_s'] for r in ours)
     result = {'device': device, 'setting': setting, 'warmup_steps_excluded': args.warmup,

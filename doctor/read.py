@@ -59,6 +59,7 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'kl_old_new': None, 'rows_trained': None, 'tokens_trained': None, 'packed': None,
     'logprob/mean': None, 'logprob_gen_vs_train': None, 'response_len/max': None,
     'timing_s/eval': None, 'mem/allocated_gb': None, 'mem/reserved_gb': None, 'perf/*': None,
+    'timing_s/compile': None, 'compile/graphs': None,
     'eval/*': None, 'warn/*': None, 'guard/*': None, 'dynamic/*': None, 'tis/*': None,
 }
 # TRL's GRPOTrainer (trl/trainer/grpo_trainer.py), as the Trainer's log_history keeps it. 0.14-0.16:
@@ -132,6 +133,7 @@ CONSOLE = {  # console lines: nanoGPT's 'iter N: loss X, time Yms, mfu Z%' and o
     'gnorm': 'grad_norm', 'grad_norm': 'grad_norm', 'len': 'resp_len', 'mem': 'mem_gb',
     'clip_low': 'clip_low', 'clip_high': 'clip_high', 'gen': 'time_gen', 'rew': 'time_reward',
     'ref': 'time_ref', 'old': 'time_old', 'upd': 'time_update', 'mfu': None, 'lr': None,
+    'compile': None,
 }
 TABLES = {'ours': OURS, 'trl': TRL, 'verl': VERL, 'wandb': WANDB}  # JSON lines and CSV read all
 STEP_COLUMNS = ['step', 'train/global_step', 'global_step', '_step', 'Step']  # first found wins

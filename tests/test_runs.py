@@ -250,3 +250,24 @@ def test_a_completion_budget_below_one_token_is_a_knob_error(tmp_path):
         err = p.stderr.strip().splitlines()
         assert len(err) == 1 and err[0].startswith('error: ' + knob), (knob, p.stderr)
         assert not (tmp_path / 'metrics.jsonl').exists(), knob
+
+
+def test_a_steps_compile_time_is_counted_and_shown():
+    """metrics.compile_totals counts the graphs torch.compile builds and the seconds it spends: a
+    first call adds one graph and some seconds, a cached call nothing; the step line names them
+    only when the step built a graph."""
+    import metrics
+    g0, s0 = metrics.compile_totals()
+    f = torch.compile(lambda x: x.sin() + 1, dynamic=False)
+    f(torch.randn(3))
+    g1, s1 = metrics.compile_totals()
+    assert g1 == g0 + 1 and s1 > s0
+    f(torch.randn(3))
+    assert metrics.compile_totals() == (g1, s1), "a cached call compiled again"
+    m = {'step': 1, 'reward/mean': 0.5, 'reward/std': 0.1, 'frac_zero_std': 0.0, 'loss': 0.0,
+         'kl': 0.0, 'entropy': 1.0, 'grad_norm': 1.0, 'response_len/mean': 10, 'mem/peak_gb': 1.0,
+         **{f'timing_s/{k}': 1.0 for k in ('step', 'gen', 'reward', 'ref', 'old_logprob',
+                                            'update')},
+         'timing_s/compile': s1 - s0, 'compile/graphs': g1 - g0}
+    assert f"; compile {s1 - s0:.1f} for 1 graph)" in metrics.step_line(m)
+    assert 'compile' not in metrics.step_line({**m, 'timing_s/compile': 0.0, 'compile/graphs': 0})

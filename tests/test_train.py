@@ -99,7 +99,8 @@ def test_metrics_keys_and_files(tmp_path):
     need = ['step', 'lr', 'reward/mean', 'reward/std', 'reward/digit_fraction/mean',
             'frac_zero_std', 'loss', 'pg_loss', 'kl', 'entropy', 'grad_norm', 'response_len/mean',
             'response_len/clip_frac', 'timing_s/gen', 'timing_s/reward', 'timing_s/ref',
-            'timing_s/old_logprob', 'timing_s/update', 'timing_s/step', 'mem/allocated_gb',
+            'timing_s/old_logprob', 'timing_s/update', 'timing_s/step', 'timing_s/compile',
+            'compile/graphs', 'mem/allocated_gb',
             'mem/reserved_gb', 'mem/peak_gb', 'perf/gen_tokens_per_s', 'perf/tokens_per_s',
             'packed']
     missing = [k for k in need if k not in rows[1]]
