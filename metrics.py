@@ -20,7 +20,7 @@ def compile_totals():
     """(graphs torch.compile has built in this process, seconds it spent building them): Dynamo's
     tracing with Inductor's forward compiles, and the backward compiles AOTAutograd runs at a
     graph's first backward. A step's share is the difference. torch's own bookkeeping
-    (torch._dynamo.utils, private: the same names from 2.6 to 2.13; (0, 0.0) if they go)."""
+    (torch._dynamo.utils, private: the same names in 2.11 and 2.13; (0, 0.0) if they go)."""
     try:
         from torch._dynamo.utils import compilation_time_metrics as times, counters
     except ImportError:
