@@ -38,7 +38,8 @@ def row_seeds(seed, prompt_index, group_size):
 # model -> its torch.compile'd forward, compiled once per process
 _compiled = weakref.WeakKeyDictionary()
 _graphed = weakref.WeakKeyDictionary()  # model -> its static-shape decode step (graphs=True)
-_static = weakref.WeakKeyDictionary()  # model -> {batch size: KVCache} kept across calls (graphs)
+# model -> (the shape they were made for, {batch size: KVCache}) kept across calls (graphs)
+_static = weakref.WeakKeyDictionary()
 
 
 def decode_forward(model, compile):
@@ -82,16 +83,15 @@ def static_caches(model, like, sizes):
     replays at the addresses it was captured at, and re-records when they move). They stay
     allocated between calls: about 1.9x one cache at the full batch."""
     from model import KVCache
-    have = _static.get(model)
     t = like.k[0]
-    if have is None or sorted(have) != sorted(sizes) or (
-            have[sizes[0]].max_len, have[sizes[0]].k[0].dtype, have[sizes[0]].k[0].device) != (
-            like.max_len, t.dtype, t.device):
+    shape = (tuple(sizes), like.max_len, t.dtype, t.device)
+    kept = _static.get(model)
+    if kept is None or kept[0] != shape:
         _static.pop(model, None)  # the old ones go before the new ones are allocated
-        have = {b: KVCache(model.config, b, like.max_len, t.dtype, t.device).make_static()
-                for b in sizes}
-        _static[model] = have
-    return have
+        kept = shape, {b: KVCache(model.config, b, like.max_len, t.dtype, t.device).make_static()
+                       for b in sizes}
+        _static[model] = kept
+    return kept[1]
 
 
 def no_refresh():  # the sampler is the trained model itself
