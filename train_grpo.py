@@ -173,6 +173,10 @@ lora_dropout = 0.0  # dropout on the adapters' input, in the gradient forward on
 lora_targets = 'all-linear'  # all the blocks' linear layers, or HF names: 'q_proj,v_proj'
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2)
 seed = 1337  # data order, sampling and init: the whole run is a function of it
+# torch.use_deterministic_algorithms: the same gradients bit for bit run to run, so reruns and resumes
+# repeat exactly with compile=True too (Inductor's embedding backward adds with atomics otherwise);
+# None: on the CPU, not on CUDA (slower kernels there, and not yet tried on a GPU)
+deterministic = None
 # -----------------------------------------------------------------------------
 import tasks  # noqa: E402
 from configurator import configure, save_config  # noqa: E402
@@ -243,6 +247,10 @@ if master:
     save_config(config, out_dir)
     safety.startup_warnings(config)
 torch.manual_seed(seed)
+if deterministic or (deterministic is None and device == 'cpu'):
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # what cuBLAS needs to repeat
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # no NaN fill of each torch.empty
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 
 # ------------------------------------------------------------------------- data

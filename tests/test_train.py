@@ -411,6 +411,30 @@ def test_mini_batches_resume_exactly_after_a_kill_between_optimizer_steps(tmp_pa
     assert ra[1]['clip/low_frac'] + ra[1]['clip/high_frac'] > 0, ra[1]
 
 
+def test_compiled_training_reruns_and_resumes_bit_for_bit(tmp_path, monkeypatch):
+    """compile=True: a run killed (SIGKILL) right after step 2's optimizer step, before its
+    checkpoint, and rerun from step 1's ends with the metrics and weights of a run that was not.
+    Inductor's compiled embedding backward adds with atomics from every thread: without
+    deterministic algorithms (the CPU's default) two runs of the same command did not agree."""
+    monkeypatch.setenv('OMP_NUM_THREADS', '2')  # threads that race (one per run in the suite)
+    args = ['--compile=True', '--max_steps=2', '--save_every=1', '--keep_last=10', '--lr=3e-2']
+    a, b = tmp_path / 'straight', tmp_path / 'killed'
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        straight = pool.submit(run, a, *args)
+        killed = run(b, *args, '--fault_kill_opt_step=2', check=False)
+        assert killed.returncode == -signal.SIGKILL and newest_ckpt(b)[0] == 1, killed.returncode
+        p = run(b, *args)
+        straight.result()
+    assert 'resume:' in p.stdout
+    ra, rb = metrics(a), metrics(b)
+    assert [r['step'] for r in rb] == [0, 1, 2] and ra[1]['compile/graphs'] > 0, ra
+    for x, y in zip(ra, rb):  # the rerun compiles again: its compile/ keys differ
+        x, y = ({k: v for k, v in stable(r).items() if not k.startswith('compile/')} for r in (x, y))
+        assert x == y, f"step {x['step']} differs after resume:\n{x}\n{y}"
+    wa, wb = weights(a, 2), weights(b, 2)
+    assert [k for k in wa if not torch.equal(wa[k], wb[k])] == [], "weights differ after resume"
+
+
 def newest_ckpt(out_dir, pid=None):
     """Step of the newest complete checkpoint in out_dir (-1: none), and whether process pid is
     writing one now (its temporary file exists: a checkpoint is written under a temporary name and
