@@ -419,11 +419,11 @@ def test_compiled_training_reruns_and_resumes_bit_for_bit(tmp_path, monkeypatch)
     monkeypatch.setenv('OMP_NUM_THREADS', '2')  # threads that race (one per run in the suite)
     args = ['--compile=True', '--max_steps=2', '--save_every=1', '--keep_last=10', '--lr=3e-2']
     a, b = tmp_path / 'straight', tmp_path / 'killed'
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        straight = pool.submit(run, a, *args)
-        killed = run(b, *args, '--fault_kill_opt_step=2', check=False)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        straight = pool.submit(run, a, *args, timeout=300)  # a cold compile: 35 s alone
+        killed = run(b, *args, '--fault_kill_opt_step=2', check=False, timeout=300)
         assert killed.returncode == -signal.SIGKILL and newest_ckpt(b)[0] == 1, killed.returncode
-        p = run(b, *args)
+        p = run(b, *args, timeout=300)
         straight.result()
     assert 'resume:' in p.stdout
     ra, rb = metrics(a), metrics(b)
