@@ -52,6 +52,7 @@ def bad_knob(c):
         'export_dtype': ('', 'float32', 'bfloat16', 'float16'),
         'share_prompt': (True, False, 'auto'),
         'packed_attention': ('auto', 'flex', 'sdpa'),
+        'deterministic': (None, True, False),
     }
     for key, allowed in choices.items():
         if c[key] not in allowed:

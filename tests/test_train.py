@@ -643,6 +643,8 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2 and '--loss_agg' in p.stderr
     p = run(tmp_path, '--share_prompt=maybe', check=False)
     assert p.returncode == 2 and '--share_prompt' in p.stderr
+    p = run(tmp_path, '--deterministic=yes', check=False)  # a None default takes any word
+    assert p.returncode == 2 and "--deterministic='yes'" in p.stderr, p.stderr
     p = run(tmp_path, "--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]", check=False)
     assert p.returncode == 2 and 'corect' in p.stderr
     p = run(tmp_path, '--task=arith_tools', '--decode_graphs=True', check=False)
