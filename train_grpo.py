@@ -173,9 +173,9 @@ lora_dropout = 0.0  # dropout on the adapters' input, in the gradient forward on
 lora_targets = 'all-linear'  # all the blocks' linear layers, or HF names: 'q_proj,v_proj'
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2)
 seed = 1337  # data order, sampling and init: the whole run is a function of it
-# torch.use_deterministic_algorithms: the same gradients bit for bit run to run, so reruns and resumes
-# repeat exactly with compile=True too (Inductor's embedding backward adds with atomics otherwise);
-# None: on the CPU, not on CUDA (slower kernels there, and not yet tried on a GPU)
+# torch.use_deterministic_algorithms: the same gradients bit for bit run to run, so reruns and
+# resumes repeat exactly with compile=True too (Inductor's embedding backward adds with atomics
+# otherwise); None: on the CPU, not on CUDA (slower kernels there; not yet tried on a GPU)
 deterministic = None
 # -----------------------------------------------------------------------------
 import tasks  # noqa: E402
@@ -247,7 +247,7 @@ if master:
     save_config(config, out_dir)
     safety.startup_warnings(config)
 torch.manual_seed(seed)
-if deterministic or (deterministic is None and device == 'cpu'):
+if deterministic or (deterministic is None and torch.device(device).type == 'cpu'):
     os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # what cuBLAS needs to repeat
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = False  # no NaN fill of each torch.empty
