@@ -53,10 +53,14 @@ def bad_knob(c):
         'share_prompt': (True, False, 'auto'),
         'packed_attention': ('auto', 'flex', 'sdpa'),
         'deterministic': (None, True, False),
+        'dtype': ('float32', 'bfloat16', 'float16'),
     }
     for key, allowed in choices.items():
         if c[key] not in allowed:
             return f"--{key}={c[key]!r}: expected one of {allowed}"
+    error = bad_device(c['device'])
+    if error is not None:
+        return error
     if c['group_size'] < 2:
         return (f"--group_size={c['group_size']}: GRPO needs at least 2 samples per prompt "
                 "to compare them")
@@ -82,6 +86,22 @@ def bad_knob(c):
     if c['eval_max_new_tokens'] < 0:
         return (f"--eval_max_new_tokens={c['eval_max_new_tokens']}: tokens per evaluation "
                 "completion, >= 1 (0 = max_new_tokens)")
+    return None
+
+
+def bad_device(device):
+    """--device as torch reads it, and CUDA only where this torch sees a GPU (one line, else None)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        return f"--device={device!r}: {e}"
+    if dev.type != 'cuda':
+        return None
+    if not torch.cuda.is_available():
+        return (f"--device={device!r}: torch {torch.__version__} sees no CUDA GPU on this machine; "
+                "--device=cpu runs on the CPU")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        return f"--device={device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)"
     return None
 
 

@@ -244,7 +244,10 @@ rank, world, device = setup(device, batch_prompts, fsdp)
 ddp = world > 1 or rank > 0
 master = rank == 0  # the one rank that prints, logs, plots and writes
 if master:
-    save_config(config, out_dir)
+    try:
+        save_config(config, out_dir)
+    except OSError as e:
+        die(f"--out_dir={out_dir}: cannot write there ({e})", 2)
     safety.startup_warnings(config)
 torch.manual_seed(seed)
 if deterministic or (deterministic is None and torch.device(device).type == 'cpu'):

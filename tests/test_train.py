@@ -645,6 +645,14 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2 and '--share_prompt' in p.stderr
     p = run(tmp_path, '--deterministic=yes', check=False)  # a None default takes any word
     assert p.returncode == 2 and "--deterministic='yes'" in p.stderr, p.stderr
+    (tmp_path / 'a_file').write_text('')
+    bad = ['--dtype=fp8', '--device=gpu', f"--out_dir={tmp_path / 'a_file' / 'run'}"]
+    if not torch.cuda.is_available():
+        bad.append('--device=cuda')
+    for arg in bad:
+        p = run(tmp_path, arg, check=False)
+        assert p.returncode == 2 and arg.split('=')[0] in p.stderr, (arg, p.stderr)
+        assert 'Traceback' not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     p = run(tmp_path, "--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]", check=False)
     assert p.returncode == 2 and 'corect' in p.stderr
     p = run(tmp_path, '--task=arith_tools', '--decode_graphs=True', check=False)
