@@ -715,6 +715,13 @@ if __name__ == '__main__':
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)
     globals().update(config)
+    from safety import bad_device
+    error = bad_device(device)
+    if error is None and not isinstance(getattr(torch, dtype, None), torch.dtype):
+        error = f"--dtype={dtype!r}: a torch dtype, such as 'bfloat16' or 'float32'"
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     try:
         task_mod = tasks.resolve(task)
         tasks.set_knobs(task_mod, config)

@@ -92,6 +92,14 @@ def test_a_checkpoint_that_would_run_code_is_refused(trained, tmp_path):
     assert 'resume: ' + str(out / 'ckpt_0000002.pt') in p.stdout
 
 
+def test_sample_py_names_a_bad_device_or_dtype_in_one_line():
+    bad = ['--dtype=fp8', '--device=gpu'] + ([] if torch.cuda.is_available() else ['--device=cuda'])
+    for arg in bad:
+        p, _ = sample_py('--init_from=scratch', arg)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (arg, p.stderr)
+        assert p.stderr.startswith(f"error: {arg.split('=')[0]}="), (arg, p.stderr)
+
+
 def test_resume_names_changed_knobs_and_refuses_those_that_change_the_run(tmp_path):
     run(tmp_path, '--max_steps=1')
     p = run(tmp_path, '--max_steps=1', '--group_size=8', '--eval_every=5', check=False)
