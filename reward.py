@@ -225,6 +225,8 @@ def check_reward_config(rewards):
             unknown = set(entry) - {'name', 'weight', 'kwargs'}
             if unknown:
                 raise ValueError(f"reward config {entry!r}: unknown keys {sorted(unknown)}")
+            if 'name' not in entry:
+                raise ValueError(f"reward config {entry!r}: no 'name' (a reward or 'module:fn')")
             name = entry['name']
             weight = entry.get('weight', 1.0)
             kwargs = entry.get('kwargs') or {}

@@ -58,7 +58,7 @@ def bad_knob(c):
     for key, allowed in choices.items():
         if c[key] not in allowed:
             return f"--{key}={c[key]!r}: expected one of {allowed}"
-    error = bad_device(c['device'])
+    error = bad_device(c['device']) or bad_range(c)
     if error is not None:
         return error
     if c['group_size'] < 2:
@@ -86,6 +86,40 @@ def bad_knob(c):
     if c['eval_max_new_tokens'] < 0:
         return (f"--eval_max_new_tokens={c['eval_max_new_tokens']}: tokens per evaluation "
                 "completion, >= 1 (0 = max_new_tokens)")
+    return None
+
+
+# knob -> (the values it can take, what it is): a value outside is refused before anything runs
+RANGES = {
+    'lr': (lambda v: v >= 0, "the peak learning rate, >= 0"),
+    'sft_lr': (lambda v: v >= 0, "the warm start's peak learning rate, >= 0"),
+    'temperature': (lambda v: v > 0, "the sampling temperature, > 0: the loss's log-probs are "
+                                     "taken at it, and greedy groups would not differ"),
+    'eval_temperature': (lambda v: v >= 0, "the sampled evaluations' temperature, >= 0"),
+    'top_p': (lambda v: 0 < v <= 1, "the probability mass sampled from, in (0, 1]; 1.0 = off"),
+    'top_k': (lambda v: v >= 0, "the most likely tokens sampled from, >= 0; 0 = off"),
+    'beta': (lambda v: v >= 0, "the KL penalty's weight, >= 0; 0 = no reference model"),
+    'weight_decay': (lambda v: v >= 0, "AdamW's decay, >= 0"),
+    'grad_clip': (lambda v: v >= 0, "the gradient norm's cap, >= 0; 0 = off"),
+    'adam_betas': (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
+                   "AdamW's (beta1, beta2), each in [0, 1)"),
+    'min_lr_ratio': (lambda v: 0 <= v <= 1, "the cosine's floor as a share of lr, in [0, 1]"),
+    'max_steps': (lambda v: v >= 0, "GRPO steps, >= 0"),
+    'warmup_steps': (lambda v: v >= 0, "steps of linear warmup, >= 0"),
+    'sft_steps': (lambda v: v >= 0, "warm-start steps, >= 0"),
+    'eval_examples': (lambda v: v >= 0, "held-out problems per evaluation, >= 0; 0 = all"),
+}
+
+
+def bad_range(c):
+    """The first knob of RANGES whose value is outside what it can take, as one line."""
+    for key, (ok, what) in RANGES.items():
+        try:
+            fine = ok(c[key])
+        except TypeError:  # a tuple's length, a number compared with a tuple
+            fine = False
+        if not fine:
+            return f"--{key}={c[key]!r}: {what}"
     return None
 
 

@@ -176,3 +176,21 @@ def test_scripts_answer_help(tmp_path):
         for knob in knobs:
             line = next(line for line in lines if line.strip().startswith(knob + ' '))
             assert len(line.split(None, 1)) == 2, f"{script}: {knob} has no comment: {line!r}"
+
+
+def test_every_training_config_passes_the_knob_checks_and_values_out_of_range_are_named():
+    """safety.bad_knob on each config/ file as train_grpo.py resolves it: nothing to refuse. On the
+    defaults, a value outside what a knob can take: one line that names it (checked before anything
+    loads; these once ran silently, a negative beta rewarding divergence, or died in a traceback)."""
+    import safety
+    from test_gsm8k_tools import ROOT, load_config, train_grpo_globals
+    for path in sorted((ROOT / 'config').glob('*.py')):
+        if not path.name.startswith('eval_'):  # eval_*: sample.py's
+            assert safety.bad_knob(load_config(path)) is None, path
+    base = configure(train_grpo_globals(), [])
+    bad = {'temperature': 0.0, 'top_p': 1.5, 'top_k': -1, 'beta': -0.1, 'lr': -1e-6,
+           'adam_betas': (0.9,), 'weight_decay': -0.1, 'max_steps': -1, 'min_lr_ratio': 2.0,
+           'dtype': 'fp8', 'device': 'gpu', 'deterministic': 'yes'}
+    for key, value in bad.items():
+        error = safety.bad_knob({**base, key: value})
+        assert error is not None and error.startswith(f"--{key}={value!r}:"), (key, error)

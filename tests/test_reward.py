@@ -301,6 +301,7 @@ def test_length_counts_characters_without_n_tokens():
     ([('format', 1.0, {'pattern': 'boxd'})], 'boxd'),           # a bad value, caught by a dry run
     ([('length', 1.0, {'max_len': '100'})], 'max_len'),
     ([('correct', 1.0, {}, 'extra')], 'expected'),
+    ([{'weight': 1.0}], "no 'name'"),
 ])
 def test_bad_reward_config_is_an_error_at_setup(rewards, needle):
     with pytest.raises(ValueError, match=needle):
