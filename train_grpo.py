@@ -284,6 +284,9 @@ try:
         tool_calls.template_answers(tok, task_tools, tool_style)
 except (ValueError, OSError) as e:
     die(str(e))
+if max(max_new_tokens, eval_max_new_tokens) >= model.config.max_seq_len:
+    die(f"--max_new_tokens={max_new_tokens} (eval_max_new_tokens={eval_max_new_tokens}): no room "
+        f"left for a prompt in the model's {model.config.max_seq_len} positions (max_seq_len)", 2)
 model.grad_checkpoint = grad_checkpoint
 model.packed_attention = packed_attention
 print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on "

@@ -646,7 +646,8 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     p = run(tmp_path, '--deterministic=yes', check=False)  # a None default takes any word
     assert p.returncode == 2 and "--deterministic='yes'" in p.stderr, p.stderr
     (tmp_path / 'a_file').write_text('')
-    bad = ['--dtype=fp8', '--device=gpu', f"--out_dir={tmp_path / 'a_file' / 'run'}"]
+    bad = ['--dtype=fp8', '--device=gpu', f"--out_dir={tmp_path / 'a_file' / 'run'}",
+           '--max_new_tokens=160']  # the tiny model's max_seq_len: no room for a prompt
     if not torch.cuda.is_available():
         bad.append('--device=cuda')
     for arg in bad:
