@@ -70,7 +70,11 @@ def bad_knob(c):
     counts = {'max_new_tokens': 'tokens per completion', 'batch_prompts': 'prompts per step',
               'micro_batch_size': 'rows per forward pass',
               'num_iterations': 'optimizer steps per rollout batch',
-              'mini_batches': 'mini-batches (optimizer steps) per iteration'}
+              'mini_batches': 'mini-batches (optimizer steps) per iteration',
+              'sft_batch_size': 'sequences per warm-start step',
+              'eval_batch_size': 'problems per evaluation batch',
+              'nan_patience': 'non-finite steps in a row before a rollback',
+              'zero_reward_patience': 'zero-reward steps in a row before the stop'}
     for key, what in counts.items():
         if c[key] < 1:
             return f"--{key}={c[key]}: the number of {what}, >= 1"
@@ -108,6 +112,14 @@ RANGES = {
     'warmup_steps': (lambda v: v >= 0, "steps of linear warmup, >= 0"),
     'sft_steps': (lambda v: v >= 0, "warm-start steps, >= 0"),
     'eval_examples': (lambda v: v >= 0, "held-out problems per evaluation, >= 0; 0 = all"),
+    'eval_every': (lambda v: v >= 0, "steps between evaluations, >= 0; 0 = never"),
+    'save_every': (lambda v: v >= 0, "steps between checkpoints, >= 0; 0 = at the end only"),
+    'eps_low': (lambda v: 0 <= v < 1, "the PPO clip below 1, in [0, 1)"),
+    'eps_high': (lambda v: v >= 0, "the PPO clip above 1, >= 0"),
+    'adv_eps': (lambda v: v >= 0, "added to the reward spread before dividing by it, >= 0"),
+    'kl_clamp': (lambda v: v > 0, "the bound on log ratios before the KL estimate, > 0"),
+    'kl_max': (lambda v: v > 0, "the KL past which the run rolls back or stops, > 0"),
+    'rollback_lr_scale': (lambda v: 0 < v <= 1, "the learning rate's factor at a rollback, in (0, 1]"),
 }
 
 
