@@ -123,9 +123,9 @@ RANGES = {
 }
 
 
-def bad_range(c):
-    """The first knob of RANGES whose value is outside what it can take, as one line."""
-    for key, (ok, what) in RANGES.items():
+def bad_range(c, ranges=RANGES):
+    """The first knob of ranges whose value is outside what it can take, as one line."""
+    for key, (ok, what) in ranges.items():
         try:
             fine = ok(c[key])
         except TypeError:  # a tuple's length, a number compared with a tuple

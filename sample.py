@@ -715,8 +715,15 @@ if __name__ == '__main__':
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)
     globals().update(config)
-    from safety import bad_device
-    error = bad_device(device)
+    from safety import RANGES, bad_device, bad_range
+    ranges = {'temperature': RANGES['eval_temperature'], 'top_p': RANGES['top_p'],
+              'top_k': RANGES['top_k'],
+              'n_samples': (lambda v: v >= 1, "completions per problem, >= 1"),
+              'num_completions': (lambda v: v >= 1, "completions printed for --prompt, >= 1"),
+              'max_new_tokens': (lambda v: v >= 1, "tokens per completion, >= 1"),
+              'batch_size': (lambda v: v >= 1, "problems per generate() call, >= 1"),
+              'num_examples': (lambda v: v >= 0, "problems evaluated, >= 0; 0 = all")}
+    error = bad_device(device) or bad_range(config, ranges)
     if error is None and not isinstance(getattr(torch, dtype, None), torch.dtype):
         error = f"--dtype={dtype!r}: a torch dtype, such as 'bfloat16' or 'float32'"
     if error is not None:

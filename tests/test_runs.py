@@ -92,8 +92,9 @@ def test_a_checkpoint_that_would_run_code_is_refused(trained, tmp_path):
     assert 'resume: ' + str(out / 'ckpt_0000002.pt') in p.stdout
 
 
-def test_sample_py_names_a_bad_device_or_dtype_in_one_line():
-    bad = ['--dtype=fp8', '--device=gpu'] + ([] if torch.cuda.is_available() else ['--device=cuda'])
+def test_sample_py_names_a_bad_knob_value_in_one_line():
+    bad = ['--dtype=fp8', '--device=gpu', '--top_p=2.0', '--batch_size=0', '--n_samples=0']
+    bad += [] if torch.cuda.is_available() else ['--device=cuda']
     for arg in bad:
         p, _ = sample_py('--init_from=scratch', arg)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (arg, p.stderr)
