@@ -174,7 +174,11 @@ def plot_metrics(metrics_path, out_png=None):
 if __name__ == '__main__':
     if len(sys.argv) != 2:
         sys.exit('usage: python plot.py OUT_DIR  (or path/to/metrics.jsonl)')
-    info = plot_metrics(sys.argv[1])
+    try:
+        info = plot_metrics(sys.argv[1])
+    except OSError as e:  # no such run: one line, not a traceback
+        print(f"plot.py: {e.filename}: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
     no_data = f", no data: {info['empty']}" if info['empty'] else ''
     print(f"wrote {info['out']}: {info['rows']} rows, {info['bad_lines']} bad lines skipped, "
           f"{info['duplicates']} duplicate steps replaced{no_data}")

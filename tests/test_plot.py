@@ -121,6 +121,11 @@ def test_cli_redraws_curves_in_run_dir(tmp_path):
     assert res.returncode == 0, res.stderr
     assert '40 rows, 1 bad lines skipped, 1 duplicate steps replaced' in res.stdout, res.stdout
     png_size(os.path.join(run_dir, 'curves.png'))
+    for missing in (tmp_path / 'nowhere', tmp_path / 'run_b' / 'metrics.jsonl' / 'x'):
+        res = subprocess.run([sys.executable, os.path.join(REPO, 'plot.py'), str(missing)],
+                             capture_output=True, text=True)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert res.stderr.startswith(f'plot.py: {missing}: '), res.stderr
 
 
 def test_importing_plot_leaves_matplotlib_unloaded():
