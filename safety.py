@@ -64,20 +64,6 @@ def bad_knob(c):
     if c['group_size'] < 2:
         return (f"--group_size={c['group_size']}: GRPO needs at least 2 samples per prompt "
                 "to compare them")
-    if c['dynamic_sampling'] < 0:
-        return (f"--dynamic_sampling={c['dynamic_sampling']}: the number of extra rounds "
-                "of prompts, >= 0")
-    counts = {'max_new_tokens': 'tokens per completion', 'batch_prompts': 'prompts per step',
-              'micro_batch_size': 'rows per forward pass',
-              'num_iterations': 'optimizer steps per rollout batch',
-              'mini_batches': 'mini-batches (optimizer steps) per iteration',
-              'sft_batch_size': 'sequences per warm-start step',
-              'eval_batch_size': 'problems per evaluation batch',
-              'nan_patience': 'non-finite steps in a row before a rollback',
-              'zero_reward_patience': 'zero-reward steps in a row before the stop'}
-    for key, what in counts.items():
-        if c[key] < 1:
-            return f"--{key}={c[key]}: the number of {what}, >= 1"
     if c['mini_batches'] > c['batch_prompts']:
         return (f"--mini_batches={c['mini_batches']}: each mini-batch holds whole groups, at most "
                 f"batch_prompts={c['batch_prompts']} of them")
@@ -87,9 +73,6 @@ def bad_knob(c):
     if c['eval_samples'] == 1 or c['eval_samples'] < 0:
         return (f"--eval_samples={c['eval_samples']}: sampled completions per evaluation problem, "
                 ">= 2 for pass@k and mean@k (0 = greedy pass@1 only)")
-    if c['eval_max_new_tokens'] < 0:
-        return (f"--eval_max_new_tokens={c['eval_max_new_tokens']}: tokens per evaluation "
-                "completion, >= 1 (0 = max_new_tokens)")
     return None
 
 
@@ -120,7 +103,21 @@ RANGES = {
     'kl_clamp': (lambda v: v > 0, "the bound on log ratios before the KL estimate, > 0"),
     'kl_max': (lambda v: v > 0, "the KL past which the run rolls back or stops, > 0"),
     'rollback_lr_scale': (lambda v: 0 < v <= 1, "the learning rate's factor at a rollback, in (0, 1]"),
+    'dynamic_sampling': (lambda v: v >= 0, "the number of extra rounds of prompts, >= 0"),
+    'eval_max_new_tokens': (lambda v: v >= 0, "tokens per evaluation completion, >= 1 "
+                                              "(0 = max_new_tokens)"),
 }
+# knob -> what it counts: each at least 1
+COUNTS = {'max_new_tokens': 'tokens per completion', 'batch_prompts': 'prompts per step',
+          'micro_batch_size': 'rows per forward pass',
+          'num_iterations': 'optimizer steps per rollout batch',
+          'mini_batches': 'mini-batches (optimizer steps) per iteration',
+          'sft_batch_size': 'sequences per warm-start step',
+          'eval_batch_size': 'problems per evaluation batch',
+          'nan_patience': 'non-finite steps in a row before a rollback',
+          'zero_reward_patience': 'zero-reward steps in a row before the stop'}
+RANGES.update({key: (lambda v: v >= 1, f"the number of {what}, >= 1")
+               for key, what in COUNTS.items()})
 
 
 def bad_range(c, ranges=RANGES):
