@@ -532,6 +532,24 @@ def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):
     return out
 
 
+def fit_prompts(tok, task, examples, limit, system_prompt=None, instruction=None):
+    """The examples whose prompt is at most limit tokens (a prompt and its completion budget must
+    fit the model's positions; verl's filter_overlong_prompts), and the lengths of those that are
+    not."""
+    lens = [len(p) for p in encode_prompts(tok, task, examples, system_prompt, instruction)]
+    return [ex for ex, n in zip(examples, lens) if n <= limit], [n for n in lens if n > limit]
+
+
+def prompt_limit(max_prompt_len, max_seq_len, max_new_tokens):
+    """The longest prompt a run takes: max_prompt_len, or with 0 what the model's max_seq_len leaves
+    after max_new_tokens. Raises ValueError when the two do not fit the model together."""
+    room = max_seq_len - max_new_tokens
+    if max_prompt_len > room:
+        raise ValueError(f"--max_prompt_len={max_prompt_len} + max_new_tokens {max_new_tokens} "
+                         f"exceed the model's {max_seq_len} positions (max_seq_len)")
+    return max_prompt_len or room
+
+
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
@@ -667,6 +685,9 @@ if __name__ == '__main__':
     num_completions = 1  # completions printed for --prompt
     # per completion; None: the run's eval budget (eval_max_new_tokens or max_new_tokens), else 512
     max_new_tokens = None
+    # problems whose prompt is longer are left out, counted; None: the run's, else 0 = all that
+    # the model's max_seq_len leaves after max_new_tokens
+    max_prompt_len = None
     temperature = 1.0  # for sampled completions (greedy pass@1 always uses 0)
     top_k = 0  # 0 = off
     top_p = 1.0  # 1.0 = off
@@ -705,10 +726,12 @@ if __name__ == '__main__':
                 'num_examples': run.get('eval_examples'),
                 'max_new_tokens': run.get('eval_max_new_tokens') or run.get('max_new_tokens'),
                 'batch_size': run.get('eval_batch_size'), 'seed': run.get('seed'),
+                'max_prompt_len': run.get('max_prompt_len'),
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction'),
                 'chat_template_kwargs': run.get('chat_template_kwargs'),
                 **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
+                'max_prompt_len': 0,
                 'batch_size': 64, 'seed': 1337, 'max_tool_calls': None, 'tool_timeout': 5.0,
                 'tool_delay_steps': 1, 'chat_template_kwargs': {}}
     for k, v in from_run.items():
@@ -722,7 +745,8 @@ if __name__ == '__main__':
               'num_completions': (lambda v: v >= 1, "completions printed for --prompt, >= 1"),
               'max_new_tokens': (lambda v: v >= 1, "tokens per completion, >= 1"),
               'batch_size': (lambda v: v >= 1, "problems per generate() call, >= 1"),
-              'num_examples': (lambda v: v >= 0, "problems evaluated, >= 0; 0 = all")}
+              'num_examples': (lambda v: v >= 0, "problems evaluated, >= 0; 0 = all"),
+              'max_prompt_len': RANGES['max_prompt_len']}
     error = bad_device(device) or bad_range(config, ranges)
     if error is None and not isinstance(getattr(torch, dtype, None), torch.dtype):
         error = f"--dtype={dtype!r}: a torch dtype, such as 'bfloat16' or 'float32'"
@@ -747,6 +771,10 @@ if __name__ == '__main__':
         tools = tool_settings(task_mod, max_tool_calls, tool_timeout, tool_delay_steps)
         shown = tool_calls.template_variables(*tasks.tools_of(task_mod))
         ids = [tok.render_chat(question_messages(prompt, system_prompt or '', ''), **shown)]
+        if len(ids[0]) + max_new_tokens > model.config.max_seq_len:
+            print(f"error: --prompt ({len(ids[0])} tokens) + --max_new_tokens={max_new_tokens} "
+                  f"exceed the model's {model.config.max_seq_len} positions", file=sys.stderr)
+            sys.exit(2)
         completions = sample_batch(model, tok, ids, num_completions, max_new_tokens, tools=tools,
                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                    compile=compile)
@@ -762,6 +790,21 @@ if __name__ == '__main__':
               f"{num_examples or 'all'} {split} problems, max_new_tokens {max_new_tokens}")
     examples = task_mod.load(split, data_dir=data_dir, seed=seed)
     examples = examples[:num_examples] if num_examples > 0 else examples
+    try:
+        limit = prompt_limit(max_prompt_len, model.config.max_seq_len, max_new_tokens)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    examples, long = fit_prompts(tok, task_mod, examples, limit, system_prompt, instruction)
+    if long and not examples:
+        print(f"error: every prompt is longer than the {limit} tokens a prompt may take (the "
+              f"shortest is {min(long)}); "
+              f"{'raise --max_prompt_len' if max_prompt_len else 'lower --max_new_tokens'}",
+              file=sys.stderr)
+        sys.exit(2)
+    if long:
+        print(f"left out {len(long)} problems whose prompt is longer than {limit} tokens (the "
+              f"longest is {max(long)}); {len(examples)} evaluated")
     summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
                        n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
                        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,

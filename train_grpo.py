@@ -54,6 +54,9 @@ micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation)
 share_prompt = 'auto'  # True: a group's prompt once, its completions after it; 'auto': the cheaper
 packed_attention = 'auto'  # packed rows: 'flex' (FlexAttention), 'sdpa'; 'auto': flex on CUDA
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
+# prompts longer than this many tokens are left out of the train and eval sets when they load, with
+# a line saying how many (verl's filter_overlong_prompts); 0: all that max_seq_len leaves
+max_prompt_len = 0
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
 top_k = 0  # 0 = off. top_k/top_p make training off-policy (the loss uses the full softmax)
 top_p = 1.0  # 1.0 = off
@@ -208,7 +211,7 @@ from loss import adapt_entropy_coef, entropy_cut, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
-from sample import tool_settings  # noqa: E402
+from sample import fit_prompts, prompt_limit, tool_settings  # noqa: E402
 from sft import warm_start  # noqa: E402
 from tokenizer import set_chat_template_kwargs  # noqa: E402
 
@@ -287,6 +290,26 @@ except (ValueError, OSError) as e:
 if max(max_new_tokens, eval_max_new_tokens) >= model.config.max_seq_len:
     die(f"--max_new_tokens={max_new_tokens} (eval_max_new_tokens={eval_max_new_tokens}): no room "
         f"left for a prompt in the model's {model.config.max_seq_len} positions (max_seq_len)", 2)
+
+
+def fitting(examples, budget, what):  # the examples whose prompt leaves room for budget tokens
+    try:
+        limit = prompt_limit(max_prompt_len, model.config.max_seq_len, budget)
+    except ValueError as e:
+        die(str(e), 2)
+    kept, long = fit_prompts(tok, task_mod, examples, limit, system_prompt, instruction)
+    fix = '--max_prompt_len' if max_prompt_len else 'max_seq_len, or lower max_new_tokens'
+    if examples and not kept:
+        die(f"{what}: every prompt is longer than the {limit} tokens a prompt may take (the "
+            f"shortest is {min(long)}); raise {fix}", 2)
+    if long:
+        print(f"{what}: left out {len(long)} of {len(examples)} problems whose prompt is longer "
+              f"than {limit} tokens (the longest is {max(long)}; raise {fix} to keep them)")
+    return kept
+
+
+train_set = fitting(train_set, max_new_tokens, 'train')
+eval_set = fitting(eval_set, eval_max_new_tokens or max_new_tokens, 'eval')
 model.grad_checkpoint = grad_checkpoint
 model.packed_attention = packed_attention
 print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on "

@@ -101,6 +101,26 @@ def test_sample_py_names_a_bad_knob_value_in_one_line():
         assert p.stderr.startswith(f"error: {arg.split('=')[0]}="), (arg, p.stderr)
 
 
+def test_sample_py_leaves_out_prompts_that_do_not_fit_and_says_so(trained, tmp_path):
+    """A problem whose prompt leaves less than max_new_tokens of the model's positions is left out
+    and counted (it was a traceback from the prefill); none fitting, or a --prompt too long, is one
+    line and exit 2."""
+    from test_train import tiny_prompt_lengths
+    test = tiny_prompt_lengths()[1][:6]
+    limit = sorted(test)[2]
+    p, s = sample_py(f'--init_from={trained / "hf"}', f'--out_dir={tmp_path}',
+                     f'--max_new_tokens={160 - limit}')
+    assert p.returncode == 0, p.stderr[-2000:]
+    long = sum(n > limit for n in test)
+    assert f"left out {long} problems whose prompt is longer than {limit} tokens" in p.stdout
+    assert s['n'] == 6 - long, s
+    for arg in [f'--max_prompt_len={min(test) - 1}', f'--max_new_tokens={161 - min(test)}',
+                '--max_prompt_len=155', '--prompt=hello --max_new_tokens=150']:
+        p, _ = sample_py(f'--init_from={trained / "hf"}', f'--out_dir={tmp_path}', *arg.split())
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (arg, p.stderr)
+        assert 'Traceback' not in p.stderr
+
+
 def test_resume_names_changed_knobs_and_refuses_those_that_change_the_run(tmp_path):
     run(tmp_path, '--max_steps=1')
     p = run(tmp_path, '--max_steps=1', '--group_size=8', '--eval_every=5', check=False)

@@ -660,6 +660,44 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2 and '--decode_graphs' in p.stderr and 'tools' in p.stderr, p.stderr
 
 
+def tiny_prompt_lengths():
+    """The lengths in tokens of TINY's train and eval prompts (arith, byte tokenizer, ChatML)."""
+    import tasks
+    from sample import encode_prompts
+    from tokenizer import byte_tokenizer
+    task = tasks.resolve('arith')
+    tasks.set_knobs(task, {**tasks.knobs(task), 'arith_n_train': 200, 'arith_n_test': 8})
+    tok = byte_tokenizer()
+    return [[len(p) for p in encode_prompts(tok, task, task.load(split, seed=1337), '', '')]
+            for split in ('train', 'test')]
+
+
+def test_prompts_too_long_for_the_completion_budget_are_left_out_at_load(tmp_path):
+    """A prompt that leaves less than max_new_tokens of the model's positions was a traceback at the
+    first step that drew it; now such problems leave the train and eval sets when they load, counted
+    in one line each, and the run trains on the rest."""
+    train, test = tiny_prompt_lengths()
+    limit = sorted(train)[len(train) // 2]
+    long_train = sum(n > limit for n in train)
+    long_eval = sum(n > limit for n in test[:4])
+    assert 0 < long_train < len(train) and long_eval < 4
+    p = run(tmp_path / 'a', f'--max_new_tokens={160 - limit}', '--max_steps=3', '--eval_every=3',
+            '--batch_prompts=8')
+    assert (f"train: left out {long_train} of 200 problems whose prompt is longer than {limit} "
+            "tokens") in p.stdout, p.stdout[-2000:]
+    assert ('eval: left out' in p.stdout) == (long_eval > 0)
+    assert f"on {4 - long_eval} problems" in p.stdout and metrics(tmp_path / 'a')[-1]['step'] == 3
+    # the same limit as a knob, the budget left as it was
+    p = run(tmp_path / 'b', f'--max_prompt_len={limit}', '--max_steps=1')
+    assert f"train: left out {long_train} of 200" in p.stdout
+    for args, says in [((f'--max_prompt_len={min(train) - 1}',), 'raise --max_prompt_len'),
+                       ((f'--max_new_tokens={161 - min(train)}',), 'raise max_seq_len'),
+                       (('--max_prompt_len=150', '--max_new_tokens=20'), '--max_prompt_len=150')]:
+        p = run(tmp_path / 'c', *args, check=False)
+        assert p.returncode == 2 and says in p.stderr, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 def tiny_qwen2_snapshot(path, max_positions):
     """A random one-layer Qwen2 saved by transformers with the byte tokenizer: a real config's run in
     seconds."""
