@@ -191,7 +191,7 @@ def adapt_entropy_coef(coef, entropy, *, target, delta, lo, hi):
     return max(coef - delta, lo)
 
 
-LOSS_TYPES = ('grpo', 'gspo', 'cispo')
+LOSS_TYPES = ('grpo', 'gspo', 'cispo', 'sapo')
 TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask')
 
 
@@ -222,7 +222,8 @@ def tis_weights(train_logp, gen_logp, lens, mode, cap, *, floor=0.0):
 
 def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None,
                 beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
-                is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None):
+                is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None,
+                sapo_tau=(1.0, 1.05)):
     """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
     Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
     advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:
@@ -232,12 +233,16 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
                clipped as above per sequence (GSPO, arXiv 2507.18071; its eps are ~1e-4, not 0.2);
       'cispo': -min(ratio, 1 + eps_high) (detached) * A * log pi: the importance weight is clipped,
                not the gradient, so every token keeps its gradient (CISPO, MiniMax-M1);
-               cispo_bounds='both': the weight is clip(ratio, 1 - eps_low, 1 + eps_high) (verl).
+               cispo_bounds='both': the weight is clip(ratio, 1 - eps_low, 1 + eps_high) (verl);
+      'sapo':  -A (4 / tau) sigmoid(tau (ratio - 1)), tau = sapo_tau[0] where A > 0, else
+               sapo_tau[1]: a soft gate instead of the clip, whose gradient, A 4 s (1 - s) ratio
+               grad log pi (s the sigmoid), fades smoothly as the ratio leaves 1 (SAPO, arXiv
+               2511.20347). Nothing is clipped: clip_low/clip_high stay False.
     clip_ratio_c > 1 (dual-clip, 'grpo'/'gspo'): where A < 0 the per-token loss is also capped at
     -A * clip_ratio_c, so a token whose ratio ran past clip_ratio_c passes no gradient (dual_clip).
     token_mask (top_entropy_quantile): 1 for the tokens the policy-gradient and entropy terms act
     on, 0 for the rest (the KL term acts on every token, as in TRL).
-    On-policy (ratio 1) all three give the same gradient, -A grad log pi. kl_estimator 'k1' enters
+    On-policy (ratio 1) all four give the same gradient, -A grad log pi. kl_estimator 'k1' enters
     as a detached penalty in the advantage, A - beta * (k1 summed from this token to the sequence's
     end); 'k2'/'k3' as loss terms. is_weight (tis_weights): multiplies the policy-gradient term per
     token, as TRL does, not the KL/entropy terms.
@@ -266,6 +271,13 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         pg = -ratio.clamp(max=1 + eps_high).detach() * adv * logp
         clip_low = torch.zeros_like(ratio, dtype=torch.bool)
         clip_high = ratio > 1 + eps_high
+    elif loss_type == 'sapo':
+        # the log ratio bounded as verl bounds it: exp(large) is inf, and the gate's gradient
+        # there would be 0 * inf = nan
+        ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+        tau = torch.where(adv > 0, sapo_tau[0], sapo_tau[1])
+        pg = -adv * (4 / tau) * torch.sigmoid(tau * (ratio - 1))
+        clip_low = clip_high = torch.zeros_like(ratio, dtype=torch.bool)
     else:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {LOSS_TYPES}")
     if token_mask is not None:
@@ -278,7 +290,7 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         tok_loss = tok_loss - entropy_coef * entropy
     stats = {'pg': pg.detach(), 'kl': kl.detach(), 'ratio': ratio.detach(), 'clip_low': clip_low,
              'clip_high': clip_high}
-    if clip_ratio_c > 0 and loss_type != 'cispo':
+    if clip_ratio_c > 0 and loss_type in ('grpo', 'gspo'):
         stats['clip_dual'] = clip_dual
     return (tok_loss * w).sum(), stats
 

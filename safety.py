@@ -100,6 +100,8 @@ RANGES = {
     'eps_low': (lambda v: 0 <= v < 1, "the PPO clip below 1, in [0, 1)"),
     'eps_high': (lambda v: v >= 0, "the PPO clip above 1, >= 0"),
     'adv_eps': (lambda v: v >= 0, "added to the reward spread before dividing by it, >= 0"),
+    'sapo_tau_pos': (lambda v: v > 0, "SAPO's gate temperature for A > 0, > 0"),
+    'sapo_tau_neg': (lambda v: v > 0, "SAPO's gate temperature for A <= 0, > 0"),
     'kl_clamp': (lambda v: v > 0, "the bound on log ratios before the KL estimate, > 0"),
     'kl_max': (lambda v: v > 0, "the KL past which the run rolls back or stops, > 0"),
     'rollback_lr_scale': (lambda v: 0 < v <= 1, "the learning rate's factor at a rollback, in (0, 1]"),
@@ -155,9 +157,9 @@ def bad_objective_knob(c):
     if c['clip_ratio_c'] != 0 and c['clip_ratio_c'] <= 1:
         return (f"--clip_ratio_c={c['clip_ratio_c']}: the dual clip's cap on the ratio of tokens "
                 "with A < 0 must be > 1 (verl uses 3.0); 0 = off")
-    if c['clip_ratio_c'] > 0 and c['loss_type'] == 'cispo':
+    if c['clip_ratio_c'] > 0 and c['loss_type'] in ('cispo', 'sapo'):
         return ("--clip_ratio_c: the dual clip caps the PPO clip of 'grpo' and 'gspo'; CISPO "
-                "clips its weight instead (cispo_bounds)")
+                "clips its weight instead (cispo_bounds), SAPO gates it (sapo_tau_pos/neg)")
     if not 0 <= c['tis_min'] < c['tis_cap']:
         return (f"--tis_min={c['tis_min']}: the lower bound on pi_train / pi_sampler, >= 0 and "
                 f"below tis_cap={c['tis_cap']}")

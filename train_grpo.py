@@ -69,12 +69,15 @@ adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
 # 'token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_sum_const' (Dr. GRPO), 'token_sum' (no
 # normaliser), 'seq_mean_token_sum' (sum over a sequence, mean over sequences: LUSPO)
 loss_agg = 'token_mean'
-# 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight)
+# 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight), 'sapo'
+# (a soft gate on the token ratio instead of the clip)
 loss_type = 'grpo'
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
 clip_ratio_c = 0.0  # dual-clip: A < 0 tokens' loss capped at -A * this (> 1; verl: 3.0); 0 = off
 cispo_bounds = 'high'  # CISPO's weight: 'high' min(ratio, 1 + eps_high), 'both' also >= 1 - eps_low
+sapo_tau_pos = 1.0  # SAPO's gate temperature for A > 0: higher, the gradient fades sooner off 1
+sapo_tau_neg = 1.05  # and for A <= 0 (the paper: above tau_pos, negative updates are riskier)
 num_iterations = 1  # mu: optimizer steps per rollout batch (1 = on-policy: ratio 1, nothing clips)
 # PPO mini-batches: the step's groups dealt into this many disjoint sets, one optimizer step each
 # (per iteration), each normalised over its own rows; > 1: old log-probs are taken before the first
@@ -670,7 +673,8 @@ def micro_loss(mb, j, part, side, share, now):
                            loss_type=loss_type, ref_logp=ref, beta=now['beta'],
                            kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
                            entropy_coef=now['entropy_coef'], is_weight=isw[0] if isw else None,
-                           clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep)
+                           clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep,
+                           sapo_tau=(sapo_tau_pos, sapo_tau_neg))
     return {'loss': loss, 'stats': st, 'w': w, 'logp': logp, 'ent': ent, 'old': old, 'gen': gen,
             'isw': isw, 'sampled': sampled}
 

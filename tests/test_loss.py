@@ -244,6 +244,39 @@ def test_cispo_clips_the_weight_not_the_gradient():
         policy_loss(logp, old, adv, torch.ones(2), lens, **CLIP, loss_type='ppo')
 
 
+def test_sapo_gates_the_ratio_softly_as_trl_and_verl_do():
+    """SAPO: -A (4 / tau) sigmoid(tau (r - 1)), tau_pos where A > 0, tau_neg elsewhere. Its gradient
+    in log pi is -A 4 s (1 - s) r (s the sigmoid): -A on-policy (s = 1/2, r = 1), as GRPO's, and
+    fading as r leaves 1 on either side, where the PPO clip would cut it off at once (one side) or
+    not at all (the other). Worked by hand for r = 1, 2 and 0.5."""
+    old = torch.zeros(4)
+    r = torch.tensor([1.0, 2.0, 0.5, 2.0])
+    logp = torch.log(r).requires_grad_(True)
+    adv, lens = torch.tensor([1.0, 1.0, -2.0, -2.0]), torch.ones(4, dtype=torch.long)
+    loss, st = policy_loss(logp, old, adv, torch.ones(4), lens, **CLIP, loss_type='sapo',
+                           sapo_tau=(1.0, 2.0))
+    loss.backward()
+    sig = torch.sigmoid
+    tau = torch.tensor([1.0, 1.0, 2.0, 2.0])
+    want_pg = -adv * 4 / tau * sig(tau * (r - 1))
+    assert torch.allclose(st['pg'], want_pg), st['pg']
+    s = sig(tau * (r - 1))
+    assert torch.allclose(logp.grad, -adv * 4 * s * (1 - s) * r), logp.grad
+    assert math.isclose(logp.grad[0].item(), -1.0, rel_tol=1e-6), "on-policy: GRPO's -A"
+    # by hand, r = 2, A = 1, tau = 1: -4 s(1) (1 - s(1)) 2 = -8 * 0.7311 * 0.2689
+    assert math.isclose(logp.grad[1].item(), -8 * 0.7310586 * 0.2689414, rel_tol=1e-5)
+    assert not st['clip_low'].any() and not st['clip_high'].any()
+    # TRL's sapo branch and verl's compute_policy_loss_sapo compute this same per-token loss
+    trl = -(torch.sigmoid(tau * (r - 1)) * 4 / tau) * adv
+    assert torch.allclose(st['pg'], trl)
+    # a ratio far off 1 (log ratio 100: exp overflows float32) is bounded as verl bounds it: a finite gradient, not nan
+    far = torch.tensor([100.0, -100.0], requires_grad=True)
+    loss, _ = policy_loss(far, torch.zeros(2), torch.tensor([1.0, -1.0]), torch.ones(2),
+                          torch.ones(2, dtype=torch.long), **CLIP, loss_type='sapo')
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(far.grad).all(), far.grad
+
+
 def test_tis_weights_each_mode():
     """rho = pi_train / pi_sampler: tokens 4, 0.5 (sequence 1: product 2) and 1 (sequence 2),
     cap 3."""
@@ -544,6 +577,7 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
     assert bad_objective_knob({**ok, 'clip_ratio_c': 3.0}) is None
     assert '--clip_ratio_c=0.5' in bad_objective_knob({**ok, 'clip_ratio_c': 0.5})
     assert 'CISPO' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'cispo'})
+    assert 'SAPO' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'sapo'})
     assert '--tis_min=3.0' in bad_objective_knob({**ok, 'tis_min': 3.0})
     assert bad_objective_knob({**ok, 'advantage': 'rloo'}) is None
     assert "'rloo' has its own" in bad_objective_knob({**ok, 'advantage': 'rloo',

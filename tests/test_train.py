@@ -259,7 +259,7 @@ def test_bf16_with_truncated_importance_sampling(tmp_path):
 def test_objective_variants_train(tmp_path):
     """The new objective knobs reach the loss: REINFORCE++-baseline trains on every row (its equal
     groups have an advantage), the dual clip logs its fraction, k3_is gives a KL, both TIS bounds
-    and CISPO's two bounds run, as do the two summed aggregations."""
+    and CISPO's two bounds run, as do the two summed aggregations and SAPO's gate."""
     # seed 1: step 2 has groups with no reward spread, which REINFORCE++ must still train
     args = ['--max_steps=2', '--num_iterations=2', '--lr=3e-2', '--seed=1']
     run_together([tmp_path / 'a', *args, '--advantage=reinforce_pp', '--clip_ratio_c=1.5',
@@ -273,6 +273,9 @@ def test_objective_variants_train(tmp_path):
     assert 0 <= a['clip/dual_frac'] <= 1, a
     assert a['kl'] > 0 and 0.5 <= a['tis/weight_mean'] <= 3.0, a
     assert b['kl'] > 0 and math.isfinite(b['loss']) and b['grad_norm'] > 0, b
+    run(tmp_path / 'd', *args, '--loss_type=sapo', '--sapo_tau_neg=2.0')
+    c = metrics(tmp_path / 'd')[2]
+    assert math.isfinite(c['loss']) and c['grad_norm'] > 0 and c['clip/high_frac'] == 0, c
     p = run(tmp_path / 'c', '--advantage=maxrl', '--scale_rewards=none', check=False)
     assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
 
