@@ -220,6 +220,22 @@ def tis_weights(train_logp, gen_logp, lens, mode, cap, *, floor=0.0):
     raise ValueError(f"tis={mode!r}: expected one of {TIS_MODES}")
 
 
+def off_policy_keep(logp, gen_logp, seq_adv, lens, threshold, *, sampled=None):
+    """DeepSeek-V3.2's off-policy sequence masking: a sequence with a negative advantage whose mean
+    log(pi_sampler / pi) over its sampled tokens (a KL(sampler || pi) estimate, pi the policy now)
+    exceeds threshold passes no policy gradient: a bad sample the policy has already moved away
+    from (mini-batches, num_iterations) or that the sampler's numerics drew, pushed down further,
+    destabilises more than it teaches. sampled (0/1, tool rollouts): the tokens the sampler drew.
+    Returns per-token weights, 0 on such sequences and 1 elsewhere (detached)."""
+    d = (gen_logp - logp).detach()
+    n = lens if sampled is None else segment_sum(sampled, lens)
+    if sampled is not None:
+        d = d * sampled
+    kl = segment_sum(d, lens) / n.clamp(min=1)
+    drop = (seq_adv < 0) & (kl > threshold)
+    return torch.repeat_interleave((~drop).to(logp.dtype), lens)
+
+
 def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None,
                 beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
                 is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None,

@@ -201,17 +201,21 @@ def reward_spread(sc, G):
 # moved). Every key is there from the start, so every rank all-reduces the same list
 # (reduce_metrics).
 
-def rollout_sums(tis=False):
+def rollout_sums(tis=False, masked=False):
     keys = ['loss', 'pg_loss', 'kl', 'entropy', 'logprob/mean', 'logprob_gen_vs_train']
     if tis:
         keys += ['tis/weight_mean', 'tis/capped_frac']
+    if masked:  # off_policy_mask > 0
+        keys += ['off_policy/masked_frac']
     return {'sum': dict.fromkeys(keys, 0.0), 'max': {}}
 
 
-def moved_sums(dual=False):
+def moved_sums(dual=False, masked=False):
     keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
     if dual:  # clip_ratio_c > 0
         keys += ('clip/dual_frac',)
+    if masked:  # off_policy_mask > 0: the last iteration's share replaces the first's
+        keys += ('off_policy/masked_frac',)
     maxima = {'ratio/max': -math.inf, 'ratio/min': -math.inf}
     return {'sum': dict.fromkeys(keys, 0.0), 'max': maxima}
 
@@ -220,7 +224,8 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
     """Add one micro-batch's share of iteration 0: the loss, its policy-gradient part, and means
     over the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer|
     log-prob and, with tis, the importance weight and the share of tokens whose ratio was above the
-    cap (is_weight: tis_weights' pair). Means divide by n_tokens, the step's trained tokens over
+    cap (is_weight: tis_weights' pair), and with off_policy_mask the share of tokens whose
+    completion it masked. Means divide by n_tokens, the step's trained tokens over
     every rank. sampled (0/1, rollouts with tools): the tokens that count; tool responses do not."""
     s = acc['sum']
     s['loss'] += loss.item()
@@ -229,6 +234,8 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
                  ('logprob_gen_vs_train', (gen_logp - logp.detach()).abs())]
     if is_weight is not None:
         per_token += [('tis/weight_mean', is_weight[0]), ('tis/capped_frac', is_weight[1].float())]
+    if 'masked' in st:
+        per_token.append(('off_policy/masked_frac', st['masked'].float()))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled
@@ -247,6 +254,8 @@ def add_moved(acc, st, logp, old_logp, n_tokens, sampled=None):
                  ('ratio/mean', r), ('kl_old_new', d - 1 - d.log())]
     if 'clip_dual' in st:
         per_token.append(('clip/dual_frac', st['clip_dual'].float()))
+    if 'masked' in st:
+        per_token.append(('off_policy/masked_frac', st['masked'].float()))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled

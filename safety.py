@@ -102,6 +102,8 @@ RANGES = {
     'adv_eps': (lambda v: v >= 0, "added to the reward spread before dividing by it, >= 0"),
     'sapo_tau_pos': (lambda v: v > 0, "SAPO's gate temperature for A > 0, > 0"),
     'sapo_tau_neg': (lambda v: v > 0, "SAPO's gate temperature for A <= 0, > 0"),
+    'off_policy_mask': (lambda v: v >= 0, "the KL(sampler || policy) per token past which "
+                                          "completions with A < 0 are masked, >= 0; 0 = off"),
     'kl_clamp': (lambda v: v > 0, "the bound on log ratios before the KL estimate, > 0"),
     'kl_max': (lambda v: v > 0, "the KL past which the run rolls back or stops, > 0"),
     'rollback_lr_scale': (lambda v: 0 < v <= 1, "the learning rate's factor at a rollback, in (0, 1]"),

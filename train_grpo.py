@@ -109,6 +109,9 @@ lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round 
 tis = ''
 tis_cap = 3.0  # its cap C_max on pi_train / pi_sampler (TRL's default)
 tis_min = 0.0  # its lower bound C_min (truncate: clamp up to it; mask: zero below it); 0 = none
+# off-policy sequence masking (DeepSeek-V3.2): completions with A < 0 whose mean log(pi_sampler /
+# pi) per token exceeds this pass no policy gradient; 0 = off (TRL's off_policy_mask_threshold)
+off_policy_mask = 0.0
 # rewards: reward.REWARD_FNS names, 'reward_model'/'judge' or 'module:function'; kwargs reach them
 rewards = None  # None = the task's default rewards ('correct' pays the task's grade())
 # tools (tool_calls.py): a task that defines `tools` gets rollouts that call them
@@ -210,7 +213,7 @@ from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
 from loss import advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
-from loss import adapt_entropy_coef, entropy_cut, token_weights  # noqa: E402
+from loss import adapt_entropy_coef, entropy_cut, off_policy_keep, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
@@ -665,6 +668,11 @@ def micro_loss(mb, j, part, side, share, now):
     isw = None  # tis: (weights, above the cap)
     if tis:
         isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
+    pg_weight = isw[0] if isw else None  # what multiplies the policy-gradient term per token
+    kept = None  # off_policy_mask: 0 on the completions it masks
+    if off_policy_mask > 0:
+        kept = off_policy_keep(logp, gen, seq_adv, lens, off_policy_mask, sampled=sampled)
+        pg_weight = kept if pg_weight is None else pg_weight * kept
     ref = side['ref'][j] if side['ref'] is not None else None
     keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
     if side['cut'] is not None:
@@ -672,9 +680,11 @@ def micro_loss(mb, j, part, side, share, now):
     loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                            loss_type=loss_type, ref_logp=ref, beta=now['beta'],
                            kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
-                           entropy_coef=now['entropy_coef'], is_weight=isw[0] if isw else None,
+                           entropy_coef=now['entropy_coef'], is_weight=pg_weight,
                            clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep,
                            sapo_tau=(sapo_tau_pos, sapo_tau_neg))
+    if kept is not None:
+        st['masked'] = kept == 0
     return {'loss': loss, 'stats': st, 'w': w, 'logp': logp, 'ent': ent, 'old': old, 'gen': gen,
             'isw': isw, 'sampled': sampled}
 
@@ -690,8 +700,8 @@ def update(lay, side, now, n_tokens, *, skipped, nan_loss):
     for g in optimizer.param_groups:
         g['lr'] = now['lr']
     micro, plan = lay['micro'], lay['plan']
-    first = metrics.rollout_sums(tis=bool(tis))
-    last = metrics.moved_sums(dual=clip_ratio_c > 0)
+    first = metrics.rollout_sums(tis=bool(tis), masked=off_policy_mask > 0)
+    last = metrics.moved_sums(dual=clip_ratio_c > 0, masked=off_policy_mask > 0)
     grad_norm, finite = 0.0, True
     for it in range(0 if skipped else num_iterations):
         for j, mb in enumerate(micro):

@@ -6,8 +6,8 @@ import torch
 
 from batch import micro_batches
 from loss import (adapt_entropy_coef, advantages, entropy_cut, group_advantages, kl_estimate,
-                  policy_loss, reverse_cumsum, segment_sum, tis_weights, token_weights,
-                  zero_spread)
+                  off_policy_keep, policy_loss, reverse_cumsum, segment_sum, tis_weights,
+                  token_weights, zero_spread)
 
 CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
 SYMMETRIC = dict(eps_low=0.2, eps_high=0.2)
@@ -275,6 +275,29 @@ def test_sapo_gates_the_ratio_softly_as_trl_and_verl_do():
                           torch.ones(2, dtype=torch.long), **CLIP, loss_type='sapo')
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(far.grad).all(), far.grad
+
+
+def test_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
+    """DeepSeek-V3.2's masking, threshold 0.5, three sequences of two tokens each; log(pi_sampler /
+    pi) per token: seq 0 (A < 0) 0.4 and 0.8, mean 0.6 > 0.5: masked; seq 1 (A > 0) the same
+    gap: kept, a good sample is never masked; seq 2 (A < 0) 0.4 and 0.4: under it, kept. As TRL's
+    get_off_policy_mask computes it. With tools, an inserted token (not sampled) does not count."""
+    gen = torch.zeros(6)
+    logp = -torch.tensor([0.4, 0.8, 0.4, 0.8, 0.4, 0.4])
+    seq_adv, lens = torch.tensor([-1.0, 1.0, -1.0]), torch.tensor([2, 2, 2])
+    kept = off_policy_keep(logp, gen, seq_adv, lens, 0.5)
+    assert kept.tolist() == [0, 0, 1, 1, 1, 1], kept
+    trl_kl = ((gen - logp).view(3, 2)).mean(1)  # TRL: (kl * mask).sum(1) / mask.sum(1)
+    trl_keep = (seq_adv >= 0) | (trl_kl <= 0.5)
+    assert torch.equal(kept.view(3, 2)[:, 0].bool(), trl_keep)
+    # seq 0's second token inserted by a tool: its mean over sampled tokens is 0.4, kept
+    sampled = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    assert off_policy_keep(logp, gen, seq_adv, lens, 0.5, sampled=sampled).tolist() == [1] * 6
+    # in the loss it multiplies the policy-gradient term: the masked sequence passes no gradient
+    logp = logp.clone().requires_grad_(True)
+    policy_loss(logp, logp.detach(), torch.repeat_interleave(seq_adv, lens), torch.ones(6), lens,
+                **CLIP, is_weight=kept)[0].backward()
+    assert logp.grad.tolist() == [0.0, 0.0, -1.0, -1.0, 1.0, 1.0], logp.grad
 
 
 def test_tis_weights_each_mode():

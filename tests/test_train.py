@@ -273,9 +273,14 @@ def test_objective_variants_train(tmp_path):
     assert 0 <= a['clip/dual_frac'] <= 1, a
     assert a['kl'] > 0 and 0.5 <= a['tis/weight_mean'] <= 3.0, a
     assert b['kl'] > 0 and math.isfinite(b['loss']) and b['grad_norm'] > 0, b
-    run(tmp_path / 'd', *args, '--loss_type=sapo', '--sapo_tau_neg=2.0')
-    c = metrics(tmp_path / 'd')[2]
+    sapo = [*args, '--loss_type=sapo', '--sapo_tau_neg=2.0']
+    run_together([tmp_path / 'd', *sapo, '--off_policy_mask=1e-3'], [tmp_path / 'e', *sapo])
+    c, e = metrics(tmp_path / 'd')[2], metrics(tmp_path / 'e')[2]
     assert math.isfinite(c['loss']) and c['grad_norm'] > 0 and c['clip/high_frac'] == 0, c
+    # the second iteration's policy has moved off the sampler's: some A < 0 completions masked,
+    # and the update is not the one without the mask
+    assert 0 < c['off_policy/masked_frac'] < 1, c
+    assert 'off_policy/masked_frac' not in e and c['grad_norm'] != e['grad_norm'], (c, e)
     p = run(tmp_path / 'c', '--advantage=maxrl', '--scale_rewards=none', check=False)
     assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
 
