@@ -33,10 +33,11 @@ def group_advantages(rewards, scale='group', eps=1e-4):
     return torch.where(zero, 0.0, adv), zero.squeeze(1)
 
 
-ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk')
+ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk', 'gdpo')
 
 
-def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None):
+def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None, per_fn=None,
+               weights=None):
     """rewards (P, G) -> advantages (P, G), zero_std (P,) bool, by one of ADVANTAGES:
     'grpo': group_advantages (r - group mean, scaled as `scale` says);
     'rloo': r minus the mean of the group's other G - 1 rewards, = G / (G - 1) * (r - group mean),
@@ -47,10 +48,15 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None)
         A group of equal rewards gets -mean / std, not 0;
     'maxrl': (r - group mean) / group mean, 0 where the mean is <= 0 (MaxRL; prime-rl max_rl);
     'passk': only the group's best completion gets an advantage, r_max - r_second_max, scaled as
-        `scale` says (pass@k training; verl 'grpo_passk').
-    zero_std marks the groups whose G rewards are all equal, whatever the estimator."""
+        `scale` says (pass@k training; verl 'grpo_passk');
+    'gdpo': from each reward function's own values, per_fn (P, G, K), and their weights (K,):
+        gdpo_advantages.
+    zero_std marks the groups whose G rewards are all equal, whatever the estimator ('gdpo': those
+    where every function's are)."""
     if estimator == 'grpo':
         return group_advantages(rewards, scale, eps)
+    if estimator == 'gdpo':
+        return gdpo_advantages(per_fn, weights, eps)
     zero = zero_spread(rewards).unsqueeze(1)
     mean = rewards.mean(dim=1, keepdim=True)
     G = rewards.shape[1]
@@ -67,6 +73,29 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None)
     if estimator != 'reinforce_pp':  # all-equal groups: exactly 0
         adv = torch.where(zero, 0.0, adv)
     return adv, zero.squeeze(1)
+
+
+def gdpo_advantages(per_fn, weights, eps=1e-4):
+    """GDPO (arXiv 2601.05242): each reward function's values normalised within their group,
+    (r_k - group mean) / (group std + eps), then summed with the functions' weights, then the sums
+    normalised over the step's completions, (x - mean) / (std + eps). A weak reward (format) is
+    not drowned by a strong one (correctness) as in the sum GRPO normalises, and two completions
+    that score the same total by different means keep different advantages. per_fn (P, G, K): the
+    unweighted values, nan where a function did not apply (left out of its group's statistics, 0
+    in the sum; a completion no function applied to: advantage 0, out of the step's statistics).
+    Returns advantages (P, G) and zero_std (P,): the groups where no function's values spread."""
+    have = ~torch.isnan(per_fn)
+    n = have.sum(1, keepdim=True)
+    mean = torch.where(have, per_fn, 0.0).sum(1, keepdim=True) / n.clamp(min=1)
+    dev = torch.where(have, per_fn - mean, 0.0)
+    std = (dev.pow(2).sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()  # unbiased
+    spread = std >= 1e-6  # as zero_spread
+    summed = (torch.where(spread, dev / (std + eps), 0.0) * weights).sum(-1)
+    scored = have.any(-1)
+    x = summed[scored]
+    adv = (summed - x.mean()) / (x.std() + eps) if x.numel() > 1 else torch.zeros_like(summed)
+    zero = ~spread.any(-1).squeeze(1)
+    return torch.where(zero.unsqueeze(1) | ~scored, 0.0, adv), zero
 
 
 def whiten(x, lens):

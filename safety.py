@@ -171,7 +171,7 @@ def bad_objective_knob(c):
     if c['adaptive_entropy'] and not (0 <= c['entropy_coef_min'] <= c['entropy_coef_max']):
         return (f"--entropy_coef_min={c['entropy_coef_min']}, --entropy_coef_max="
                 f"{c['entropy_coef_max']}: adaptive entropy needs 0 <= min <= max")
-    own_scale = ('rloo', 'reinforce_pp', 'maxrl')
+    own_scale = ('rloo', 'reinforce_pp', 'maxrl', 'gdpo')
     if c['advantage'] in own_scale and c['scale_rewards'] != 'group':
         return (f"--scale_rewards={c['scale_rewards']!r}: advantage={c['advantage']!r} has its own "
                 "scale; scale_rewards applies to 'grpo' and 'passk' only")

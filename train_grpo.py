@@ -62,7 +62,8 @@ top_k = 0  # 0 = off. top_k/top_p make training off-policy (the loss uses the fu
 top_p = 1.0  # 1.0 = off
 # GRPO objective (loss.py)
 # 'grpo' (r - group mean, scaled), 'rloo' (leave-one-out), 'reinforce_pp' (REINFORCE++-baseline:
-# then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin)
+# then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin),
+# 'gdpo' (each reward function normalised in its group, then weighted, summed, normalised)
 advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
@@ -212,7 +213,7 @@ from checkpoint import load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, resume_run, save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
-from loss import advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
+from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
 from loss import adapt_entropy_coef, entropy_cut, off_policy_keep, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import merge_scores, resolve_rewards, score  # noqa: E402
@@ -238,6 +239,7 @@ try:
     reward_config = tasks.default_rewards(task_mod) if rewards is None else rewards
     reward_fns = resolve_rewards(reward_config, grade=task_mod.grade, device=device, dtype=dtype,
                                  messages=task_messages)
+    reward_weights = torch.tensor([fn['weight'] for fn in reward_fns])  # advantage='gdpo'
     task_tools, tool_style = tasks.tools_of(task_mod)  # (None, None): no tools
     task_answer = tasks.answer_fn(task_mod)  # what a void turn lacks (void_turn_filter)
     # the task's tools and how rollouts call them, one value (None: no tools)
@@ -508,6 +510,15 @@ def rollout(examples, first, step, timing):
     return prompts, mine, comps, sc
 
 
+def reward_values(scs):
+    """Each reward function's unweighted values in score()'s results scs (per_fn: in the config's
+    order), (groups, G, functions), nan where a function did not apply."""
+    K = len(reward_fns)
+    rows = [[math.nan if v is None else v for v in values]
+            for s in scs for values in zip(*s['per_fn'].values())]  # a sample's K values
+    return torch.tensor(rows, dtype=torch.float32).view(-1, G, K)
+
+
 def sample_step(step, cursor, timing):
     """1-2. The step's prompts from cursor on, their completions and rewards. dynamic_sampling
     (DAPO): more rounds of prompts until P groups have a reward spread; a refill draws enough to
@@ -529,12 +540,16 @@ def sample_step(step, cursor, timing):
         scs.append(sc)
         owned |= set(mine)
         rewards = torch.tensor([x for s in scs for x in s['total']], dtype=torch.float32).view(-1, G)
+        per_fn = reward_values(scs)
         zero_std = zero_spread(rewards)
+        if advantage == 'gdpo':  # a group has a spread if any one function's values spread
+            zero_std = gdpo_advantages(per_fn, reward_weights, adv_eps)[1]
         n_spread = int((~zero_std).sum())
         if n_spread >= P:
             break
     return {'batch': batch, 'prompts': prompts, 'comps': comps, 'sc': merge_scores(scs),
-            'owned': owned, 'rewards': rewards, 'zero_std': zero_std, 'rounds': rnd + 1,
+            'owned': owned, 'rewards': rewards, 'per_fn': per_fn, 'zero_std': zero_std,
+            'rounds': rnd + 1,
             'cursor': next_cursor}
 
 
@@ -545,7 +560,8 @@ def train_groups(roll):
     kept = keep_groups(roll['zero_std'], P) if dynamic_sampling else list(range(P))
     # completion lengths in sampled tokens (reinforce_pp whitens over them)
     lens = torch.tensor([sampled_count(c) for c in roll['comps']]).view(-1, G)[kept]
-    adv, zero_std = advantages(roll['rewards'][kept], advantage, scale_rewards, adv_eps, lens=lens)
+    adv, zero_std = advantages(roll['rewards'][kept], advantage, scale_rewards, adv_eps, lens=lens,
+                               per_fn=roll['per_fn'][kept], weights=reward_weights)
     # void_turn_filter: completions that ended on a void turn enter no row and no normaliser (as
     # truncated ones do with mask_truncated); their rewards stayed in the advantages above
     trainable = roll['comps']

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from batch import micro_batches
-from loss import (adapt_entropy_coef, advantages, entropy_cut, group_advantages, kl_estimate,
-                  off_policy_keep, policy_loss, reverse_cumsum, segment_sum, tis_weights,
+from loss import (adapt_entropy_coef, advantages, entropy_cut, gdpo_advantages, group_advantages,
+                  kl_estimate, off_policy_keep, policy_loss, reverse_cumsum, segment_sum, tis_weights,
                   token_weights, zero_spread)
 
 CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
@@ -298,6 +298,65 @@ def test_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
     policy_loss(logp, logp.detach(), torch.repeat_interleave(seq_adv, lens), torch.ones(6), lens,
                 **CLIP, is_weight=kept)[0].backward()
     assert logp.grad.tolist() == [0.0, 0.0, -1.0, -1.0, 1.0, 1.0], logp.grad
+
+
+def trl_normalize_then_sum(per_fn, weights, eps=1e-4):
+    """TRL 1.x's multi_objective_aggregation='normalize_then_sum', restated from its source
+    (GRPOTrainer._generate_and_score_completions) for one process: rows (N, K), groups of G."""
+    def nanstd(x, dim=None, keepdim=False):  # trl.trainer.utils.nanstd: unbiased, nan ignored
+        mean = torch.nanmean(x, dim=dim, keepdim=True)
+        var = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=keepdim)
+        count = torch.sum(~torch.isnan(x), dim=dim, keepdim=keepdim)
+        return torch.sqrt(var * count / (count - 1))
+    P, G, K = per_fn.shape
+    grouped = per_fn
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True)
+    reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, K)
+    rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(per_fn.view(-1, K)).all(dim=1)] = torch.nan
+    adv = (rewards - torch.nanmean(rewards)) / (nanstd(rewards) + eps)
+    return torch.nan_to_num(adv, nan=0.0).view(P, G)
+
+
+def test_gdpo_normalises_each_reward_in_its_group_then_the_sum_over_the_step():
+    """Two groups of 4, rewards (correct, format) with weights (1, 0.5). Group 0: correct 1, 1,
+    0, 0 and format 1, 0, 1, 0: normalised each (std 0.5774) to +-0.866, weighted sums 1.299,
+    0.433, -0.433, -1.299 (GRPO on the totals 1.5, 1, 0.5, 0 orders them the same). Group 1:
+    correct all 0 (no spread: 0), format 1, 0, 0, 0: the format alone decides. Then
+    (x - mean) / (std + eps) over the 8 sums. Equal to TRL's normalize_then_sum, and to verl's
+    gdpo up to its last step (token-weighted whitening)."""
+    per_fn = torch.tensor([[[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
+                           [[0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]])
+    w = torch.tensor([1.0, 0.5])
+    adv, zero = gdpo_advantages(per_fn, w)
+    s0 = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # a 1/0/1/0 group's value above its mean, normalised
+    s1 = 0.75 / (math.sqrt(0.25) + 1e-4)  # 1/0/0/0: std sqrt(0.25), the 1 is 0.75 above
+    sums = torch.tensor([s0 + 0.5 * s0, s0 - 0.5 * s0, -s0 + 0.5 * s0, -s0 - 0.5 * s0,
+                         0.5 * s1, -0.5 * s1 / 3, -0.5 * s1 / 3, -0.5 * s1 / 3])
+    want = ((sums - sums.mean()) / (sums.std() + 1e-4)).view(2, 4)
+    assert torch.allclose(adv, want, atol=1e-6), adv
+    assert zero.tolist() == [False, False]
+    assert torch.allclose(adv, trl_normalize_then_sum(per_fn, w), atol=1e-6)
+    # the same totals by other means: completions 1 and 2 of a group with correct 1, 0 and format
+    # 0, 2 both score 1 (weights 1, 0.5): GRPO gives them one advantage, GDPO two
+    per_fn = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [0.0, 0.0], [1.0, 2.0]]])
+    adv, _ = gdpo_advantages(per_fn, w)
+    assert adv[0, 0] != adv[0, 1]
+    # a group whose totals are all equal but whose functions spread has a gradient: not zero_std
+    # (for filter_zero_std and dynamic_sampling), where GRPO's totals would skip it
+    assert torch.allclose(adv, trl_normalize_then_sum(per_fn, w), atol=1e-6)
+    tie, zero = gdpo_advantages(torch.tensor([[[1.0, 0.0], [0.0, 2.0]]]), w)
+    assert zero.tolist() == [False] and (tie != 0).all() and zero_spread(torch.ones(1, 2)).all()
+    # a group where no function spreads: 0 and zero_std; a function that did not apply (nan) to
+    # some completions is left out of its group's statistics, as TRL's nanmean/nanstd leave it
+    per_fn = torch.tensor([[[1.0, 0.5], [1.0, 0.5]], [[1.0, math.nan], [0.0, 1.0]],
+                           [[0.0, 0.0], [1.0, 1.0]]])
+    adv, zero = gdpo_advantages(per_fn, w)
+    assert zero.tolist() == [True, False, False] and adv[0].tolist() == [0.0, 0.0]
+    assert torch.allclose(adv, trl_normalize_then_sum(per_fn, w), atol=1e-6), adv
+    adv2, zero2 = advantages(torch.zeros(3, 2), 'gdpo', per_fn=per_fn, weights=w)
+    assert torch.equal(adv2, adv) and torch.equal(zero2, zero)
 
 
 def test_tis_weights_each_mode():

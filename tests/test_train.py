@@ -281,6 +281,14 @@ def test_objective_variants_train(tmp_path):
     # and the update is not the one without the mask
     assert 0 < c['off_policy/masked_frac'] < 1, c
     assert 'off_policy/masked_frac' not in e and c['grad_norm'] != e['grad_norm'], (c, e)
+    # GDPO on two rewards: each normalised in its group, then the weighted sum over the step
+    two = ("--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}, "
+           "{'name': 'grpo_test_rewards:first_char_even', 'weight': 0.5}]")
+    run(tmp_path / 'f', '--max_steps=2', '--advantage=gdpo', two, '--dynamic_sampling=1')
+    f = metrics(tmp_path / 'f')[2]
+    assert math.isfinite(f['loss']) and f['grad_norm'] > 0 and f['rows_trained'] > 0, f
+    p = run(tmp_path / 'g', '--advantage=gdpo', '--scale_rewards=batch', check=False)
+    assert p.returncode == 2 and "'gdpo' has its own" in p.stderr, p.stderr
     p = run(tmp_path / 'c', '--advantage=maxrl', '--scale_rewards=none', check=False)
     assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
 
