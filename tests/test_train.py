@@ -682,10 +682,14 @@ def tiny_prompt_lengths():
     from sample import encode_prompts
     from tokenizer import byte_tokenizer
     task = tasks.resolve('arith')
-    tasks.set_knobs(task, {**tasks.knobs(task), 'arith_n_train': 200, 'arith_n_test': 8})
-    tok = byte_tokenizer()
-    return [[len(p) for p in encode_prompts(tok, task, task.load(split, seed=1337), '', '')]
-            for split in ('train', 'test')]
+    defaults = tasks.knobs(task)
+    tasks.set_knobs(task, {**defaults, 'arith_n_train': 200, 'arith_n_test': 8})
+    try:  # the task's knobs are its module's globals: restored for the tests after this one
+        tok = byte_tokenizer()
+        return [[len(p) for p in encode_prompts(tok, task, task.load(split, seed=1337), '', '')]
+                for split in ('train', 'test')]
+    finally:
+        tasks.set_knobs(task, defaults)
 
 
 def test_prompts_too_long_for_the_completion_budget_are_left_out_at_load(tmp_path):
