@@ -166,6 +166,27 @@ def reference_model(policy, dtype, path, *, resumed, master, device, initial=Non
     return ref
 
 
+def reference_path(out_dir, step):
+    """The KL reference a run has after step steps: ref.pt (its start), or with ref_sync_every the
+    newest ref_SSSSSSS.pt of a sync at a step <= step."""
+    synced = [p for p in glob.glob(os.path.join(out_dir, 'ref_*.pt'))
+              if int(os.path.basename(p)[4:-3]) <= step]
+    return max(synced) if synced else os.path.join(out_dir, 'ref.pt')
+
+
+def save_reference(out_dir, step, ref):
+    """Write the reference synced at step as ref_SSSSSSS.pt and remove those no checkpoint left on
+    disk can resume to (older than the one its oldest checkpoint uses; ref.pt stays)."""
+    path = os.path.join(out_dir, f'ref_{step:07d}.pt')
+    atomic_write(path, lambda f: torch.save(ref.state_dict(), f))
+    ckpts = list_checkpoints(out_dir)
+    oldest = int(os.path.basename(ckpts[-1])[5:-3]) if ckpts else step
+    needed = reference_path(out_dir, oldest)
+    for p in glob.glob(os.path.join(out_dir, 'ref_*.pt')):
+        if p < needed:
+            os.remove(p)
+
+
 # knobs a resumed run may change without changing what it computes (what it logs, saves, prints or
 # waits for)
 RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_examples',

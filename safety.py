@@ -104,6 +104,10 @@ RANGES = {
     'sapo_tau_neg': (lambda v: v > 0, "SAPO's gate temperature for A <= 0, > 0"),
     'off_policy_mask': (lambda v: v >= 0, "the KL(sampler || policy) per token past which "
                                           "completions with A < 0 are masked, >= 0; 0 = off"),
+    'ref_sync_every': (lambda v: v >= 0, "steps between moves of the KL reference, >= 0; "
+                                         "0 = never"),
+    'ref_sync_alpha': (lambda v: 0 < v <= 1, "the policy's share in the moved reference, in "
+                                             "(0, 1]; 1 = a reset"),
     'kl_clamp': (lambda v: v > 0, "the bound on log ratios before the KL estimate, > 0"),
     'kl_max': (lambda v: v > 0, "the KL past which the run rolls back or stops, > 0"),
     'rollback_lr_scale': (lambda v: 0 < v <= 1, "the learning rate's factor at a rollback, in (0, 1]"),
@@ -171,6 +175,12 @@ def bad_objective_knob(c):
     if c['adaptive_entropy'] and not (0 <= c['entropy_coef_min'] <= c['entropy_coef_max']):
         return (f"--entropy_coef_min={c['entropy_coef_min']}, --entropy_coef_max="
                 f"{c['entropy_coef_max']}: adaptive entropy needs 0 <= min <= max")
+    if c['ref_sync_every'] and not c['beta']:
+        return (f"--ref_sync_every={c['ref_sync_every']}: there is no KL reference to move with "
+                "beta = 0")
+    if c['ref_sync_every'] and c['lora_rank']:
+        return (f"--ref_sync_every={c['ref_sync_every']}: with LoRA the reference is the base "
+                "weights (the adapters off); moving it would mean merging the adapters into them")
     own_scale = ('rloo', 'reinforce_pp', 'maxrl', 'gdpo')
     if c['advantage'] in own_scale and c['scale_rewards'] != 'group':
         return (f"--scale_rewards={c['scale_rewards']!r}: advantage={c['advantage']!r} has its own "

@@ -15,6 +15,7 @@ setup, then a loop of named stages, each a function of this file:
     python train_grpo.py --plot=out/gsm8k           # redraw curves.png from metrics.jsonl
 """
 import contextlib
+import glob
 import math
 import os
 import signal
@@ -89,6 +90,10 @@ beta = 0.0  # KL penalty weight to the frozen reference (0 = no reference model 
 kl_estimator = 'k3'
 kl_clamp = 10.0  # log ratios are clamped to +-this before the KL estimate
 kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
+# the reference moves to the policy every N steps (0 = never): ref = alpha * policy + (1 - alpha)
+# * ref; alpha 1 resets it (ProRL), TRL's sync_ref_model mixes alpha 0.6 every 512 (TR-DPO)
+ref_sync_every = 0
+ref_sync_alpha = 1.0
 filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 without KL/entropy)
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
@@ -209,8 +214,9 @@ import tool_calls  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
 from batch import mini_batch_groups, pad_micro_batches, sampled_entropies  # noqa: E402
 from batch import sampled_tokens, train_rows, zero_std_rows  # noqa: E402
-from checkpoint import load_newest_everywhere, load_state  # noqa: E402
-from checkpoint import reference_model, resume_run, save_run  # noqa: E402
+from checkpoint import load_checkpoint, load_newest_everywhere, load_state  # noqa: E402
+from checkpoint import reference_model, reference_path, resume_run, save_reference  # noqa: E402
+from checkpoint import save_run  # noqa: E402
 from data import batch_at  # noqa: E402
 from hf import load_model  # noqa: E402
 from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
@@ -432,17 +438,30 @@ def initial_model():  # init_from's weights: a resumed run's reference when its 
     return load_model(init_from, torch.float32, 'cpu', seed, **shape)[0]
 
 
-# the frozen starting policy, kept as ref.pt beside the checkpoints; with LoRA the model itself,
-# its adapters off (no copy)
+# the frozen starting policy, kept as ref.pt beside the checkpoints (ref_sync_every: each sync's
+# as ref_SSSSSSS.pt); with LoRA the model itself, its adapters off (no copy)
 ref_model = None
+policy = gen_model if fsdp else model  # FSDP: the sampler holds the whole weights
+if state is None and master:  # a run that left no checkpoint: nothing resumes to its syncs
+    for stale in glob.glob(os.path.join(out_dir, 'ref_*.pt')):
+        os.remove(stale)
 if beta != 0 and lora_rank:
     ref_model = train_model
 elif beta != 0:
-    policy = gen_model if fsdp else model  # FSDP: the sampler holds the whole weights
-    ref_path = os.path.join(out_dir, 'ref.pt')
     initial = None if sft_steps else initial_model  # a warm start cannot be rebuilt from init_from
-    ref_model = reference_model(policy, ptdtype, ref_path, resumed=state is not None, master=master,
-                                device=device, initial=initial)
+    ref_model = reference_model(policy, ptdtype, reference_path(out_dir, step),
+                                resumed=state is not None, master=master, device=device,
+                                initial=initial)
+
+
+@torch.no_grad()
+def sync_reference(step):
+    """ref_sync_every: the reference moves to the policy, ref = alpha * policy + (1 - alpha) * ref
+    (in fp32, then the reference's dtype), and is written where a resume at this step finds it."""
+    for r, p in zip(ref_model.parameters(), policy.parameters()):
+        r.copy_(torch.lerp(r.float(), p.float(), ref_sync_alpha))
+    if master:
+        save_reference(out_dir, step, ref_model)
 if state is None:
     row = {'step': 0}
     if eval_every > 0:
@@ -841,6 +860,8 @@ def roll_back(why, lr_scale, rollbacks, guards):
     path, good = load_newest_everywhere(out_dir, master)
     load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
     sync_gen_model()
+    if ref_sync_every and ref_model is not None:  # the reference that checkpoint's step had
+        ref_model.load_state_dict(load_checkpoint(reference_path(out_dir, good['step']), device))
     print(f"guard: {why} -> rolled back to {path} (step {good['step']}); lr scale now "
           f"{lr_scale} (rollback {rollbacks}/{max_rollbacks}); continuing with new data",
           flush=True)
@@ -902,6 +923,8 @@ while step < max_steps:
     if action is not None:  # back to the newest checkpoint at a lower lr, on with new data
         lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards)
         continue
+    if ref_sync_every and step % ref_sync_every == 0 and ref_model is not None:
+        sync_reference(step)  # the KL anchor moves to the policy as it is now
     # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
     checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state)
 print(f"done: {step} steps. metrics: {metrics_path}, curves: {os.path.join(out_dir, 'curves.png')}")

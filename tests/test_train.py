@@ -427,6 +427,47 @@ def test_mini_batches_resume_exactly_after_a_kill_between_optimizer_steps(tmp_pa
     assert ra[1]['clip/low_frac'] + ra[1]['clip/high_frac'] > 0, ra[1]
 
 
+def test_reference_sync_moves_the_kl_anchor_and_resumes_exactly(tmp_path):
+    """ref_sync_every=2, alpha 1: after steps 2 and 4 the reference becomes the policy, so the next
+    step's KL starts from 0; runs killed (SIGKILL) right after step 3's and step 5's optimizer
+    steps (before their checkpoints; the second after the sync at 4 was written) and rerun end as
+    the run that was not, the reference each resumed to being the one its step had. Only the
+    references a checkpoint on disk can resume to stay."""
+    args = ['--max_steps=6', '--beta=0.1', '--ref_sync_every=2', '--save_every=1',
+            '--keep_last=2', '--lr=3e-2']
+    kills = (3, 5)
+    # NaN at steps 4-6 (no update: the policy stays step 3's; the sync at 4 makes the reference
+    # that too), a rollback at 6 to step 3's checkpoint, whose reference is step 2's sync
+    nan = [*args[1:], '--max_steps=7', '--fault_nan_steps=[4,5,6]', '--keep_last=10']
+    # and a reference left by a run that saved no checkpoint: a fresh start removes it
+    (tmp_path / 'nan').mkdir()
+    (tmp_path / 'nan' / 'ref_0000009.pt').write_bytes(b'stale')
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        straight = pool.submit(run, tmp_path / 'straight', *args)
+        rolled = pool.submit(run, tmp_path / 'nan', *nan)
+        killed = [pool.submit(run, tmp_path / f'kill{n}', *args, f'--fault_kill_opt_step={n}',
+                              check=False) for n in kills]
+        for n, k in zip(kills, killed):
+            assert k.result().returncode == -signal.SIGKILL, f"kill {n}: the run was not killed"
+        assert (tmp_path / 'kill5' / 'ref_0000004.pt').exists()
+        resumed = [pool.submit(run, tmp_path / f'kill{n}', *args) for n in kills]
+        [f.result() for f in [straight, rolled, *resumed]]
+    assert 'rolled back to' in rolled.result().stdout
+    rows = metrics(tmp_path / 'nan')
+    assert rows[-1]['step'] == 7 and rows[-1]['kl'] > 1e-6, rows[-1]  # step 2's reference again
+    assert not (tmp_path / 'nan' / 'ref_0000009.pt').exists()
+    ra = metrics(tmp_path / 'straight')
+    kl = [r['kl'] for r in ra[1:]]
+    assert kl[2] < 1e-6 < kl[1] and kl[4] < 1e-6 < kl[3], kl  # steps 3 and 5 start at the policy
+    for n in kills:
+        rb = metrics(tmp_path / f'kill{n}')
+        assert [r['step'] for r in rb] == list(range(7)), rb
+        for x, y in zip(ra, rb):
+            assert stable(x) == stable(y), f"kill {n}: step {x['step']} differs after resume"
+    refs = sorted(p.name for p in (tmp_path / 'straight').glob('ref*.pt'))
+    assert refs == ['ref.pt', 'ref_0000004.pt', 'ref_0000006.pt'], refs
+
+
 def test_compiled_training_reruns_and_resumes_bit_for_bit(tmp_path, monkeypatch):
     """compile=True: a run killed (SIGKILL) right after step 2's optimizer step, before its
     checkpoint, and rerun from step 1's ends with the metrics and weights of a run that was not.
