@@ -304,8 +304,9 @@ def step_line(m):
 def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
     """Four of the step's completions, spread over its groups, with their prompt, the task's answer
     and grade, the reference and the reward, appended to path (samples.jsonl): what the model
-    actually writes."""
+    actually writes. Returns the rows."""
     answer = tasks.answer_fn(task)
+    rows = []
     with open(path, 'a') as f:
         for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
             c = comps[i]
@@ -314,6 +315,8 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
                    'answer': answer(text), 'reference': ex.get('answer'),
                    'correct': bool(task.grade(text, ex)), 'reward': totals[i]}
             f.write(json.dumps(row) + '\n')
+            rows.append(row)
+    return rows
 
 
 def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_name='',
@@ -322,8 +325,9 @@ def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_n
     with wandb_log, sent to Weights & Biases with the same keys at step=row['step']. wandb is
     imported only then. Its run id is kept in out_dir/wandb_id, so a resumed run continues the same
     wandb run; rows of steps that run already has (redone after a resume, equal to the first ones by
-    exact resume) are not sent again."""
-    def no_log(row):  # ranks other than 0
+    exact resume) are not sent again. samples (log_samples' rows) go to wandb as a table, 'samples',
+    in the same row (TRL's log_completions)."""
+    def no_log(row, samples=None):  # ranks other than 0
         pass
 
     if not master:
@@ -343,9 +347,14 @@ def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_n
                          config=config, dir=out_dir)
         print(f"wandb: run {run_id} in project {project} (out_dir/wandb_id)")
 
-    def log(row):
+    def log(row, samples=None):
         with open(path, 'a') as f:
             f.write(json.dumps(row) + '\n')
         if run is not None and row['step'] >= run.step:
-            run.log(row, step=row['step'])
+            table = {}
+            if samples:
+                cols = list(samples[0])
+                table['samples'] = wandb.Table(columns=cols,
+                                               data=[[r[c] for c in cols] for r in samples])
+            run.log({**row, **table}, step=row['step'])
     return log

@@ -836,12 +836,13 @@ def report(step, m, roll, guards, rollbacks, skipped):
     m['guard/zero_reward_streak'] = guards['zero_streak']
     m['guard/rollbacks'] = rollbacks
     m['guard/skipped_update'] = int(skipped or not finite)
-    log_metrics(m)
-    print(metrics.step_line(m), flush=True)
+    samples = None  # a few completions: samples.jsonl, and a wandb table with wandb_log
     if master and log_samples_every > 0 and step % log_samples_every == 0:
         samples_path = os.path.join(out_dir, 'samples.jsonl')
-        metrics.log_samples(samples_path, step, comps, roll['batch'], roll['prompts'], sc['total'],
-                            tok=tok, task=task_mod)
+        samples = metrics.log_samples(samples_path, step, comps, roll['batch'], roll['prompts'],
+                                      sc['total'], tok=tok, task=task_mod)
+    log_metrics(m, samples=samples)
+    print(metrics.step_line(m), flush=True)
     if guards['zero_streak'] >= zero_reward_patience:
         safety.stop(safety.zero_reward_report(guards, sc, zero_reward_patience), master)
     return action

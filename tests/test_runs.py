@@ -222,10 +222,14 @@ def test_wandb_offline_rows_equal_metrics_jsonl(tmp_path, monkeypatch):
     pytest.importorskip('wandb')
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_SILENT', 'true')
-    args = ['--wandb_log=True', '--wandb_run_name=t', '--eval_every=2', '--eval_examples=4']
+    args = ['--wandb_log=True', '--wandb_run_name=t', '--eval_every=2', '--eval_examples=4',
+            '--log_samples_every=2']
     run(tmp_path, '--max_steps=2', *args)
     mine = metrics(tmp_path)
     theirs = wandb_history(tmp_path)
+    # step 2's four samples.jsonl rows, as a table in its row (step 1 logged none)
+    assert 'samples/_type' not in theirs[1] and theirs[2]['samples/_type'] == 'table-file'
+    assert theirs[2]['samples/nrows'] == 4 and theirs[2]['samples/ncols'] == 7, theirs[2]
     assert [r['_step'] for r in theirs] == [r['step'] for r in mine], (theirs, mine)
     for a, b in zip(mine, theirs):
         assert set(a) <= set(b), f"keys missing in wandb: {set(a) - set(b)}"
