@@ -731,9 +731,8 @@ if __name__ == '__main__':
                 'chat_template_kwargs': run.get('chat_template_kwargs'),
                 **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
-                'max_prompt_len': 0,
-                'batch_size': 64, 'seed': 1337, 'max_tool_calls': None, 'tool_timeout': 5.0,
-                'tool_delay_steps': 1, 'chat_template_kwargs': {}}
+                'max_prompt_len': 0, 'batch_size': 64, 'seed': 1337, 'max_tool_calls': None,
+                'tool_timeout': 5.0, 'tool_delay_steps': 1, 'chat_template_kwargs': {}}
     for k, v in from_run.items():
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)

@@ -462,6 +462,8 @@ def sync_reference(step):
         r.copy_(torch.lerp(r.float(), p.float(), ref_sync_alpha))
     if master:
         save_reference(out_dir, step, ref_model)
+
+
 if state is None:
     row = {'step': 0}
     if eval_every > 0:
@@ -568,8 +570,7 @@ def sample_step(step, cursor, timing):
             break
     return {'batch': batch, 'prompts': prompts, 'comps': comps, 'sc': merge_scores(scs),
             'owned': owned, 'rewards': rewards, 'per_fn': per_fn, 'zero_std': zero_std,
-            'rounds': rnd + 1,
-            'cursor': next_cursor}
+            'rounds': rnd + 1, 'cursor': next_cursor}
 
 
 def train_groups(roll):
@@ -704,10 +705,10 @@ def micro_loss(mb, j, part, side, share, now):
     if tis:
         isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
     pg_weight = isw[0] if isw else None  # what multiplies the policy-gradient term per token
-    kept = None  # off_policy_mask: 0 on the completions it masks
+    unmasked = None  # off_policy_mask: 0 on the completions it masks, else 1
     if off_policy_mask > 0:
-        kept = off_policy_keep(logp, gen, seq_adv, lens, off_policy_mask, sampled=sampled)
-        pg_weight = kept if pg_weight is None else pg_weight * kept
+        unmasked = off_policy_keep(logp, gen, seq_adv, lens, off_policy_mask, sampled=sampled)
+        pg_weight = unmasked if pg_weight is None else pg_weight * unmasked
     ref = side['ref'][j] if side['ref'] is not None else None
     keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
     if side['cut'] is not None:
@@ -718,8 +719,8 @@ def micro_loss(mb, j, part, side, share, now):
                            entropy_coef=now['entropy_coef'], is_weight=pg_weight,
                            clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep,
                            sapo_tau=(sapo_tau_pos, sapo_tau_neg))
-    if kept is not None:
-        st['masked'] = kept == 0
+    if unmasked is not None:
+        st['masked'] = unmasked == 0
     return {'loss': loss, 'stats': st, 'w': w, 'logp': logp, 'ent': ent, 'old': old, 'gen': gen,
             'isw': isw, 'sampled': sampled}
 
@@ -861,7 +862,7 @@ def roll_back(why, lr_scale, rollbacks, guards):
     path, good = load_newest_everywhere(out_dir, master)
     load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
     sync_gen_model()
-    if ref_sync_every and ref_model is not None:  # the reference that checkpoint's step had
+    if ref_sync_every:  # the reference that checkpoint's step had
         ref_model.load_state_dict(load_checkpoint(reference_path(out_dir, good['step']), device))
     print(f"guard: {why} -> rolled back to {path} (step {good['step']}); lr scale now "
           f"{lr_scale} (rollback {rollbacks}/{max_rollbacks}); continuing with new data",
@@ -924,7 +925,7 @@ while step < max_steps:
     if action is not None:  # back to the newest checkpoint at a lower lr, on with new data
         lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards)
         continue
-    if ref_sync_every and step % ref_sync_every == 0 and ref_model is not None:
+    if ref_sync_every and step % ref_sync_every == 0:
         sync_reference(step)  # the KL anchor moves to the policy as it is now
     # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
     checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state)
