@@ -73,9 +73,12 @@ def twin(ax, rows, left, right, nonfinite):
     return drew
 
 
-def _eval_order(key):
-    """Sort key of the eval panel's lines: pass@1, pass@8, pass@16, then maj@k."""
-    return ('maj@' in key, len(key), key)
+def eval_keys(keys):
+    """The eval panel's lines: the run's task's pass@1, pass@8, pass@16, then maj@k, then each
+    eval_tasks set's (eval/<name>/pass@1, ...) in the same order."""
+    evals = [k for k in keys if k.startswith('eval/') and
+             k.rpartition('/')[2].startswith(('pass@', 'maj@'))]
+    return sorted(evals, key=lambda k: (k.count('/'), k.rpartition('/')[0], 'maj@' in k, len(k), k))
 
 
 def plot_metrics(metrics_path, out_png=None):
@@ -128,8 +131,7 @@ def plot_metrics(metrics_path, out_png=None):
     fns = [k for k in keys if k.startswith('reward/') and k.endswith('/mean') and k.count('/') == 2]
     panel(ax, 'reward', lines(ax, rows, ['reward/mean'] + fns, nonfinite))
     # only eval steps carry these
-    evals = [k for k in keys if k.startswith(('eval/pass@', 'eval/maj@'))]
-    evals.sort(key=_eval_order)
+    evals = eval_keys(keys)
     panel(axs[1], 'eval', lines(axs[1], rows, evals, nonfinite, marker='o', ms=3))
     for ax, (title, ks, unit) in zip(axs[2:8], simple):
         panel(ax, title, lines(ax, rows, ks, nonfinite), unit)

@@ -147,6 +147,9 @@ eval_max_new_tokens = 0  # 0 = max_new_tokens
 eval_batch_size = 64  # problems per generate() call during eval
 eval_samples = 0  # k >= 2: also k sampled completions per problem: eval/pass@k, mean@k, maj@k
 eval_temperature = 1.0  # their temperature (the same seed at every eval; greedy pass@1 stays)
+# more held-out sets evaluated beside the task's, each with its own prompts and grade, logged as
+# eval/<name>/...: ['math'] (the task's own source) or [('math', 'path/to/MATH')] (a data_dir)
+eval_tasks = []
 log_samples_every = 10  # every N steps, a few completions with their rewards to samples.jsonl
 verbose = False  # numbered per-stage lines with elapsed time and memory
 profile_step = 0  # profile this step (torch.profiler): OUT/profile_stepN.txt, its ops by time
@@ -198,8 +201,11 @@ from configurator import configure, save_config  # noqa: E402
 from plot import plot_metrics  # noqa: E402
 
 
-def task_knobs(knobs):  # the chosen task's own knobs join the script's (e.g. arith_difficulty)
-    return tasks.knobs(tasks.resolve(knobs['task']))
+def task_knobs(knobs):  # the chosen task's knobs (arith_difficulty, ...) and the eval tasks'
+    out = {}
+    for spec in [knobs['task'], *(tasks.eval_entry(e)[0] for e in knobs['eval_tasks'])]:
+        out.update(tasks.knobs(tasks.resolve(spec)))
+    return out
 
 
 config = configure(globals(), more_knobs=task_knobs)
@@ -281,6 +287,21 @@ except (ValueError, RuntimeError, FileNotFoundError) as e:
     die(f"task {task!r}: {e}")
 eval_set = test_set[:eval_examples] if eval_examples > 0 else test_set
 print(f"task: {task}, {len(train_set)} train / {len(eval_set)} eval problems")
+extra_evals = {}  # eval_tasks: name -> {'task', 'examples', 'tools'}
+for entry in eval_tasks:
+    spec, ddir, name = tasks.eval_entry(entry)
+    try:
+        mod = tasks.resolve(spec)
+        tasks.set_knobs(mod, config)
+        examples = mod.load('test', data_dir=ddir, seed=seed)
+        tools = tool_settings(mod, max_tool_calls, tool_timeout, tool_delay_steps)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        die(f"eval_tasks: {spec!r}: {e}")
+    if name in extra_evals:
+        die(f"eval_tasks: two entries are named {name!r} (their metrics would mix)", 2)
+    examples = examples[:eval_examples] if eval_examples > 0 else examples
+    extra_evals[name] = {'task': mod, 'examples': examples, 'tools': tools}
+    print(f"eval task: {spec}, {len(examples)} problems (eval/{name}/...)")
 
 
 def prompts_for(examples):  # token ids of each example's prompt (its messages, chat template)
@@ -306,12 +327,15 @@ if max(max_new_tokens, eval_max_new_tokens) >= model.config.max_seq_len:
         f"left for a prompt in the model's {model.config.max_seq_len} positions (max_seq_len)", 2)
 
 
-def fitting(examples, budget, what):  # the examples whose prompt leaves room for budget tokens
+def fitting(examples, budget, what, task=None):  # those whose prompt leaves budget tokens' room
     try:
         limit = prompt_limit(max_prompt_len, model.config.max_seq_len, budget)
     except ValueError as e:
         die(str(e), 2)
-    kept, long = fit_prompts(tok, task_mod, examples, limit, system_prompt, instruction)
+    if task is None:  # the run's task, with its prompt knobs
+        kept, long = fit_prompts(tok, task_mod, examples, limit, system_prompt, instruction)
+    else:  # an eval task: its own prompts
+        kept, long = fit_prompts(tok, task, examples, limit)
     fix = '--max_prompt_len' if max_prompt_len else 'max_seq_len, or lower max_new_tokens'
     if examples and not kept:
         die(f"{what}: every prompt is longer than the {limit} tokens a prompt may take (the "
@@ -324,6 +348,9 @@ def fitting(examples, budget, what):  # the examples whose prompt leaves room fo
 
 train_set = fitting(train_set, max_new_tokens, 'train')
 eval_set = fitting(eval_set, eval_max_new_tokens or max_new_tokens, 'eval')
+for name, ev in extra_evals.items():
+    ev['examples'] = fitting(ev['examples'], eval_max_new_tokens or max_new_tokens, f'eval/{name}',
+                             task=ev['task'])
 model.grad_checkpoint = grad_checkpoint
 model.packed_attention = packed_attention
 print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on "
@@ -386,15 +413,31 @@ log_metrics = metrics.metrics_log(metrics_path, master, out_dir=out_dir, wandb_l
 
 def run_eval(at_step):
     """Greedy pass@1 on the held-out problems (each rank its share), as metrics eval/*; with
-    eval_samples = k, also pass@k, mean@k and maj@k of k samples at eval_temperature."""
+    eval_samples = k, also pass@k, mean@k and maj@k of k samples at eval_temperature. Then the same
+    on each of eval_tasks' sets, as eval/<name>/*."""
     t = time.time()
-    lo = len(eval_set) * rank // world
-    hi = len(eval_set) * (rank + 1) // world
-    s = evaluate(gen_model, tok, task_mod, eval_set[lo:hi], system_prompt, instruction,
-                 max_new_tokens=eval_max_new_tokens or max_new_tokens, batch_size=eval_batch_size,
-                 compile=compile_decode, progress=verbose and master, n_samples=eval_samples or 1,
-                 temperature=eval_temperature, seed=seed, first=lo,
-                 tools=tooling)
+    main = {'task': task_mod, 'examples': eval_set, 'tools': tooling, 'system': system_prompt,
+            'instruction': instruction}
+    out = eval_set_metrics(at_step, '', main)
+    for name, ev in extra_evals.items():
+        out.update(eval_set_metrics(at_step, name, ev))
+    out['timing_s/eval'] = time.time() - t
+    return out
+
+
+def eval_set_metrics(at_step, name, ev):
+    """One held-out set's evaluation (run_eval): ev's task on its examples with its tools and
+    prompt parts (none: the task's own), its metrics under eval/ (name '': the run's task) or
+    eval/<name>/."""
+    t = time.time()
+    examples = ev['examples']
+    lo = len(examples) * rank // world
+    hi = len(examples) * (rank + 1) // world
+    s = evaluate(gen_model, tok, ev['task'], examples[lo:hi], ev.get('system'),
+                 ev.get('instruction'), max_new_tokens=eval_max_new_tokens or max_new_tokens,
+                 batch_size=eval_batch_size, compile=compile_decode, progress=verbose and master,
+                 n_samples=eval_samples or 1, temperature=eval_temperature, seed=seed, first=lo,
+                 tools=ev['tools'])
     k = eval_samples
     sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
     if ddp:  # the task's own metrics are rank 0's share's
@@ -404,11 +447,11 @@ def run_eval(at_step):
         s = {**s, 'n': int(n), 'pass@1': hits / max(n, 1), 'truncated': trunc / max(n, 1)}
         s.update({key: v / max(n, 1) for key, v in zip(sampled, more)})
     also = ''.join(f", {key} {s[key]:.3f}" for key in sampled)
-    print(f"eval @ step {at_step}: greedy pass@1 {s['pass@1']:.3f}{also} on {s['n']} problems "
-          f"({time.time() - t:.1f}s)", flush=True)
-    out = {f'eval/{k}': v for k, v in s.items() if k not in ('n', 'seconds')}
-    out['timing_s/eval'] = time.time() - t
-    return out
+    which = f" ({name})" if name else ''
+    print(f"eval @ step {at_step}{which}: greedy pass@1 {s['pass@1']:.3f}{also} on {s['n']} "
+          f"problems ({time.time() - t:.1f}s)", flush=True)
+    prefix = f'eval/{name}/' if name else 'eval/'
+    return {prefix + k: v for k, v in s.items() if k not in ('n', 'seconds')}
 
 
 # ------------------------------------------------------------------------- supervised warm start

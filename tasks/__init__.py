@@ -95,6 +95,20 @@ def knobs(task):
     return {k: getattr(task, k) for k in dir(task) if is_knob(k)}
 
 
+def eval_entry(entry):
+    """An eval_tasks entry, 'task' (its own data source) or ('task', data_dir), as (task spec,
+    data_dir, the name its metrics go under: eval/<name>/...). Raises ValueError naming it."""
+    if isinstance(entry, str):
+        spec, data_dir = entry, ''
+    elif isinstance(entry, (tuple, list)) and len(entry) == 2 and all(isinstance(x, str)
+                                                                      for x in entry):
+        spec, data_dir = entry
+    else:
+        raise ValueError(f"eval_tasks: {entry!r}: expected 'task' or ('task', data_dir)")
+    name = os.path.basename(spec)[:-3] if spec.endswith('.py') else spec.rpartition(':')[2]
+    return spec, data_dir, name
+
+
 def set_knobs(task, config):
     """Give the task the configured values of its knobs (its module globals, as nanoGPT's config
     sets globals)."""

@@ -7,10 +7,11 @@ import types
 from data import question_messages
 
 parity_n_train = 40  # a knob of this task: training questions
+parity_n_test = 16  # and held-out ones
 
 
 def load(split, data_dir='', seed=0):
-    n = parity_n_train if split == 'train' else 16
+    n = parity_n_train if split == 'train' else parity_n_test
     offset = 100 * (split == 'test')
     return [{'question': f"Is {i + offset} odd?", 'answer': str(i % 2)} for i in range(n)]
 

@@ -86,6 +86,13 @@ def test_plot_metrics_draws_every_panel_and_marks_nan_loss(tmp_path):
         f'temp file left: {os.listdir(run_dir)}'
 
 
+def test_eval_panel_draws_every_held_out_set():
+    keys = ['eval/math/maj@8', 'eval/truncated', 'eval/maj@8', 'eval/gsm8k/pass@1', 'eval/pass@16',
+            'eval/math/pass@1', 'eval/pass@1', 'eval/pass@8', 'eval/math/boxed', 'loss']
+    assert plot.eval_keys(keys) == ['eval/pass@1', 'eval/pass@8', 'eval/pass@16', 'eval/maj@8',
+                                    'eval/gsm8k/pass@1', 'eval/math/pass@1', 'eval/math/maj@8']
+
+
 def test_missing_keys_give_no_data_panels_not_a_crash(tmp_path):
     path = tmp_path / 'metrics.jsonl'
     path.write_text(''.join(json.dumps({'step': s, 'loss': 0.1 * s}) + '\n' for s in range(1, 4)))

@@ -281,6 +281,9 @@ def test_objective_variants_train(tmp_path):
     # and the update is not the one without the mask
     assert 0 < c['off_policy/masked_frac'] < 1, c
     assert 'off_policy/masked_frac' not in e and c['grad_norm'] != e['grad_norm'], (c, e)
+    from doctor.read import load
+    for d in 'abd':  # the run doctor knows every name these runs log
+        assert not load(str(tmp_path / d))['unknown'], (d, load(str(tmp_path / d))['unknown'])
     # GDPO on two rewards: each normalised in its group, then the weighted sum over the step
     two = ("--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}, "
            "{'name': 'grpo_test_rewards:first_char_even', 'weight': 0.5}]")
@@ -307,15 +310,20 @@ def test_rewards_get_the_step_and_may_not_apply(tmp_path):
 
 
 def test_sampled_evaluation_logs_pass_at_k_and_leaves_training_alone(tmp_path):
-    """eval_samples=4: eval/pass@4, eval/mean@4 beside greedy eval/pass@1 at every evaluation; the
-    sampler's own seeds leave the training RNG alone: the same training rows and weights as a run
-    without them."""
+    """eval_samples=4: eval/pass@4, eval/mean@4 beside greedy eval/pass@1 at every evaluation,
+    and the same for an eval_tasks set under eval/<name>/; the sampler's own seeds leave the
+    training RNG alone: the same training rows and weights as a run without them."""
     args = ['--max_steps=2', '--eval_every=1', '--eval_examples=6']
-    run_together([tmp_path / 'k', *args, '--eval_samples=4', '--eval_temperature=1.5'],
-                 [tmp_path / 'greedy', *args])
+    # with a second held-out set too (eval_tasks), a task of its own whose knob the run sets
+    more = ["--eval_tasks=['tests/grpo_test_task.py']", '--parity_n_test=5']
+    k, _ = run_together([tmp_path / 'k', *args, '--eval_samples=4', '--eval_temperature=1.5',
+                         *more], [tmp_path / 'greedy', *args])
+    assert 'eval @ step 2 (grpo_test_task): greedy pass@1' in k.stdout, k.stdout[-2000:]
+    assert 'on 5 problems' in k.stdout
     rows, plain = metrics(tmp_path / 'k'), metrics(tmp_path / 'greedy')
     for r, p in zip(rows, plain):
         assert 0 <= r['eval/mean@4'] <= r['eval/pass@4'] <= 1 and 'eval/maj@4' in r, r
+        assert 0 <= r['eval/grpo_test_task/pass@1'] <= r['eval/grpo_test_task/pass@4'] <= 1, r
         assert r['eval/pass@1'] == p['eval/pass@1'], "greedy pass@1 is unchanged"
         assert {k: v for k, v in stable(r).items() if not k.startswith('eval/')} == \
             {k: v for k, v in stable(p).items() if not k.startswith('eval/')}, r['step']
@@ -710,6 +718,11 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     for arg in bad:
         p = run(tmp_path, arg, check=False)
         assert p.returncode == 2 and arg.split('=')[0] in p.stderr, (arg, p.stderr)
+        assert 'Traceback' not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    dup = "--eval_tasks=['arith', ('arith', '')]"  # two sets under one name
+    for arg in ["--eval_tasks=[3]", "--eval_tasks=['nope']", dup]:
+        p = run(tmp_path, arg, check=False)
+        assert p.returncode == 2 and ('eval_tasks' in p.stderr or 'nope' in p.stderr), p.stderr
         assert 'Traceback' not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     p = run(tmp_path, "--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]", check=False)
     assert p.returncode == 2 and 'corect' in p.stderr
