@@ -87,6 +87,20 @@ def batch_at(examples, seed, cursor, batch_size):
     """Examples cursor..cursor+batch_size-1 of the endless stream epoch 0, epoch 1, ... (cursor
     counts examples served so far, so it is all a checkpoint needs). Returns (batch, next_cursor);
     batches may span epochs."""
-    n = len(examples)
-    batch = [examples[_perm(n, seed, c // n)[c % n]] for c in range(cursor, cursor + batch_size)]
-    return batch, cursor + batch_size
+    index, cursor = indices_at(len(examples), seed, cursor, batch_size)
+    return [examples[i] for i in index], cursor
+
+
+def indices_at(n, seed, cursor, batch_size, skip=frozenset()):
+    """The indices (into n examples) of batch_at's batch, and the cursor after it; indices in skip
+    (examples no longer drawn) are passed over, the cursor moving past them too, so (cursor, skip)
+    is all a checkpoint needs. Raises ValueError when skip holds every example."""
+    if len(skip) >= n:
+        raise ValueError(f"all {n} training examples are left out (drop_easy): nothing to draw")
+    index = []
+    while len(index) < batch_size:
+        i = _perm(n, seed, cursor // n)[cursor % n]
+        cursor += 1
+        if i not in skip:
+            index.append(i)
+    return index, cursor

@@ -111,6 +111,8 @@ RANGES = {
     'kl_clamp': (lambda v: v > 0, "the bound on log ratios before the KL estimate, > 0"),
     'kl_max': (lambda v: v > 0, "the KL past which the run rolls back or stops, > 0"),
     'rollback_lr_scale': (lambda v: 0 < v <= 1, "the learning rate's factor at a rollback, in (0, 1]"),
+    'drop_easy': (lambda v: v >= 0, "the mean group reward past which a problem is not drawn "
+                                    "again, >= 0; 0 = off"),
     'dynamic_sampling': (lambda v: v >= 0, "the number of extra rounds of prompts, >= 0"),
     'max_prompt_len': (lambda v: v >= 0, "the longest prompt trained or evaluated on, in "
                                          "tokens, >= 0; 0 = all that max_seq_len leaves"),

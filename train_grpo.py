@@ -96,6 +96,9 @@ ref_sync_every = 0
 ref_sync_alpha = 1.0
 filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 without KL/entropy)
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
+# a prompt whose group's mean reward reaches this is not drawn again (0 = off): 1.0 with the 0/1
+# 'correct' reward drops the problems solved G/G (Polaris, Skywork-OR1; prime-rl's easy pool)
+drop_easy = 0.0
 mask_truncated = False  # exclude completions that hit max_new_tokens from the loss
 entropy_coef = 0.0  # entropy bonus weight (0 = off)
 # adaptive entropy (Skywork-OR1): entropy_coef is the start; each step it moves by
@@ -223,7 +226,7 @@ from batch import sampled_tokens, train_rows, zero_std_rows  # noqa: E402
 from checkpoint import load_checkpoint, load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, reference_path, resume_run, save_reference  # noqa: E402
 from checkpoint import save_run  # noqa: E402
-from data import batch_at  # noqa: E402
+from data import indices_at  # noqa: E402
 from hf import load_model  # noqa: E402
 from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
 from loss import adapt_entropy_coef, entropy_cut, off_policy_keep, token_weights  # noqa: E402
@@ -387,19 +390,21 @@ step, cursor, lr_scale, rollbacks = 0, 0, 1.0, 0  # cursor: where the next step'
 entropy_state = {'coef': entropy_coef, 'last': math.inf}
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
+dropped = set()  # drop_easy: the training problems no longer drawn (indices), saved with checkpoints
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
                    resume_changed=resume_changed)
 if state is not None:  # None: a fresh start
     step, cursor = state['step'], state['cursor']
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
     entropy_state = state.get('entropy_state', entropy_state)
+    dropped.update(state.get('dropped', ()))
     sync_gen_model()
 
 
 def save(step_done, cursor, lr_scale, rollbacks, guards, entropy_state):
     """checkpoint.py: atomic, finite weights only, rank 0 writes; with the HF export."""
     run_state = {'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks, 'guards': guards,
-                 'entropy_state': entropy_state,
+                 'entropy_state': entropy_state, 'dropped': sorted(dropped),
                  'ref_source': init_from}
     return save_run(out_dir, step_done, model, optimizer, fsdp, master, keep_last=keep_last,
                     run_state=run_state, tok=tok if export_hf else None, config=config,
@@ -586,9 +591,10 @@ def reward_values(scs):
 def sample_step(step, cursor, timing):
     """1-2. The step's prompts from cursor on, their completions and rewards. dynamic_sampling
     (DAPO): more rounds of prompts until P groups have a reward spread; a refill draws enough to
-    fill the step at the rate seen so far. Also returns every group's rewards (rows of G), which
-    groups have no spread, the rounds taken and the cursor after the last prompt drawn."""
-    batch, prompts, comps, scs, owned = [], [], [], [], set()
+    fill the step at the rate seen so far. Problems drop_easy dropped are passed over. Also returns
+    every group's rewards (rows of G), which groups have no spread, the rounds taken, the cursor
+    after the last prompt drawn and the training problems drawn (indices)."""
+    batch, index, prompts, comps, scs, owned = [], [], [], [], [], set()
     next_cursor = cursor
     n_spread = 0  # groups with a reward spread so far
     for rnd in range(1 + dynamic_sampling):
@@ -596,9 +602,11 @@ def sample_step(step, cursor, timing):
             n = P
         else:
             n = min(P, math.ceil((P - n_spread) * len(batch) / max(n_spread, 1)))
-        more, next_cursor = batch_at(train_set, seed, next_cursor, n)
+        drawn, next_cursor = indices_at(len(train_set), seed, next_cursor, n, skip=dropped)
+        more = [train_set[i] for i in drawn]
         p, mine, c, sc = rollout(more, len(batch), step, timing)
         batch += more
+        index += drawn
         prompts += p
         comps += c
         scs.append(sc)
@@ -613,7 +621,7 @@ def sample_step(step, cursor, timing):
             break
     return {'batch': batch, 'prompts': prompts, 'comps': comps, 'sc': merge_scores(scs),
             'owned': owned, 'rewards': rewards, 'per_fn': per_fn, 'zero_std': zero_std,
-            'rounds': rnd + 1, 'cursor': next_cursor}
+            'rounds': rnd + 1, 'cursor': next_cursor, 'index': index}
 
 
 def train_groups(roll):
@@ -834,6 +842,8 @@ def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, com
     m = {'step': step, 'lr': now['lr'], 'compile/graphs': graphs - compiled[0]}
     m.update(metrics.rollout_metrics(roll['rewards'], roll['zero_std'], roll['sc'], roll['comps'],
                                      roll['prompts'], timing))
+    if drop_easy:  # the training problems no longer drawn when this step drew
+        m['data/dropped'] = len(dropped)
     if dynamic_sampling:
         m['dynamic/prompts'] = len(roll['batch'])
         m['dynamic/rounds'] = roll['rounds']
@@ -905,6 +915,8 @@ def roll_back(why, lr_scale, rollbacks, guards):
     path, good = load_newest_everywhere(out_dir, master)
     load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
     sync_gen_model()
+    dropped.clear()  # the problems left out as of that checkpoint
+    dropped.update(good.get('dropped', ()))
     if ref_sync_every:  # the reference that checkpoint's step had
         ref_model.load_state_dict(load_checkpoint(reference_path(out_dir, good['step']), device))
     print(f"guard: {why} -> rolled back to {path} (step {good['step']}); lr scale now "
@@ -913,10 +925,25 @@ def roll_back(why, lr_scale, rollbacks, guards):
     return lr_scale, rollbacks
 
 
+def drop_solved(roll):
+    """drop_easy: the step's problems whose group's mean reward reached it are not drawn again.
+    Returns True when none is left."""
+    means = roll['rewards'].mean(dim=1).tolist()
+    dropped.update(i for i, m in zip(roll['index'], means) if m >= drop_easy)
+    if len(dropped) < len(train_set):
+        return False
+    print(f"drop_easy: all {len(train_set)} training problems reached a mean reward of "
+          f"{drop_easy}; nothing is left to train on, stopping at step {step}", flush=True)
+    return True
+
+
 def checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state):
-    """7. A checkpoint every save_every steps, at the end, at export_every and when a signal asks
+    """7. The KL reference moved every ref_sync_every steps (before the checkpoint, which resumes
+    to it); a checkpoint every save_every steps, at the end, at export_every and when a signal asks
     to stop (then the exit); the curves every plot_every steps."""
     heartbeat()
+    if ref_sync_every and step % ref_sync_every == 0:
+        sync_reference(step)  # the KL anchor moves to the policy as it is now
     # a signal to any rank stops them all, here
     stopping = all_reduce([float(bool(stop_signal))], device, 'max')[0] > 0
     due = stopping or bool(save_every and step % save_every == 0) or step == max_steps
@@ -968,9 +995,10 @@ while step < max_steps:
     if action is not None:  # back to the newest checkpoint at a lower lr, on with new data
         lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards)
         continue
-    if ref_sync_every and step % ref_sync_every == 0:
-        sync_reference(step)  # the KL anchor moves to the policy as it is now
-    # 7. checkpoint (every save_every steps, at the end, and when a signal asks to stop), curves
+    if drop_easy and drop_solved(roll):  # every training problem solved: the run ends here
+        save(step, cursor, lr_scale, rollbacks, guards, entropy_state)
+        break
+    # 7. reference moved (ref_sync_every), checkpoint (save_every, at the end, on a signal), curves
     checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state)
 print(f"done: {step} steps. metrics: {metrics_path}, curves: {os.path.join(out_dir, 'curves.png')}")
 finish(0)

@@ -35,3 +35,15 @@ def length_even(completion, example):
     """A coin flip per completion for a policy whose completions vary in length (one that calls
     tools, say, whose first characters do not vary)."""
     return float(len(completion) % 2 == 0)
+
+
+def even_answer(completion, example):
+    """1 for every completion of a problem whose answer is even (solved, as far as drop_easy can
+    tell); else half digit_fraction: below 1, with a spread to train on."""
+    if int(example['answer']) % 2 == 0:
+        return 1.0
+    return 0.5 * digit_fraction(completion, example)
+
+
+def always_one(completion, example):
+    return 1.0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from data import batch_at, epoch_order, parse_rows
+from data import batch_at, epoch_order, indices_at, parse_rows
 from reward import is_correct
 from tasks import gsm8k
 from tasks.arith import DIFFICULTY, arith_splits, count_on, make_arith, slip
@@ -146,6 +146,20 @@ def test_batch_at_resumes_mid_stream_across_epochs():
     assert served == stream[:28] and cursor == 28
     assert batch_at(examples, 7, 12, 4)[0] == stream[12:16], \
         'resuming from a cursor must give the same batch'
+
+
+def test_indices_at_passes_over_the_skipped_and_its_cursor_moves_past_them():
+    stream = [i for e in range(4) for i in epoch_order(10, 7, e)]
+    skip = {stream[1], stream[5]}  # two examples no longer drawn
+    index, cursor = indices_at(10, 7, 0, 6, skip=skip)
+    want = [i for i in stream if i not in skip][:6]
+    assert index == want and cursor == stream.index(want[-1], 0) + 1, (index, cursor)
+    assert cursor == 8  # the first 8 of the stream held those 6 and the 2 skipped
+    # a cursor mid-stream reproduces the rest, across epochs; no repeats of the skipped
+    more, _ = indices_at(10, 7, cursor, 20, skip=skip)
+    assert more == [i for i in stream[cursor:] if i not in skip][:20]
+    with pytest.raises(ValueError, match='all 3 training examples'):
+        indices_at(3, 7, 0, 1, skip={0, 1, 2})
 
 
 # --------------------------------------------------------------------------------------------------

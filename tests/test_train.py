@@ -476,6 +476,31 @@ def test_reference_sync_moves_the_kl_anchor_and_resumes_exactly(tmp_path):
     assert refs == ['ref.pt', 'ref_0000004.pt', 'ref_0000006.pt'], refs
 
 
+def test_drop_easy_stops_drawing_solved_problems_and_resumes_exactly(tmp_path):
+    """drop_easy=1.0, a reward of 1 for every completion of the problems (of 16) whose answer is
+    even: after the first epoch (4 steps of 4) only the odd ones are drawn. A run killed
+    (SIGKILL) after its 5th optimizer step and rerun logs what one that was not logs; a reward of 1
+    for all drops every problem by the epoch's end, where the run stops with a checkpoint."""
+    args = ['--arith_n_train=16', '--max_steps=8', '--drop_easy=1.0', '--save_every=1',
+            '--keep_last=10', "--rewards=[{'name': 'grpo_test_rewards:even_answer'}]"]
+    always = [*args[:-1], '--max_steps=10', "--rewards=[{'name': 'grpo_test_rewards:always_one'}]"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        straight = pool.submit(run, tmp_path / 'straight', *args)
+        solved = pool.submit(run, tmp_path / 'solved', *always)
+        k = run(tmp_path / 'killed', *args, '--fault_kill_opt_step=5', check=False)
+        assert k.returncode == -signal.SIGKILL, "the run was not killed"
+        resumed = pool.submit(run, tmp_path / 'killed', *args)
+        straight.result(), resumed.result()
+    assert 'drop_easy: all 16 training problems' in solved.result().stdout
+    assert metrics(tmp_path / 'solved')[-1]['step'] == 4 and newest_ckpt(tmp_path / 'solved')[0] == 4
+    even = sum(int(ex['answer']) % 2 == 0 for ex in tiny_examples(arith_n_train=16)[0][0])
+    rows = metrics(tmp_path / 'straight')[1:]
+    assert 0 < even < 16 and [r['data/dropped'] for r in rows[4:]] == [even] * 4, rows
+    assert all(r['reward/mean'] < 0.5 for r in rows[4:]), "a dropped problem was drawn again"
+    for x, y in zip(metrics(tmp_path / 'straight'), metrics(tmp_path / 'killed')):
+        assert stable(x) == stable(y), f"step {x['step']} differs after resume"
+
+
 def test_compiled_training_reruns_and_resumes_bit_for_bit(tmp_path, monkeypatch):
     """compile=True: a run killed (SIGKILL) right after step 2's optimizer step, before its
     checkpoint, and rerun from step 1's ends with the metrics and weights of a run that was not.
@@ -730,20 +755,25 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2 and '--decode_graphs' in p.stderr and 'tools' in p.stderr, p.stderr
 
 
-def tiny_prompt_lengths():
-    """The lengths in tokens of TINY's train and eval prompts (arith, byte tokenizer, ChatML)."""
+def tiny_examples(**knobs):
+    """TINY's arith train and test problems (other task knobs: knobs), and the task."""
     import tasks
-    from sample import encode_prompts
-    from tokenizer import byte_tokenizer
     task = tasks.resolve('arith')
     defaults = tasks.knobs(task)
-    tasks.set_knobs(task, {**defaults, 'arith_n_train': 200, 'arith_n_test': 8})
+    tasks.set_knobs(task, {**defaults, 'arith_n_train': 200, 'arith_n_test': 8, **knobs})
     try:  # the task's knobs are its module's globals: restored for the tests after this one
-        tok = byte_tokenizer()
-        return [[len(p) for p in encode_prompts(tok, task, task.load(split, seed=1337), '', '')]
-                for split in ('train', 'test')]
+        return [task.load(split, seed=1337) for split in ('train', 'test')], task
     finally:
         tasks.set_knobs(task, defaults)
+
+
+def tiny_prompt_lengths():
+    """The lengths in tokens of TINY's train and eval prompts (arith, byte tokenizer, ChatML)."""
+    from sample import encode_prompts
+    from tokenizer import byte_tokenizer
+    splits, task = tiny_examples()
+    return [[len(p) for p in encode_prompts(byte_tokenizer(), task, examples, '', '')]
+            for examples in splits]
 
 
 def test_prompts_too_long_for_the_completion_budget_are_left_out_at_load(tmp_path):
