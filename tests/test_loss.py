@@ -666,6 +666,8 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
     assert 'SAPO' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'sapo'})
     assert '--tis_min=3.0' in bad_objective_knob({**ok, 'tis_min': 3.0})
     assert bad_objective_knob({**ok, 'advantage': 'rloo'}) is None
+    assert "'gdpo' has its own" in bad_objective_knob({**ok, 'advantage': 'gdpo',
+                                                       'scale_rewards': 'batch'})
     assert "'rloo' has its own" in bad_objective_knob({**ok, 'advantage': 'rloo',
                                                        'scale_rewards': 'none'})
     assert bad_objective_knob({**ok, 'advantage': 'passk', 'scale_rewards': 'none'}) is None

@@ -47,12 +47,12 @@ def run(out_dir, *args, timeout=120, check=True):
     return p
 
 
-def run_together(*jobs, timeout=120):
+def run_together(*jobs, timeout=120, check=True):
     """Independent runs side by side, [out_dir, *args] each, checked like run(): the second core
     does one while the first does another (a run alone is mostly one busy thread: start-up, tiny
     ops). Same results as one after the other: no run reads another's out_dir."""
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-        futures = [pool.submit(run, *job, timeout=timeout) for job in jobs]
+        futures = [pool.submit(run, *job, timeout=timeout, check=check) for job in jobs]
         return [f.result() for f in futures]
 
 
@@ -274,7 +274,11 @@ def test_objective_variants_train(tmp_path):
     assert a['kl'] > 0 and 0.5 <= a['tis/weight_mean'] <= 3.0, a
     assert b['kl'] > 0 and math.isfinite(b['loss']) and b['grad_norm'] > 0, b
     sapo = [*args, '--loss_type=sapo', '--sapo_tau_neg=2.0']
-    run_together([tmp_path / 'd', *sapo, '--off_policy_mask=1e-3'], [tmp_path / 'e', *sapo])
+    # GDPO on two rewards: each normalised in its group, then the weighted sum over the step
+    two = ("--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}, "
+           "{'name': 'grpo_test_rewards:first_char_even', 'weight': 0.5}]")
+    run_together([tmp_path / 'd', *sapo, '--off_policy_mask=1e-3'], [tmp_path / 'e', *sapo],
+                 [tmp_path / 'f', '--max_steps=2', '--advantage=gdpo', two, '--dynamic_sampling=1'])
     c, e = metrics(tmp_path / 'd')[2], metrics(tmp_path / 'e')[2]
     assert math.isfinite(c['loss']) and c['grad_norm'] > 0 and c['clip/high_frac'] == 0, c
     # the second iteration's policy has moved off the sampler's: some A < 0 completions masked,
@@ -284,14 +288,8 @@ def test_objective_variants_train(tmp_path):
     from doctor.read import load
     for d in 'abd':  # the run doctor knows every name these runs log
         assert not load(str(tmp_path / d))['unknown'], (d, load(str(tmp_path / d))['unknown'])
-    # GDPO on two rewards: each normalised in its group, then the weighted sum over the step
-    two = ("--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}, "
-           "{'name': 'grpo_test_rewards:first_char_even', 'weight': 0.5}]")
-    run(tmp_path / 'f', '--max_steps=2', '--advantage=gdpo', two, '--dynamic_sampling=1')
     f = metrics(tmp_path / 'f')[2]
     assert math.isfinite(f['loss']) and f['grad_norm'] > 0 and f['rows_trained'] > 0, f
-    p = run(tmp_path / 'g', '--advantage=gdpo', '--scale_rewards=batch', check=False)
-    assert p.returncode == 2 and "'gdpo' has its own" in p.stderr, p.stderr
     p = run(tmp_path / 'c', '--advantage=maxrl', '--scale_rewards=none', check=False)
     assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
 
@@ -785,20 +783,22 @@ def test_prompts_too_long_for_the_completion_budget_are_left_out_at_load(tmp_pat
     long_train = sum(n > limit for n in train)
     long_eval = sum(n > limit for n in test[:4])
     assert 0 < long_train < len(train) and long_eval < 4
-    p = run(tmp_path / 'a', f'--max_new_tokens={160 - limit}', '--max_steps=3', '--eval_every=3',
-            '--batch_prompts=8')
+    # the budget too large for some prompts; the same limit as a knob, the budget as it was
+    p, q = run_together([tmp_path / 'a', f'--max_new_tokens={160 - limit}', '--max_steps=3',
+                         '--eval_every=3', '--batch_prompts=8'],
+                        [tmp_path / 'b', f'--max_prompt_len={limit}', '--max_steps=1'])
     assert (f"train: left out {long_train} of 200 problems whose prompt is longer than {limit} "
             "tokens") in p.stdout, p.stdout[-2000:]
     assert ('eval: left out' in p.stdout) == (long_eval > 0)
     assert f"on {4 - long_eval} problems" in p.stdout and metrics(tmp_path / 'a')[-1]['step'] == 3
-    # the same limit as a knob, the budget left as it was
-    p = run(tmp_path / 'b', f'--max_prompt_len={limit}', '--max_steps=1')
-    assert f"train: left out {long_train} of 200" in p.stdout
-    for args, says in [((f'--max_prompt_len={min(train) - 1}',), 'raise --max_prompt_len'),
-                       ((f'--max_new_tokens={161 - min(train)}',), 'raise max_seq_len'),
-                       (('--max_prompt_len=150', '--max_new_tokens=20'), '--max_prompt_len=150')]:
-        p = run(tmp_path / 'c', *args, check=False)
-        assert p.returncode == 2 and says in p.stderr, (args, p.stderr)
+    assert f"train: left out {long_train} of 200" in q.stdout
+    bad = {'raise --max_prompt_len': [f'--max_prompt_len={min(train) - 1}'],
+           'raise max_seq_len': [f'--max_new_tokens={161 - min(train)}'],
+           '--max_prompt_len=150': ['--max_prompt_len=150', '--max_new_tokens=20']}
+    done = run_together(*[[tmp_path / f'c{i}', *args] for i, args in enumerate(bad.values())],
+                        check=False)
+    for says, p in zip(bad, done):
+        assert p.returncode == 2 and says in p.stderr, (says, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
