@@ -1,6 +1,7 @@
 """The everyday tools around a run: evaluating any checkpoint, exports, resume hygiene (knob
 changes, samples.jsonl, a reference that was never kept, a second Ctrl-C), loading that runs no
 code, wandb, and memory over a long run."""
+import concurrent.futures
 import glob
 import json
 import math
@@ -114,11 +115,14 @@ def test_sample_py_leaves_out_prompts_that_do_not_fit_and_says_so(trained, tmp_p
     long = sum(n > limit for n in test)
     assert f"left out {long} problems whose prompt is longer than {limit} tokens" in p.stdout
     assert s['n'] == 6 - long, s
-    for arg in [f'--max_prompt_len={min(test) - 1}', f'--max_new_tokens={161 - min(test)}',
-                '--max_prompt_len=155', '--prompt=hello --max_new_tokens=150']:
-        p, _ = sample_py(f'--init_from={trained / "hf"}', f'--out_dir={tmp_path}', *arg.split())
-        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (arg, p.stderr)
-        assert 'Traceback' not in p.stderr
+    bad = [f'--max_prompt_len={min(test) - 1}', f'--max_new_tokens={161 - min(test)}',
+           '--max_prompt_len=155', '--prompt=hello --max_new_tokens=150']
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = pool.map(lambda arg: sample_py(f'--init_from={trained / "hf"}',
+                                              f'--out_dir={tmp_path}', *arg.split())[0], bad)
+        for arg, p in zip(bad, done):
+            assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (arg, p.stderr)
+            assert 'Traceback' not in p.stderr
 
 
 def test_resume_names_changed_knobs_and_refuses_those_that_change_the_run(tmp_path):

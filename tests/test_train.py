@@ -727,30 +727,27 @@ def test_profile_step_writes_the_steps_operators(tmp_path):
 
 
 def test_bad_config_is_one_line_and_exit_2(tmp_path):
-    p = run(tmp_path, '--loss_agg=mean', check=False)
-    assert p.returncode == 2 and '--loss_agg' in p.stderr
-    p = run(tmp_path, '--share_prompt=maybe', check=False)
-    assert p.returncode == 2 and '--share_prompt' in p.stderr
-    p = run(tmp_path, '--deterministic=yes', check=False)  # a None default takes any word
-    assert p.returncode == 2 and "--deterministic='yes'" in p.stderr, p.stderr
+    """Each bad value: exit 2 and one line on stderr naming it, no traceback (two runs at a time)."""
     (tmp_path / 'a_file').write_text('')
-    bad = ['--dtype=fp8', '--device=gpu', f"--out_dir={tmp_path / 'a_file' / 'run'}",
-           '--max_new_tokens=160']  # the tiny model's max_seq_len: no room for a prompt
+    bad = {  # the arguments -> what the line says
+        ('--loss_agg=mean',): '--loss_agg', ('--share_prompt=maybe',): '--share_prompt',
+        ('--deterministic=yes',): "--deterministic='yes'",  # a None default takes any word
+        ('--dtype=fp8',): '--dtype', ('--device=gpu',): '--device',
+        (f"--out_dir={tmp_path / 'a_file' / 'run'}",): '--out_dir',
+        ('--max_new_tokens=160',): '--max_new_tokens',  # the model's max_seq_len: no room left
+        ('--eval_tasks=[3]',): 'eval_tasks', ("--eval_tasks=['nope']",): 'nope',
+        ("--eval_tasks=['arith', ('arith', '')]",): 'eval_tasks',  # two sets under one name
+        ("--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]",): 'corect',
+        ('--task=arith_tools', '--decode_graphs=True'): '--decode_graphs'}
     if not torch.cuda.is_available():
-        bad.append('--device=cuda')
-    for arg in bad:
-        p = run(tmp_path, arg, check=False)
-        assert p.returncode == 2 and arg.split('=')[0] in p.stderr, (arg, p.stderr)
-        assert 'Traceback' not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    dup = "--eval_tasks=['arith', ('arith', '')]"  # two sets under one name
-    for arg in ["--eval_tasks=[3]", "--eval_tasks=['nope']", dup]:
-        p = run(tmp_path, arg, check=False)
-        assert p.returncode == 2 and ('eval_tasks' in p.stderr or 'nope' in p.stderr), p.stderr
-        assert 'Traceback' not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    p = run(tmp_path, "--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]", check=False)
-    assert p.returncode == 2 and 'corect' in p.stderr
-    p = run(tmp_path, '--task=arith_tools', '--decode_graphs=True', check=False)
-    assert p.returncode == 2 and '--decode_graphs' in p.stderr and 'tools' in p.stderr, p.stderr
+        bad[('--device=cuda',)] = '--device'
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(run, tmp_path / f'run{i}', *args, check=False)
+                for i, args in enumerate(bad)]
+        for (args, says), p in zip(bad.items(), done):
+            p = p.result()
+            assert p.returncode == 2 and says in p.stderr, (args, p.stderr)
+            assert 'Traceback' not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def tiny_examples(**knobs):
