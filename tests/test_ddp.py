@@ -145,6 +145,27 @@ def test_mini_batches_and_entropy_cut_on_two_ranks_match_one_process(tmp_path):
                 (a['step'], k, a.get(k), b.get(k))
 
 
+def test_gdpo_sapo_masking_and_dropping_on_two_ranks_match_one_process(tmp_path):
+    """advantage='gdpo' over two rewards (each normalised over the whole step's groups, every
+    rank's), SAPO with the off-policy mask over two iterations (its share summed over the ranks),
+    and drop_easy (the set left out, the same on every rank, steers the next draws): the same run
+    as one process."""
+    args = ['--advantage=gdpo', '--loss_type=sapo', '--off_policy_mask=1e-3', '--num_iterations=2',
+            '--drop_easy=0.5', '--lr=3e-2', '--group_size=2',
+            "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}, "
+            "{'name': 'grpo_test_rewards:digit_fraction', 'weight': 0.5}]"]
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    run(one, 0, *args)
+    run(two, 2, *args)
+    assert_same_run(one, two, 'DDP, 2 ranks, gdpo + sapo + off_policy_mask + drop_easy')
+    ra, rb = metrics(one)[1:], metrics(two)[1:]
+    assert [r['data/dropped'] for r in ra] == [r['data/dropped'] for r in rb], (ra, rb)
+    assert ra[-1]['data/dropped'] > 0, "nothing was dropped: the test tests less than it says"
+    for a, b in zip(ra, rb):
+        assert math.isclose(a['off_policy/masked_frac'], b['off_policy/masked_frac'],
+                            abs_tol=1e-6), a['step']
+
+
 def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):
     """Refill rounds split each round's prompts between the ranks, and a kept group trains on the
     rank that sampled it (it holds the sampler's log-probs): the same prompts, completions and
