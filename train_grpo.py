@@ -390,7 +390,7 @@ step, cursor, lr_scale, rollbacks = 0, 0, 1.0, 0  # cursor: where the next step'
 entropy_state = {'coef': entropy_coef, 'last': math.inf}
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
-dropped = set()  # drop_easy: the training problems no longer drawn (indices), saved with checkpoints
+dropped = set()  # drop_easy: indices of the training problems no longer drawn (in checkpoints)
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
                    resume_changed=resume_changed)
 if state is not None:  # None: a fresh start

@@ -6,8 +6,8 @@ import torch
 
 from batch import micro_batches
 from loss import (adapt_entropy_coef, advantages, entropy_cut, gdpo_advantages, group_advantages,
-                  kl_estimate, off_policy_keep, policy_loss, reverse_cumsum, segment_sum, tis_weights,
-                  token_weights, zero_spread)
+                  kl_estimate, off_policy_keep, policy_loss, reverse_cumsum, segment_sum,
+                  tis_weights, token_weights, zero_spread)
 
 CLIP = dict(eps_low=0.2, eps_high=0.28)  # DAPO's clip-higher: the project's defaults
 SYMMETRIC = dict(eps_low=0.2, eps_high=0.2)
@@ -269,7 +269,8 @@ def test_sapo_gates_the_ratio_softly_as_trl_and_verl_do():
     # TRL's sapo branch and verl's compute_policy_loss_sapo compute this same per-token loss
     trl = -(torch.sigmoid(tau * (r - 1)) * 4 / tau) * adv
     assert torch.allclose(st['pg'], trl)
-    # a ratio far off 1 (log ratio 100: exp overflows float32) is bounded as verl bounds it: a finite gradient, not nan
+    # a ratio far off 1 (log ratio 100: exp overflows float32) is bounded as verl bounds it: a
+    # finite gradient, not nan
     far = torch.tensor([100.0, -100.0], requires_grad=True)
     loss, _ = policy_loss(far, torch.zeros(2), torch.tensor([1.0, -1.0]), torch.ones(2),
                           torch.ones(2, dtype=torch.long), **CLIP, loss_type='sapo')

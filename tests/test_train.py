@@ -490,7 +490,8 @@ def test_drop_easy_stops_drawing_solved_problems_and_resumes_exactly(tmp_path):
         resumed = pool.submit(run, tmp_path / 'killed', *args)
         straight.result(), resumed.result()
     assert 'drop_easy: all 16 training problems' in solved.result().stdout
-    assert metrics(tmp_path / 'solved')[-1]['step'] == 4 and newest_ckpt(tmp_path / 'solved')[0] == 4
+    assert metrics(tmp_path / 'solved')[-1]['step'] == 4
+    assert newest_ckpt(tmp_path / 'solved')[0] == 4
     even = sum(int(ex['answer']) % 2 == 0 for ex in tiny_examples(arith_n_train=16)[0][0])
     rows = metrics(tmp_path / 'straight')[1:]
     assert 0 < even < 16 and [r['data/dropped'] for r in rows[4:]] == [even] * 4, rows
@@ -727,7 +728,8 @@ def test_profile_step_writes_the_steps_operators(tmp_path):
 
 
 def test_bad_config_is_one_line_and_exit_2(tmp_path):
-    """Each bad value: exit 2 and one line on stderr naming it, no traceback (two runs at a time)."""
+    """Each bad value: exit 2 and one line on stderr naming it, no traceback (two runs at a
+    time)."""
     (tmp_path / 'a_file').write_text('')
     bad = {  # the arguments -> what the line says
         ('--loss_agg=mean',): '--loss_agg', ('--share_prompt=maybe',): '--share_prompt',
