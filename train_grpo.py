@@ -398,6 +398,9 @@ if state is not None:  # None: a fresh start
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
     entropy_state = state.get('entropy_state', entropy_state)
     dropped.update(state.get('dropped', ()))
+    if dropped and len(dropped) >= len(train_set):
+        die(f"drop_easy: all {len(train_set)} training problems were left out by step {step}: "
+            "nothing is left to train on (a run with drop_easy=0 would draw them again)", 2)
     sync_gen_model()
 
 

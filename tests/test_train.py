@@ -491,6 +491,10 @@ def test_drop_easy_stops_drawing_solved_problems_and_resumes_exactly(tmp_path):
     assert 'drop_easy: all 16 training problems' in solved.result().stdout
     assert metrics(tmp_path / 'solved')[-1]['step'] == 4
     assert newest_ckpt(tmp_path / 'solved')[0] == 4
+    # resumed for more steps: one line, not a traceback from the empty draw
+    p = run(tmp_path / 'solved', *always[:-2], '--max_steps=12', always[-1],
+            '--resume_changed=True', check=False)
+    assert p.returncode == 2 and 'nothing is left to train on' in p.stderr, p.stderr[-2000:]
     even = sum(int(ex['answer']) % 2 == 0 for ex in tiny_examples(arith_n_train=16)[0][0])
     rows = metrics(tmp_path / 'straight')[1:]
     assert 0 < even < 16 and [r['data/dropped'] for r in rows[4:]] == [even] * 4, rows
