@@ -180,6 +180,9 @@ def bad_objective_knob(c):
     if c['ref_sync_every'] and not c['beta']:
         return (f"--ref_sync_every={c['ref_sync_every']}: there is no KL reference to move with "
                 "beta = 0")
+    if c['ref_sync_reset_optimizer'] and not c['ref_sync_every']:
+        return ("--ref_sync_reset_optimizer=True: it resets the optimizer at each move of the KL "
+                "reference, and ref_sync_every = 0 moves none")
     if c['ref_sync_every'] and c['lora_rank']:
         return (f"--ref_sync_every={c['ref_sync_every']}: with LoRA the reference is the base "
                 "weights (the adapters off); moving it would mean merging the adapters into them")

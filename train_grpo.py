@@ -94,6 +94,7 @@ kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
 # * ref; alpha 1 resets it (ProRL), TRL's sync_ref_model mixes alpha 0.6 every 512 (TR-DPO)
 ref_sync_every = 0
 ref_sync_alpha = 1.0
+ref_sync_reset_optimizer = False  # each move also resets AdamW's moments and step count (ProRL)
 filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 without KL/entropy)
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 # a prompt whose group's mean reward reaches this is not drawn again (0 = off): 1.0 with the 0/1
@@ -511,6 +512,10 @@ def sync_reference(step):
     (in fp32, then the reference's dtype), and is written where a resume at this step finds it."""
     for r, p in zip(ref_model.parameters(), policy.parameters()):
         r.copy_(torch.lerp(r.float(), p.float(), ref_sync_alpha))
+    if ref_sync_reset_optimizer:  # AdamW's moments and step counts zeroed: a new run's, in place
+        for st in optimizer.state.values():
+            for t in st.values():
+                t.zero_()
     if master:
         save_reference(out_dir, step, ref_model)
 

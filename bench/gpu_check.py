@@ -177,10 +177,12 @@ def commands(args, smoke, data_dir):
                                                 f'--ours_args={extra}--{knob}=True']
 
     if smoke:
-        # test_cuda.py but its two slow cases on a CPU (the Qwen-shape LM head, 70 s, and the
-        # compiled decode, 30 s, on 2 cores; the GPU plan runs them)
+        # test_cuda.py but its slow cases on a CPU (the Qwen-shape LM head, 70 s, the compiled
+        # decode, 30 s, and the captured one, 5 s, on 2 cores; the GPU plan runs them, and
+        # test_sample.py the last two's CPU cases)
         slow = ['test_lm_head_default_tiles_at_qwen_shape',
-                'test_compiled_decode_on_cuda_generates_as_eager']
+                'test_compiled_decode_on_cuda_generates_as_eager',
+                'test_graph_decode_on_cuda_generates_as_eager']
         tests = ['tests/test_cuda.py', 'tests/test_flex.py::test_masks_from_segments_are_the_layout']
         tests += [f'--deselect=tests/test_cuda.py::{name}' for name in slow]
         kernel = ['--tokens=64', '--vocab=1000', '--rows=8', '--reps=1',

@@ -656,9 +656,10 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
     ok = {'clip_ratio_c': 0.0, 'loss_type': 'grpo', 'tis_min': 0.0, 'tis_cap': 3.0,
           'advantage': 'grpo', 'scale_rewards': 'group', 'top_entropy_quantile': 1.0,
           'adaptive_entropy': False, 'entropy_coef_min': 0.0, 'entropy_coef_max': 1.0,
-          'ref_sync_every': 0, 'beta': 0.0, 'lora_rank': 0}
+          'ref_sync_every': 0, 'beta': 0.0, 'lora_rank': 0, 'ref_sync_reset_optimizer': False}
     assert bad_objective_knob(ok) is None
     assert 'beta = 0' in bad_objective_knob({**ok, 'ref_sync_every': 10})
+    assert 'moves none' in bad_objective_knob({**ok, 'ref_sync_reset_optimizer': True})
     assert bad_objective_knob({**ok, 'ref_sync_every': 10, 'beta': 0.01}) is None
     assert 'LoRA' in bad_objective_knob({**ok, 'ref_sync_every': 10, 'beta': 0.01, 'lora_rank': 8})
     assert bad_objective_knob({**ok, 'clip_ratio_c': 3.0}) is None

@@ -437,9 +437,10 @@ def test_reference_sync_moves_the_kl_anchor_and_resumes_exactly(tmp_path):
     """ref_sync_every=2, alpha 1: after steps 2 and 4 the reference becomes the policy, so the next
     step's KL starts from 0; a run killed (SIGKILL) right after step 5's optimizer step (before its
     checkpoint; the sync at 4 written, the reference then step 4's) and rerun ends as the run that
-    was not. Only the references a checkpoint on disk can resume to stay."""
+    was not. Only the references a checkpoint on disk can resume to stay. Each sync also resets
+    the optimizer (ref_sync_reset_optimizer), which the resumed run takes from its checkpoint."""
     args = ['--max_steps=6', '--beta=0.1', '--ref_sync_every=2', '--save_every=1',
-            '--keep_last=2', '--lr=3e-2']
+            '--keep_last=2', '--lr=3e-2', '--ref_sync_reset_optimizer=True']
     kills = (5,)
     # NaN at steps 4-6 (no update: the policy stays step 3's; the sync at 4 makes the reference
     # that too), a rollback at 6 to step 3's checkpoint, whose reference is step 2's sync
@@ -471,6 +472,11 @@ def test_reference_sync_moves_the_kl_anchor_and_resumes_exactly(tmp_path):
             assert stable(x) == stable(y), f"kill {n}: step {x['step']} differs after resume"
     refs = sorted(p.name for p in (tmp_path / 'straight').glob('ref*.pt'))
     assert refs == ['ref.pt', 'ref_0000004.pt', 'ref_0000006.pt'], refs
+    # ref_sync_reset_optimizer: step 6's checkpoint, written after its sync, holds AdamW as new
+    for st, synced in ((5, False), (6, True)):
+        opt = torch.load(tmp_path / 'straight' / f'ckpt_{st:07d}.pt', weights_only=False)
+        values = [t for s in opt['optimizer']['state'].values() for t in s.values()]
+        assert values and all(t.count_nonzero() == 0 for t in values) == synced, st
 
 
 def test_drop_easy_stops_drawing_solved_problems_and_resumes_exactly(tmp_path):
