@@ -7,6 +7,8 @@ the weights w of token_weights(), whose denominators count the whole step (every
 rank): the sum of the micro-batch losses is the step's loss, and its gradient does not depend on how
 the step was cut.
 """
+import math
+
 import torch
 
 
@@ -220,7 +222,7 @@ def adapt_entropy_coef(coef, entropy, *, target, delta, lo, hi):
     return max(coef - delta, lo)
 
 
-LOSS_TYPES = ('grpo', 'gspo', 'cispo', 'sapo')
+LOSS_TYPES = ('grpo', 'gspo', 'cispo', 'sapo', 'vespo')
 TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask')
 
 
@@ -265,10 +267,42 @@ def off_policy_keep(logp, gen_logp, seq_adv, lens, threshold, *, sampled=None):
     return torch.repeat_interleave((~drop).to(logp.dtype), lens)
 
 
+def sequence_log_ratio(log_ratio, lens, sampled=None, mean=True):
+    """Each sequence's log importance ratio over the tokens the sampler drew (sampled, 0/1: a tool
+    rollout's inserted tokens are no sample of the policy; None: every token): the mean of its
+    tokens' (GSPO's length-normalised ratio), or their sum (the ratio of the sequences' whole
+    probabilities)."""
+    if sampled is not None:
+        log_ratio = log_ratio * sampled
+    total = segment_sum(log_ratio, lens)
+    if not mean:
+        return total
+    return total / (lens if sampled is None else segment_sum(sampled, lens).clamp(min=1))
+
+
+def vespo_weights(log_ratio, adv, lens, shape, *, is_weight=None, sampled=None):
+    """VESPO's detached per-sequence weight phi(w) = e^(lam + k log w - lam w) (so phi(1) = 1),
+    w = pi / pi_old of the whole sequence (the product over its sampled tokens, times is_weight's
+    per-token pi_old / pi_sampler, in log space, bounded as TRL bounds it), k and lam by the sign
+    of the advantage: shape = (k_pos, lam_pos, k_neg, lam_neg). It rises as w^k from 0 and falls
+    as e^(-lam w) past k / lam: a soft, asymmetric trust region on sequences far off-policy.
+    Per token, its sequence's."""
+    lo = math.log(1e-8)
+    log_w = log_ratio.detach().clamp(-20.0, 20.0)
+    if is_weight is not None:
+        log_w = log_w + torch.log(is_weight).clamp(lo, 20.0)
+    log_w = sequence_log_ratio(log_w, lens, sampled, mean=False).clamp(lo, 20.0)
+    log_w = torch.repeat_interleave(log_w, lens)
+    k = torch.where(adv >= 0, shape[0], shape[2])
+    lam = torch.where(adv >= 0, shape[1], shape[3]).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(0.0, 0.0, 0.0)
+
+
 def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='grpo', ref_logp=None,
                 beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
                 is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None,
-                sapo_tau=(1.0, 1.05)):
+                sapo_tau=(1.0, 1.05), vespo_shape=(2.0, 3.0, 3.0, 2.0), pg_mask=None,
+                sampled=None):
     """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
     Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
     advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:
@@ -283,15 +317,22 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
                sapo_tau[1]: a soft gate instead of the clip, whose gradient, A 4 s (1 - s) ratio
                grad log pi (s the sigmoid), fades smoothly as the ratio leaves 1 (SAPO, arXiv
                2511.20347). Nothing is clipped: clip_low/clip_high stay False.
+      'vespo': -phi(w) * A * log pi, phi a detached weight per sequence (vespo_weights, shape
+               vespo_shape) of the sequence's whole importance weight w: no clip, a smooth
+               trust region (VESPO, arXiv 2602.10693; TRL's loss_type='vespo'). is_weight enters
+               w instead of multiplying the loss, as in TRL.
     clip_ratio_c > 1 (dual-clip, 'grpo'/'gspo'): where A < 0 the per-token loss is also capped at
     -A * clip_ratio_c, so a token whose ratio ran past clip_ratio_c passes no gradient (dual_clip).
     token_mask (top_entropy_quantile): 1 for the tokens the policy-gradient and entropy terms act
     on, 0 for the rest (the KL term acts on every token, as in TRL).
-    On-policy (ratio 1) all four give the same gradient, -A grad log pi. kl_estimator 'k1' enters
+    On-policy (ratio 1) all five give the same gradient, -A grad log pi. kl_estimator 'k1' enters
     as a detached penalty in the advantage, A - beta * (k1 summed from this token to the sequence's
     end); 'k2'/'k3' as loss terms. is_weight (tis_weights): multiplies the policy-gradient term per
-    token, as TRL does, not the KL/entropy terms.
-    Returns (loss, stats): per-token tensors for metrics (pg, kl, ratio, clip_low, clip_high)."""
+    token, as TRL does, not the KL/entropy terms; so does pg_mask (0/1, off_policy_keep).
+    sampled (0/1, tool rollouts): the tokens the sampler drew, over which 'gspo' and 'vespo' take
+    a sequence's ratio.
+    Returns (loss, stats): per-token tensors for metrics (pg, kl, ratio, clip_low, clip_high; phi,
+    VESPO's weight)."""
     log_ratio = logp - old_logp
     if ref_logp is None:
         kl = torch.zeros_like(logp)
@@ -300,7 +341,7 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
     if ref_logp is not None and kl_estimator == 'k1':
         adv = adv - beta * reverse_cumsum(kl.detach(), lens)
     if loss_type == 'gspo':  # the sequence's mean log ratio, on every one of its tokens
-        log_ratio = torch.repeat_interleave(segment_sum(log_ratio, lens) / lens, lens)
+        log_ratio = torch.repeat_interleave(sequence_log_ratio(log_ratio, lens, sampled), lens)
     ratio = torch.exp(log_ratio)
     if loss_type in ('grpo', 'gspo'):
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
@@ -323,12 +364,19 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         tau = torch.where(adv > 0, sapo_tau[0], sapo_tau[1])
         pg = -adv * (4 / tau) * torch.sigmoid(tau * (ratio - 1))
         clip_low = clip_high = torch.zeros_like(ratio, dtype=torch.bool)
+    elif loss_type == 'vespo':
+        phi = vespo_weights(log_ratio, adv, lens, vespo_shape, is_weight=is_weight, sampled=sampled)
+        pg = -phi * adv * logp
+        clip_low = clip_high = torch.zeros_like(ratio, dtype=torch.bool)
+        is_weight = None  # inside the weight
     else:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {LOSS_TYPES}")
     if token_mask is not None:
         pg = pg * token_mask
         entropy = entropy * token_mask if entropy is not None else None
     tok_loss = pg if is_weight is None else pg * is_weight
+    if pg_mask is not None:
+        tok_loss = tok_loss * pg_mask
     if ref_logp is not None and kl_estimator != 'k1':
         tok_loss = tok_loss + beta * kl
     if entropy is not None and entropy_coef != 0.0:
@@ -337,6 +385,8 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
              'clip_high': clip_high}
     if clip_ratio_c > 0 and loss_type in ('grpo', 'gspo'):
         stats['clip_dual'] = clip_dual
+    if loss_type == 'vespo':
+        stats['phi'] = phi
     return (tok_loss * w).sum(), stats
 
 

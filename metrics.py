@@ -201,21 +201,25 @@ def reward_spread(sc, G):
 # moved). Every key is there from the start, so every rank all-reduces the same list
 # (reduce_metrics).
 
-def rollout_sums(tis=False, masked=False):
+def rollout_sums(tis=False, masked=False, vespo=False):
     keys = ['loss', 'pg_loss', 'kl', 'entropy', 'logprob/mean', 'logprob_gen_vs_train']
     if tis:
         keys += ['tis/weight_mean', 'tis/capped_frac']
     if masked:  # off_policy_mask > 0
         keys += ['off_policy/masked_frac']
+    if vespo:  # loss_type='vespo'
+        keys += ['vespo/phi_mean']
     return {'sum': dict.fromkeys(keys, 0.0), 'max': {}}
 
 
-def moved_sums(dual=False, masked=False):
+def moved_sums(dual=False, masked=False, vespo=False):
     keys = ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new')
     if dual:  # clip_ratio_c > 0
         keys += ('clip/dual_frac',)
     if masked:  # off_policy_mask > 0: the last iteration's share replaces the first's
         keys += ('off_policy/masked_frac',)
+    if vespo:  # and VESPO's mean weight
+        keys += ('vespo/phi_mean',)
     maxima = {'ratio/max': -math.inf, 'ratio/min': -math.inf}
     return {'sum': dict.fromkeys(keys, 0.0), 'max': maxima}
 
@@ -224,8 +228,8 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
     """Add one micro-batch's share of iteration 0: the loss, its policy-gradient part, and means
     over the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer|
     log-prob and, with tis, the importance weight and the share of tokens whose ratio was above the
-    cap (is_weight: tis_weights' pair), and with off_policy_mask the share of tokens whose
-    completion it masked. Means divide by n_tokens, the step's trained tokens over
+    cap (is_weight: tis_weights' pair), with off_policy_mask the share of tokens whose
+    completion it masked, and with VESPO its weight's mean. Means divide by n_tokens, the step's trained tokens over
     every rank. sampled (0/1, rollouts with tools): the tokens that count; tool responses do not."""
     s = acc['sum']
     s['loss'] += loss.item()
@@ -236,6 +240,8 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
         per_token += [('tis/weight_mean', is_weight[0]), ('tis/capped_frac', is_weight[1].float())]
     if 'masked' in st:
         per_token.append(('off_policy/masked_frac', st['masked'].float()))
+    if 'phi' in st:
+        per_token.append(('vespo/phi_mean', st['phi']))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled
@@ -256,6 +262,8 @@ def add_moved(acc, st, logp, old_logp, n_tokens, sampled=None):
         per_token.append(('clip/dual_frac', st['clip_dual'].float()))
     if 'masked' in st:
         per_token.append(('off_policy/masked_frac', st['masked'].float()))
+    if 'phi' in st:
+        per_token.append(('vespo/phi_mean', st['phi']))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled

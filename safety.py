@@ -102,6 +102,10 @@ RANGES = {
     'adv_eps': (lambda v: v >= 0, "added to the reward spread before dividing by it, >= 0"),
     'sapo_tau_pos': (lambda v: v > 0, "SAPO's gate temperature for A > 0, > 0"),
     'sapo_tau_neg': (lambda v: v > 0, "SAPO's gate temperature for A <= 0, > 0"),
+    'vespo_k_pos': (lambda v: v >= 0, "VESPO's power of the ratio for A >= 0, >= 0"),
+    'vespo_k_neg': (lambda v: v >= 0, "VESPO's power of the ratio for A < 0, >= 0"),
+    'vespo_lambda_pos': (lambda v: v > 0, "VESPO's decay past the peak for A >= 0, > 0"),
+    'vespo_lambda_neg': (lambda v: v > 0, "VESPO's decay past the peak for A < 0, > 0"),
     'off_policy_mask': (lambda v: v >= 0, "the KL(sampler || policy) per token past which "
                                           "completions with A < 0 are masked, >= 0; 0 = off"),
     'ref_sync_every': (lambda v: v >= 0, "steps between moves of the KL reference, >= 0; "
@@ -165,9 +169,13 @@ def bad_objective_knob(c):
     if c['clip_ratio_c'] != 0 and c['clip_ratio_c'] <= 1:
         return (f"--clip_ratio_c={c['clip_ratio_c']}: the dual clip's cap on the ratio of tokens "
                 "with A < 0 must be > 1 (verl uses 3.0); 0 = off")
-    if c['clip_ratio_c'] > 0 and c['loss_type'] in ('cispo', 'sapo'):
+    if c['clip_ratio_c'] > 0 and c['loss_type'] in ('cispo', 'sapo', 'vespo'):
         return ("--clip_ratio_c: the dual clip caps the PPO clip of 'grpo' and 'gspo'; CISPO "
-                "clips its weight instead (cispo_bounds), SAPO gates it (sapo_tau_pos/neg)")
+                "clips its weight instead (cispo_bounds), SAPO gates it (sapo_tau_pos/neg), VESPO "
+                "weighs the sequence (vespo_k_pos/neg, vespo_lambda_pos/neg)")
+    if c['loss_type'] == 'vespo' and c['tis'].startswith('sequence'):
+        return (f"--tis={c['tis']!r}: VESPO takes the per-token weights into its sequence's "
+                "importance weight; use 'token_truncate' or 'token_mask', as TRL requires")
     if not 0 <= c['tis_min'] < c['tis_cap']:
         return (f"--tis_min={c['tis_min']}: the lower bound on pi_train / pi_sampler, >= 0 and "
                 f"below tis_cap={c['tis_cap']}")

@@ -72,7 +72,7 @@ adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
 # normaliser), 'seq_mean_token_sum' (sum over a sequence, mean over sequences: LUSPO)
 loss_agg = 'token_mean'
 # 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight), 'sapo'
-# (a soft gate on the token ratio instead of the clip)
+# (a soft gate on the token ratio instead of the clip), 'vespo' (a soft weight of the sequence's)
 loss_type = 'grpo'
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
@@ -80,6 +80,13 @@ clip_ratio_c = 0.0  # dual-clip: A < 0 tokens' loss capped at -A * this (> 1; ve
 cispo_bounds = 'high'  # CISPO's weight: 'high' min(ratio, 1 + eps_high), 'both' also >= 1 - eps_low
 sapo_tau_pos = 1.0  # SAPO's gate temperature for A > 0: higher, the gradient fades sooner off 1
 sapo_tau_neg = 1.05  # and for A <= 0 (the paper: above tau_pos, negative updates are riskier)
+# VESPO's weight of a sequence's importance ratio w, e^(lam + k log w - lam w), peaks at w = k / lam
+# (TRL's defaults: at 2/3 for A >= 0, at 3/2 for A < 0: what the policy already moved towards weighs
+# less)
+vespo_k_pos = 2.0
+vespo_lambda_pos = 3.0
+vespo_k_neg = 3.0
+vespo_lambda_neg = 2.0
 num_iterations = 1  # mu: optimizer steps per rollout batch (1 = on-policy: ratio 1, nothing clips)
 # PPO mini-batches: the step's groups dealt into this many disjoint sets, one optimizer step each
 # (per iteration), each normalised over its own rows; > 1: old log-probs are taken before the first
@@ -763,11 +770,9 @@ def micro_loss(mb, j, part, side, share, now):
     isw = None  # tis: (weights, above the cap)
     if tis:
         isw = tis_weights(old, gen, lens, tis, tis_cap, floor=tis_min)
-    pg_weight = isw[0] if isw else None  # what multiplies the policy-gradient term per token
     unmasked = None  # off_policy_mask: 0 on the completions it masks, else 1
     if off_policy_mask > 0:
         unmasked = off_policy_keep(logp, gen, seq_adv, lens, off_policy_mask, sampled=sampled)
-        pg_weight = unmasked if pg_weight is None else pg_weight * unmasked
     ref = side['ref'][j] if side['ref'] is not None else None
     keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
     if side['cut'] is not None:
@@ -775,9 +780,11 @@ def micro_loss(mb, j, part, side, share, now):
     loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                            loss_type=loss_type, ref_logp=ref, beta=now['beta'],
                            kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
-                           entropy_coef=now['entropy_coef'], is_weight=pg_weight,
+                           entropy_coef=now['entropy_coef'], is_weight=isw[0] if isw else None,
                            clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep,
-                           sapo_tau=(sapo_tau_pos, sapo_tau_neg))
+                           sapo_tau=(sapo_tau_pos, sapo_tau_neg), pg_mask=unmasked,
+                           sampled=sampled,
+                           vespo_shape=(vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg))
     if unmasked is not None:
         st['masked'] = unmasked == 0
     return {'loss': loss, 'stats': st, 'w': w, 'logp': logp, 'ent': ent, 'old': old, 'gen': gen,
@@ -795,8 +802,10 @@ def update(lay, side, now, n_tokens, *, skipped, nan_loss):
     for g in optimizer.param_groups:
         g['lr'] = now['lr']
     micro, plan = lay['micro'], lay['plan']
-    first = metrics.rollout_sums(tis=bool(tis), masked=off_policy_mask > 0)
-    last = metrics.moved_sums(dual=clip_ratio_c > 0, masked=off_policy_mask > 0)
+    first = metrics.rollout_sums(tis=bool(tis), masked=off_policy_mask > 0,
+                                 vespo=loss_type == 'vespo')
+    last = metrics.moved_sums(dual=clip_ratio_c > 0, masked=off_policy_mask > 0,
+                              vespo=loss_type == 'vespo')
     grad_norm, finite = 0.0, True
     for it in range(0 if skipped else num_iterations):
         for j, mb in enumerate(micro):

@@ -116,7 +116,8 @@ def test_sampler_kernel_draws_the_torch_reference_ids(cfg):
 
 OBJECTIVES = [dict(loss_type='grpo', clip_ratio_c=3.0), dict(loss_type='gspo'),
               dict(loss_type='cispo', cispo_bounds='both'), dict(loss_type='sapo'),
-              dict(loss_type='grpo', tis='sequence_mask', off_policy_mask=0.05)]
+              dict(loss_type='grpo', tis='sequence_mask', off_policy_mask=0.05),
+              dict(loss_type='vespo', tis='token_truncate', off_policy_mask=0.05)]
 
 
 @pytest.mark.parametrize('cfg', OBJECTIVES, ids=str)
@@ -138,17 +139,16 @@ def test_objectives_on_cuda_equal_the_cpu(cfg):
     def loss_and_grad(dev):
         lp = logp.to(dev).requires_grad_()
         ln = lens.to(dev)
-        weight = None
+        is_w = keep = None
         if 'tis' in cfg:
-            weight = tis_weights(old.to(dev), gen.to(dev), ln, cfg['tis'], 2.0, floor=0.9)[0]
+            is_w = tis_weights(old.to(dev), gen.to(dev), ln, cfg['tis'], 2.0, floor=0.9)[0]
         if 'off_policy_mask' in cfg:
             keep = off_policy_keep(lp, gen.to(dev), seq_adv.to(dev), ln, cfg['off_policy_mask'])
-            weight = keep if weight is None else weight * keep
         adv = torch.repeat_interleave(seq_adv, lens).to(dev)
         w = torch.full((n,), 1.0 / n, device=dev)
         loss, _ = policy_loss(lp, old.to(dev), adv, w, ln, eps_low=0.2, eps_high=0.28,
                               ref_logp=ref.to(dev), beta=0.05, entropy=ent.to(dev),
-                              entropy_coef=0.01, is_weight=weight, **knobs)
+                              entropy_coef=0.01, is_weight=is_w, pg_mask=keep, **knobs)
         loss.backward()
         return loss.detach().cpu(), lp.grad.cpu()
 

@@ -301,6 +301,84 @@ def test_off_policy_mask_drops_negative_sequences_far_from_the_sampler():
     assert logp.grad.tolist() == [0.0, 0.0, -1.0, -1.0, 1.0, 1.0], logp.grad
 
 
+def trl_gamma_weights(adv, log_ratio, mask, is_ratio, shape=(2.0, 3.0, 3.0, 2.0)):
+    """TRL 1.x's GRPOTrainer.get_gamma_weights (loss_type='vespo'), restated from its source on
+    padded (B, T) rows: adv (B, 1), mask 1 on each completion token; its defaults (k_pos, lambda_pos,
+    k_neg, lambda_neg)."""
+    k_pos, lam_pos, k_neg, lam_neg = shape
+    lo = math.log(1e-8)
+    seq = (log_ratio.clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if is_ratio is not None:
+        seq = seq + torch.log(is_ratio).clamp(lo, 20.0).sum(-1, keepdim=True)
+    log_w = seq.clamp(lo, 20.0)
+    k = torch.where(adv >= 0, k_pos, k_neg)
+    lam = torch.where(adv >= 0, lam_pos, lam_neg).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(0.0, 0.0, 0.0)
+
+
+def test_vespo_weighs_each_sequence_by_its_whole_ratio_as_trl_does():
+    """VESPO: -phi(w) A log pi, phi(w) = e^(lam + k log w - lam w) detached, w the sequence's
+    whole pi / pi_old. Equal to TRL's gamma weights on the same rows (three sequences of 2, 3 and
+    1 tokens, one advantage negative, with per-token importance weights from the sampler); phi(1)
+    = 1, so on-policy the gradient is GRPO's, -A grad log pi; by hand, w = 2 with A > 0 (k 2,
+    lam 3): phi = e^3 4 e^-6 = 4 / e^3; the loss's gradient is -phi A per token, nothing
+    through phi."""
+    lens = torch.tensor([2, 3, 1])
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, generator=g)
+    log_ratio = 0.3 * torch.randn(6, generator=g)
+    logp = (old + log_ratio).requires_grad_(True)
+    seq_adv = torch.tensor([1.0, -0.5, 2.0])
+    adv = torch.repeat_interleave(seq_adv, lens)
+    is_w = torch.tensor([1.0, 0.9, 1.1, 1.0, 0.8, 1.2])
+    loss, st = policy_loss(logp, old, adv, torch.ones(6), lens, **CLIP, loss_type='vespo',
+                           is_weight=is_w)
+    loss.backward()
+    pad = torch.zeros(3, 3)
+    mask = torch.arange(3) < lens[:, None]
+    rows, isr = pad.clone(), torch.ones(3, 3)
+    rows[mask], isr[mask] = log_ratio, is_w
+    phi = trl_gamma_weights(seq_adv[:, None], rows, mask.float(), isr)
+    want = torch.repeat_interleave(phi[:, 0], lens)
+    assert torch.allclose(logp.grad, -want * adv, rtol=1e-5), (logp.grad, -want * adv)
+    assert torch.allclose(st['pg'], -want * adv * logp.detach(), rtol=1e-5)
+    assert not st['clip_low'].any() and not st['clip_high'].any()
+    # on-policy: phi(1) = 1, the gradient of every other loss type
+    same = old.clone().requires_grad_(True)
+    policy_loss(same, old, adv, torch.ones(6), lens, **CLIP, loss_type='vespo')[0].backward()
+    assert torch.allclose(same.grad, -adv), same.grad
+    # w = 2 (log ratio log 2 over one token), A = 1: phi = e^3 * 2^2 * e^-6
+    two = torch.tensor([math.log(2.0)], requires_grad=True)
+    policy_loss(two, torch.zeros(1), torch.ones(1), torch.ones(1), torch.ones(1, dtype=torch.long),
+                **CLIP, loss_type='vespo')[0].backward()
+    assert math.isclose(two.grad.item(), -4 * math.exp(-3.0), rel_tol=1e-5), two.grad
+
+
+def test_sequence_ratios_count_only_the_tokens_the_sampler_drew():
+    """A tool rollout's inserted tokens are no sample of the policy: GSPO's sequence ratio (the
+    mean log ratio) and VESPO's (the sum) are taken over the sampled tokens only, as TRL and verl
+    mask tool responses out. Sequence 0: log ratios 0.1 (sampled), 5.0 (inserted), 0.3
+    (sampled): GSPO's ratio e^0.2, VESPO's w = e^0.4. The mask (pg_mask) zeroes the policy
+    gradient of a sequence and nothing else."""
+    lens = torch.tensor([3, 1])
+    log_ratio = torch.tensor([0.1, 5.0, 0.3, 0.0])
+    sampled = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    adv = torch.tensor([1.0, 1.0, 1.0, -1.0])
+    _, st = policy_loss(log_ratio, torch.zeros(4), adv, torch.ones(4), lens, **CLIP,
+                        loss_type='gspo', sampled=sampled)
+    assert torch.allclose(st['ratio'][:3], torch.full((3,), math.exp(0.2))), st['ratio']
+    logp = log_ratio.clone().requires_grad_(True)
+    policy_loss(logp, torch.zeros(4), adv, torch.ones(4), lens, **CLIP, loss_type='vespo',
+                sampled=sampled)[0].backward()
+    w = math.exp(0.4)
+    phi = math.exp(3.0 + 2.0 * 0.4 - 3.0 * w)
+    assert torch.allclose(logp.grad[:3], torch.full((3,), -phi)), logp.grad
+    logp.grad = None
+    policy_loss(logp, torch.zeros(4), adv, torch.ones(4), lens, **CLIP, loss_type='vespo',
+                sampled=sampled, pg_mask=torch.tensor([0.0, 0.0, 0.0, 1.0]))[0].backward()
+    assert logp.grad[:3].abs().sum() == 0 and logp.grad[3] == 1.0, logp.grad
+
+
 def trl_normalize_then_sum(per_fn, weights, eps=1e-4):
     """TRL 1.x's multi_objective_aggregation='normalize_then_sum', restated from its source
     (GRPOTrainer._generate_and_score_completions) for one process: rows (N, K), groups of G."""
@@ -656,7 +734,8 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
     ok = {'clip_ratio_c': 0.0, 'loss_type': 'grpo', 'tis_min': 0.0, 'tis_cap': 3.0,
           'advantage': 'grpo', 'scale_rewards': 'group', 'top_entropy_quantile': 1.0,
           'adaptive_entropy': False, 'entropy_coef_min': 0.0, 'entropy_coef_max': 1.0,
-          'ref_sync_every': 0, 'beta': 0.0, 'lora_rank': 0, 'ref_sync_reset_optimizer': False}
+          'ref_sync_every': 0, 'beta': 0.0, 'lora_rank': 0, 'ref_sync_reset_optimizer': False,
+          'tis': ''}
     assert bad_objective_knob(ok) is None
     assert 'beta = 0' in bad_objective_knob({**ok, 'ref_sync_every': 10})
     assert 'moves none' in bad_objective_knob({**ok, 'ref_sync_reset_optimizer': True})
@@ -666,6 +745,9 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
     assert '--clip_ratio_c=0.5' in bad_objective_knob({**ok, 'clip_ratio_c': 0.5})
     assert 'CISPO' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'cispo'})
     assert 'SAPO' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'sapo'})
+    assert 'VESPO' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'vespo'})
+    assert "'token_truncate'" in bad_objective_knob({**ok, 'loss_type': 'vespo', 'tis': 'sequence_mask'})
+    assert bad_objective_knob({**ok, 'loss_type': 'vespo', 'tis': 'token_mask'}) is None
     assert '--tis_min=3.0' in bad_objective_knob({**ok, 'tis_min': 3.0})
     assert bad_objective_knob({**ok, 'advantage': 'rloo'}) is None
     assert "'gdpo' has its own" in bad_objective_knob({**ok, 'advantage': 'gdpo',

@@ -259,7 +259,8 @@ def test_bf16_with_truncated_importance_sampling(tmp_path):
 def test_objective_variants_train(tmp_path):
     """The new objective knobs reach the loss: REINFORCE++-baseline trains on every row (its equal
     groups have an advantage), the dual clip logs its fraction, k3_is gives a KL, both TIS bounds
-    and CISPO's two bounds run, as do the two summed aggregations and SAPO's gate."""
+    and CISPO's two bounds run, as do the two summed aggregations, SAPO's gate and VESPO's weight
+    (with per-token TIS and the off-policy mask)."""
     # seed 1: step 2 has groups with no reward spread, which REINFORCE++ must still train
     args = ['--max_steps=2', '--num_iterations=2', '--lr=3e-2', '--seed=1']
     run_together([tmp_path / 'a', *args, '--advantage=reinforce_pp', '--clip_ratio_c=1.5',
@@ -277,16 +278,22 @@ def test_objective_variants_train(tmp_path):
     # GDPO on two rewards: each normalised in its group, then the weighted sum over the step
     two = ("--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}, "
            "{'name': 'grpo_test_rewards:first_char_even', 'weight': 0.5}]")
+    vespo = [*args, '--loss_type=vespo', '--tis=token_mask', '--tis_min=0.5', '--off_policy_mask=1e-3']
     run_together([tmp_path / 'd', *sapo, '--off_policy_mask=1e-3'], [tmp_path / 'e', *sapo],
-                 [tmp_path / 'f', '--max_steps=2', '--advantage=gdpo', two, '--dynamic_sampling=1'])
+                 [tmp_path / 'f', '--max_steps=2', '--advantage=gdpo', two, '--dynamic_sampling=1'],
+                 [tmp_path / 'g', *vespo])
     c, e = metrics(tmp_path / 'd')[2], metrics(tmp_path / 'e')[2]
+    g = metrics(tmp_path / 'g')[2]
+    assert math.isfinite(g['loss']) and g['grad_norm'] > 0 and 0 < g['off_policy/masked_frac'] < 1, g
+    # phi peaks at 1.21 (A >= 0) and 1.24 (A < 0); the second iteration's ratios are off 1
+    assert 0 < g['vespo/phi_mean'] < 1.25 and g['vespo/phi_mean'] != 1.0, g
     assert math.isfinite(c['loss']) and c['grad_norm'] > 0 and c['clip/high_frac'] == 0, c
     # the second iteration's policy has moved off the sampler's: some A < 0 completions masked,
     # and the update is not the one without the mask
     assert 0 < c['off_policy/masked_frac'] < 1, c
     assert 'off_policy/masked_frac' not in e and c['grad_norm'] != e['grad_norm'], (c, e)
     from doctor.read import load
-    for d in 'abd':  # the run doctor knows every name these runs log
+    for d in 'abdg':  # the run doctor knows every name these runs log
         assert not load(str(tmp_path / d))['unknown'], (d, load(str(tmp_path / d))['unknown'])
     f = metrics(tmp_path / 'f')[2]
     assert math.isfinite(f['loss']) and f['grad_norm'] > 0 and f['rows_trained'] > 0, f
