@@ -85,6 +85,8 @@ RANGES = {
     'eval_temperature': (lambda v: v >= 0, "the sampled evaluations' temperature, >= 0"),
     'top_p': (lambda v: 0 < v <= 1, "the probability mass sampled from, in (0, 1]; 1.0 = off"),
     'top_k': (lambda v: v >= 0, "the most likely tokens sampled from, >= 0; 0 = off"),
+    'min_p': (lambda v: 0 <= v < 1, "the least probability drawn, as a share of the most likely "
+                                    "token's, in [0, 1); 0.0 = off"),
     'beta': (lambda v: v >= 0, "the KL penalty's weight, >= 0; 0 = no reference model"),
     'weight_decay': (lambda v: v >= 0, "AdamW's decay, >= 0"),
     'grad_clip': (lambda v: v >= 0, "the gradient norm's cap, >= 0; 0 = off"),
@@ -203,10 +205,11 @@ def bad_objective_knob(c):
 
 def startup_warnings(c):
     """Settings that run, but not as their user may think: said once, before anything is spent."""
-    if c['top_k'] > 0 or c['top_p'] < 1.0:
-        print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']} truncate "
-              "the sampler's distribution, while the loss scores tokens under the full softmax: "
-              "training is off-policy; use top_k=0, top_p=1.0 for on-policy GRPO", flush=True)
+    if c['top_k'] > 0 or c['top_p'] < 1.0 or c['min_p'] > 0:
+        print(f"WARNING [off_policy_sampling]: top_k={c['top_k']}, top_p={c['top_p']}, min_p="
+              f"{c['min_p']} truncate the sampler's distribution, while the loss scores tokens "
+              "under the full softmax: training is off-policy; use top_k=0, top_p=1.0, min_p=0.0 "
+              "for on-policy GRPO", flush=True)
     if c['filter_zero_std'] and (c['beta'] or c['entropy_coef'] or c.get('adaptive_entropy')):
         print("note: filter_zero_std is off while beta or entropy_coef > 0: groups with equal "
               "rewards still have a KL or entropy gradient, so they are trained on", flush=True)

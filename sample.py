@@ -552,8 +552,8 @@ def prompt_limit(max_prompt_len, max_seq_len, max_new_tokens):
 
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
-             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512, batch_size=32, seed=0,
-             out_path=None, progress=True, compile=False, first=0, tools=None):
+             temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=512, batch_size=32,
+             seed=0, out_path=None, progress=True, compile=False, first=0, tools=None):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). A task with tools is evaluated through generate_with_tools, as it
@@ -581,7 +581,7 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
         sampled = []
         if n_samples > 1:
             sampled = sample(chunk_prompts, n_samples, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, prompt_index=index)
+                             top_p=top_p, min_p=min_p, seed=seed, prompt_index=index)
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]
@@ -691,6 +691,7 @@ if __name__ == '__main__':
     temperature = 1.0  # for sampled completions (greedy pass@1 always uses 0)
     top_k = 0  # 0 = off
     top_p = 1.0  # 1.0 = off
+    min_p = 0.0  # 0.0 = off: tokens less likely than min_p x the most likely one are not drawn
     batch_size = None  # problems per generate() call; None: the run's eval_batch_size, else 64
     compile = False  # torch.compile the prefill and decode steps (the first call compiles: seconds)
     seed = None  # sampling seed (and the arith task's split); None: the run's, else 1337
@@ -739,7 +740,7 @@ if __name__ == '__main__':
     globals().update(config)
     from safety import RANGES, bad_device, bad_range
     ranges = {'temperature': RANGES['eval_temperature'], 'top_p': RANGES['top_p'],
-              'top_k': RANGES['top_k'],
+              'top_k': RANGES['top_k'], 'min_p': RANGES['min_p'],
               'n_samples': (lambda v: v >= 1, "completions per problem, >= 1"),
               'num_completions': (lambda v: v >= 1, "completions printed for --prompt, >= 1"),
               'max_new_tokens': (lambda v: v >= 1, "tokens per completion, >= 1"),
@@ -775,8 +776,8 @@ if __name__ == '__main__':
                   f"exceed the model's {model.config.max_seq_len} positions", file=sys.stderr)
             sys.exit(2)
         completions = sample_batch(model, tok, ids, num_completions, max_new_tokens, tools=tools,
-                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                   compile=compile)
+                                   temperature=temperature, top_k=top_k, top_p=top_p,
+                                   min_p=min_p, seed=seed, compile=compile)
         for c in completions:
             ending = 'finished' if c['finished'] else 'truncated'
             calls = f", {len(c['tool_calls'])} tool calls" if tools else ''
@@ -806,7 +807,7 @@ if __name__ == '__main__':
               f"longest is {max(long)}); {len(examples)} evaluated")
     summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
                        n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
-                       max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                       min_p=min_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
                        out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile,
                        tools=tool_settings(task_mod, max_tool_calls, tool_timeout,
                                            tool_delay_steps))

@@ -59,8 +59,9 @@ max_new_tokens = 512  # completion budget; hitting it counts as truncated
 # a line saying how many (verl's filter_overlong_prompts); 0: all that max_seq_len leaves
 max_prompt_len = 0
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
-top_k = 0  # 0 = off. top_k/top_p make training off-policy (the loss uses the full softmax)
+top_k = 0  # 0 = off. top_k/top_p/min_p make training off-policy (the loss uses the full softmax)
 top_p = 1.0  # 1.0 = off
+min_p = 0.0  # 0.0 = off: tokens less likely than min_p x the most likely one are not drawn
 # GRPO objective (loss.py)
 # 'grpo' (r - group mean, scaled), 'rloo' (leave-one-out), 'reinforce_pp' (REINFORCE++-baseline:
 # then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin),
@@ -569,7 +570,8 @@ def rollout(examples, first, step, timing):
     prompts = prompts_for(examples)
     t = time.time()
     show_progress = master and (step == 0 or verbose)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed * 100_003 + step,
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    seed=seed * 100_003 + step,
                     prompt_index=mine, compile=compile_decode, on_step=heartbeat,
                     graphs=decode_graphs, check_every=decode_check_every)
     my_prompts = [prompts[i - first] for i in mine]

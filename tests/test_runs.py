@@ -94,7 +94,8 @@ def test_a_checkpoint_that_would_run_code_is_refused(trained, tmp_path):
 
 
 def test_sample_py_names_a_bad_knob_value_in_one_line():
-    bad = ['--dtype=fp8', '--device=gpu', '--top_p=2.0', '--batch_size=0', '--n_samples=0']
+    bad = ['--dtype=fp8', '--device=gpu', '--top_p=2.0', '--batch_size=0', '--n_samples=0',
+           '--min_p=1.0']
     bad += [] if torch.cuda.is_available() else ['--device=cuda']
     for arg in bad:
         p, _ = sample_py('--init_from=scratch', arg)

@@ -358,8 +358,15 @@ def test_entropy_control_trains_and_resumes(tmp_path):
 
 
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
-    p = run(tmp_path, '--max_steps=1', '--top_k=5')
+    """top_k, top_p and min_p warn; and min_p reaches the sampler: at 0.99 only the most likely
+    token is drawn, so every group's completions are one and the same (the random model's samples
+    at temperature 1 differ without it)."""
+    p, q = run_together([tmp_path / 'k', '--max_steps=1', '--top_k=5'],
+                        [tmp_path / 'p', '--max_steps=1', '--min_p=0.99'])
     assert 'WARNING [off_policy_sampling]' in p.stdout and 'top_k=5' in p.stdout
+    assert 'WARNING [off_policy_sampling]' in q.stdout and 'min_p=0.99' in q.stdout
+    assert metrics(tmp_path / 'p')[1]['frac_zero_std'] == 1.0
+    assert metrics(tmp_path / 'k')[1]['frac_zero_std'] < 1.0
 
 
 def test_all_zero_std_warning_names_cause_and_fix(tmp_path):
