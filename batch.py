@@ -9,27 +9,29 @@ from kernels import lm_head_logprobs
 from sample import sampled_count
 
 
-def micro_batches(rows, size, whole_groups):
+def micro_batches(rows, size, whole_groups, max_tokens=0):
     """Cut a step's rows into micro-batches of at most `size` rows, similar lengths together (less
     padding). whole_groups (for pack_groups): a group's rows stay together and in order, at least
-    one group per micro-batch."""
-    def row_len(r):
-        return len(r['prompt']) + len(r['ids'])
+    one group per micro-batch. max_tokens > 0: also at most that many tokens as padded (sequences x
+    the longest; a packed group is one sequence), so short rows share a pass and long ones get
+    fewer, one sequence at least."""
+    def length(unit):  # a row, or a group packed: its prompt once, then every completion
+        return len(unit[0]['prompt']) + sum(len(r['ids']) for r in unit)
 
-    def group_len(g):
-        return len(g[0]['prompt']) + sum(len(r['ids']) for r in g)
-
-    if not whole_groups:
-        rows = sorted(rows, key=row_len)
-        return [rows[i:i + size] for i in range(0, len(rows), size)]
-    groups = {}
-    for r in rows:
-        groups.setdefault(r['group'], []).append(r)
-    micro = []
-    for g in sorted(groups.values(), key=group_len):
-        if not micro or len(micro[-1]) + len(g) > size:
+    units = [[r] for r in rows]
+    if whole_groups:
+        groups = {}
+        for r in rows:
+            groups.setdefault(r['group'], []).append(r)
+        units = list(groups.values())
+    micro, n_seq = [], 0  # n_seq: the last micro-batch's sequences
+    for unit in sorted(units, key=length):  # each unit at least as long as those before it
+        too_long = max_tokens and (n_seq + 1) * length(unit) > max_tokens
+        if not micro or len(micro[-1]) + len(unit) > size or too_long:
             micro.append([])
-        micro[-1] += g
+            n_seq = 0
+        micro[-1] += unit
+        n_seq += 1
     return micro
 
 

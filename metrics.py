@@ -85,15 +85,17 @@ def profile_stop(prof, step, out_dir, device, trace=False):
     return path + '.txt'
 
 
-def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode):
+def workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode, *,
+                  micro_batch_tokens=0):
     """Printed before the first step, which may take long enough to look like a hang: what it is
     about to do."""
+    tokens = f" and <= {micro_batch_tokens:,} tokens" if micro_batch_tokens else ''
     compiling = ''
     if compile_decode:
         compiling = ' and compiles the sampler (compile_decode: seconds to minutes)'
     return (f"workload per step: {P} prompts x {G} samples x <= {max_new_tokens} new tokens "
             f"= <= {P * G * max_new_tokens:,} generated tokens, then {num_iterations} update(s) in "
-            f"micro-batches of {micro_batch_size} rows. The first step also warms up "
+            f"micro-batches of <= {micro_batch_size} rows{tokens}. The first step also warms up "
             f"kernels/allocator{compiling}; a progress line shows during generation.")
 
 

@@ -120,6 +120,8 @@ RANGES = {
     'drop_easy': (lambda v: v >= 0, "the mean group reward past which a problem is not drawn "
                                     "again, >= 0; 0 = off"),
     'dynamic_sampling': (lambda v: v >= 0, "the number of extra rounds of prompts, >= 0"),
+    'micro_batch_tokens': (lambda v: v >= 0, "the most tokens a forward pass takes as padded, >= "
+                                             "0; 0 = micro_batch_size rows alone"),
     'max_prompt_len': (lambda v: v >= 0, "the longest prompt trained or evaluated on, in "
                                          "tokens, >= 0; 0 = all that max_seq_len leaves"),
     'eval_max_new_tokens': (lambda v: v >= 0, "tokens per evaluation completion, >= 1 "

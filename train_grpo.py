@@ -52,6 +52,9 @@ sft_batch_size = 32  # sequences per SFT step
 group_size = 8  # G: completions per prompt; advantages are relative within a group
 batch_prompts = 16  # prompts per step (rows per step = batch_prompts * group_size)
 micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation)
+# and, > 0, at most this many tokens a pass as padded (rows x the longest): short rows share a pass,
+# long ones get fewer (verl's use_dynamic_bsz with ppo_max_token_len_per_gpu); 0 = rows only
+micro_batch_tokens = 0
 share_prompt = 'auto'  # True: a group's prompt once, its completions after it; 'auto': the cheaper
 packed_attention = 'auto'  # packed rows: 'flex' (FlexAttention), 'sdpa'; 'auto': flex on CUDA
 max_new_tokens = 512  # completion budget; hitting it counts as truncated
@@ -556,8 +559,8 @@ skip_zero_std = filter_zero_std and inert
 moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
 if fault_kill_opt_step:  # testing: SIGKILL right after this process's N-th GRPO optimizer step
     optimizer.register_step_post_hook(safety.kill_after(fault_kill_opt_step))
-print(metrics.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode),
-      flush=True)
+print(metrics.workload_line(P, G, max_new_tokens, num_iterations, micro_batch_size, compile_decode,
+                            micro_batch_tokens=micro_batch_tokens), flush=True)
 
 
 def rollout(examples, first, step, timing):
@@ -678,7 +681,7 @@ def layout(groups):
         share = choose_share_prompt(groups['rows'], model.config, model.packed_kind())
     micro, plan, mini_of = [], [], []
     for part_rows, part_tok, part_seq, part_trained in groups['parts']:
-        mbs = micro_batches(part_rows, micro_batch_size, whole_groups=share)  # packed: groups
+        mbs = micro_batches(part_rows, micro_batch_size, share, micro_batch_tokens)  # share: groups
         n_real = len(mbs)
         if ddp:  # every rank runs as many passes: padded with passes of weight 0
             mbs = pad_micro_batches(mbs, tok.pad_id, device)
@@ -726,7 +729,7 @@ def step_entropy_cut(lay, groups, roll):
         left_out = zero_std_rows(groups['trainable'], groups['adv'], groups['zero_std'],
                                  roll['prompts'], roll['owned'], groups['kept'],
                                  mask_truncated=mask_truncated)
-        more = micro_batches(left_out, micro_batch_size, whole_groups=share)
+        more = micro_batches(left_out, micro_batch_size, share, micro_batch_tokens)
         n_real = len(more)
         if ddp:
             more = pad_micro_batches(more, tok.pad_id, device)
@@ -873,7 +876,7 @@ def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, com
         m.update(metrics.metrics_of(upd['last']))
     n_trained, t_trained = groups['trained'][:2]
     m.update({'kl_coef': now['beta'], 'rows_trained': n_trained, 'tokens_trained': t_trained,
-              'packed': int(lay['share'])})
+              'packed': int(lay['share']), 'micro_batches': len(lay['micro'])})
     if cut is not None:
         m['entropy_cut'] = cut
     if adaptive_entropy:  # the coefficient this step applied; the next step's from its entropy

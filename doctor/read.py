@@ -57,6 +57,7 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'mem/peak_gb': 'mem_gb', 'eval/pass@1': 'heldout',
     'step': None, 'lr': None, 'kl_coef': None, 'pg_loss': None, 'reward/*': None, 'ratio/*': None,
     'kl_old_new': None, 'rows_trained': None, 'tokens_trained': None, 'packed': None,
+    'micro_batches': None,
     'logprob/mean': None, 'logprob_gen_vs_train': None, 'response_len/max': None,
     'timing_s/eval': None, 'mem/allocated_gb': None, 'mem/reserved_gb': None, 'perf/*': None,
     'timing_s/compile': None, 'compile/graphs': None,

@@ -486,6 +486,26 @@ def test_micro_batches_sizes_and_whole_groups():
     assert [len(mb) for mb in micro_batches(rows, 6, whole_groups=True)] == [6, 3]
 
 
+def test_micro_batches_by_tokens():
+    """max_tokens: a micro-batch takes rows while (rows + 1) x the longest fits; a row longer than
+    the budget gets a pass of its own; size still caps the rows. Packed groups count as one sequence
+    each, of their prompt and every completion."""
+    lens = [3, 5, 5, 6, 10, 10, 30, 8]  # + a 2-token prompt each
+    rows = [{'prompt': [0] * 2, 'ids': [0] * n, 'group': i // 2} for i, n in enumerate(lens)]
+    cut = micro_batches(rows, 16, whole_groups=False, max_tokens=24)
+    # sorted 5 7 7 8 10 12 12 32: 3 x 7 = 21; 4 x 8 = 32 > 24: cut; 8, 10 (2 x 10 = 20); 12, 12;
+    # 32 alone
+    assert [[len(r['prompt']) + len(r['ids']) for r in mb] for mb in cut] == \
+        [[5, 7, 7], [8, 10], [12, 12], [32]], cut
+    assert [len(mb) for mb in micro_batches(rows, 2, whole_groups=False, max_tokens=24)] == \
+        [2, 2, 2, 1, 1], "size still caps the rows"
+    assert micro_batches(rows, 16, whole_groups=False, max_tokens=0) == [sorted(
+        rows, key=lambda r: len(r['ids']))], "0: rows alone"
+    # packed groups of 2: lengths 2 + 3 + 5 = 10, 2 + 11 = 13, 22, 40; 2 x 13 = 26 <= 30
+    grouped = micro_batches(rows, 16, whole_groups=True, max_tokens=30)
+    assert [[r['group'] for r in mb] for mb in grouped] == [[0, 0, 1, 1], [2, 2], [3, 3]], grouped
+
+
 def test_token_mean_weights_every_token_equally():
     """DAPO: a token in a long completion counts as much as one in a short completion."""
     lens = torch.tensor([1, 9])
