@@ -282,7 +282,6 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_st
     fingerprint checked), out_dir/hf the merged weights and out_dir/lora peft's adapter
     directory."""
     from parallel import barrier
-    from hf import save_pretrained
     import lora
     msd, osd = full_state(model, optimizer, fsdp)
     adapters = lora.adapter_state(model, msd) if master else None  # None: not LoRA (or not rank 0)
@@ -297,24 +296,42 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_st
         if adapters is not None:
             state['lora'] = model.lora
         save_checkpoint(out_dir, step, {**state, **run_state}, keep_last)
-        exports = []
         if tok is not None:
-            exports = ['hf'] + [f'hf_{step:07d}'] * keep_export
-        merged = msd
-        if exports and adapters is not None:
-            merged = lora.merged_state(model, msd)
-        for name in exports:
-            save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged,
-                            dtype=export_dtype)
-            saved = {**config, 'step': step}
-            run = json.dumps(saved, indent=2, sort_keys=True, default=str).encode()
-            atomic_write(os.path.join(out_dir, name, 'grpo_run.json'),
-                         functools.partial(write_bytes, run))
-            if adapters is not None:  # hf -> lora, hf_NNNNNNN -> lora_NNNNNNN
-                peft_dir = os.path.join(out_dir, 'lora' + name[2:])
-                lora.save_peft(model, adapters, peft_dir, (config or {}).get('init_from'))
+            for name in ['hf'] + [f'hf_{step:07d}'] * keep_export:
+                write_export(out_dir, name, model, tok, msd, adapters, config={**config, 'step': step},
+                             dtype=export_dtype)
     barrier()
     return ok
+
+
+def save_export(out_dir, name, model, tok, fsdp, master, *, config, dtype=None):
+    """out_dir/name: an HF export of the weights as they are now (export_best), with config as its
+    grpo_run.json; only from finite weights. Rank 0 writes (FSDP first gathers the weights onto
+    it); the others wait. Returns whether the weights were finite."""
+    from parallel import barrier
+    import lora
+    msd = full_weights(model, fsdp)
+    adapters = lora.adapter_state(model, msd) if master else None
+    ok = all(torch.isfinite(t).all() for t in (msd if adapters is None else adapters).values())
+    if master and ok:
+        write_export(out_dir, name, model, tok, msd, adapters, config=config, dtype=dtype)
+    barrier()
+    return ok
+
+
+def write_export(out_dir, name, model, tok, msd, adapters, *, config, dtype):
+    """out_dir/name (hf, hf_NNNNNNN, hf_best): save_pretrained of whole weights msd (LoRA: merged
+    from the adapters, peft's adapter directory beside it as lora, lora_NNNNNNN, lora_best) and
+    config as grpo_run.json, which sample.py reads."""
+    from hf import save_pretrained
+    import lora
+    merged = msd if adapters is None else lora.merged_state(model, msd)
+    save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged, dtype=dtype)
+    run = json.dumps(config, indent=2, sort_keys=True, default=str).encode()
+    atomic_write(os.path.join(out_dir, name, 'grpo_run.json'), functools.partial(write_bytes, run))
+    if adapters is not None:
+        lora.save_peft(model, adapters, os.path.join(out_dir, 'lora' + name[2:]),
+                       (config or {}).get('init_from'))
 
 
 def write_bytes(data, f):
@@ -332,8 +349,7 @@ def full_state(model, optimizer, fsdp):
     osd = optimizer.state_dict()
     if not fsdp:
         return model.state_dict(), osd
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     # (an empty state is already whole; the DCP call would fill it with a dummy AdamW step)
     if osd['state']:
@@ -342,7 +358,17 @@ def full_state(model, optimizer, fsdp):
         osd = osd and {'state': {pos[n]: s for n, s in osd['state'].items()},
                        'param_groups': [{**g, 'params': [pos[n] for n in g['params']]}
                                         for g in osd['param_groups']]}
-    return get_model_state_dict(model, options=opts), osd
+    return full_weights(model, fsdp), osd
+
+
+def full_weights(model, fsdp):
+    """The model's state dict of whole tensors (FSDP: gathered onto rank 0 in CPU memory, {} on
+    the other ranks)."""
+    if not fsdp:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
 
 
 def load_state(model, optimizer, msd, osd, fsdp):

@@ -73,6 +73,9 @@ def bad_knob(c):
     if c['eval_samples'] == 1 or c['eval_samples'] < 0:
         return (f"--eval_samples={c['eval_samples']}: sampled completions per evaluation problem, "
                 ">= 2 for pass@k and mean@k (0 = greedy pass@1 only)")
+    if c['export_best'] and c['eval_every'] <= 0:
+        return (f"--export_best={c['export_best']!r}: the best weights are judged at each "
+                "evaluation, and eval_every = 0 runs none")
     return None
 
 
@@ -120,6 +123,9 @@ RANGES = {
     'drop_easy': (lambda v: v >= 0, "the mean group reward past which a problem is not drawn "
                                     "again, >= 0; 0 = off"),
     'dynamic_sampling': (lambda v: v >= 0, "the number of extra rounds of prompts, >= 0"),
+    'export_best': (lambda v: v == '' or v.startswith('eval/'), "an eval/ metric to keep the "
+                                                                "best weights of, e.g. "
+                                                                "'eval/pass@1'; '' = off"),
     'micro_batch_tokens': (lambda v: v >= 0, "the most tokens a forward pass takes as padded, >= "
                                              "0; 0 = micro_batch_size rows alone"),
     'max_prompt_len': (lambda v: v >= 0, "the longest prompt trained or evaluated on, in "

@@ -175,6 +175,9 @@ keep_last = 2  # checkpoints kept on disk
 export_hf = True  # also write out_dir/hf/ (HF snapshot of the latest weights) at each checkpoint
 export_dtype = ''  # the HF snapshot's weights: '' = as trained (float32), or 'bfloat16'
 export_every = 0  # also checkpoint and keep out_dir/hf_{step:07d}/ every N steps (0 = off)
+# an eval metric, e.g. 'eval/pass@1' (any eval/ key the run logs; higher is better): out_dir/hf_best/
+# holds the weights of its best evaluation so far (ties: the earliest); '' = off
+export_best = ''
 wandb_log = False  # also send every metrics.jsonl row to Weights & Biases (pip install wandb)
 wandb_project = 'grpo'  # its project
 wandb_run_name = ''  # its run name ('' = wandb's); a resumed run continues the same wandb run
@@ -237,7 +240,7 @@ from batch import mini_batch_groups, pad_micro_batches, sampled_entropies  # noq
 from batch import sampled_tokens, train_rows, zero_std_rows  # noqa: E402
 from checkpoint import load_checkpoint, load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, reference_path, resume_run, save_reference  # noqa: E402
-from checkpoint import save_run  # noqa: E402
+from checkpoint import save_export, save_run  # noqa: E402
 from data import indices_at  # noqa: E402
 from hf import load_model  # noqa: E402
 from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
@@ -403,6 +406,7 @@ entropy_state = {'coef': entropy_coef, 'last': math.inf}
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
 dropped = set()  # drop_easy: indices of the training problems no longer drawn (in checkpoints)
+best = {'value': None, 'step': None}  # export_best: the best evaluation so far (in checkpoints)
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
                    resume_changed=resume_changed)
 if state is not None:  # None: a fresh start
@@ -410,6 +414,7 @@ if state is not None:  # None: a fresh start
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
     entropy_state = state.get('entropy_state', entropy_state)
     dropped.update(state.get('dropped', ()))
+    best.update(state.get('best', {}))
     if dropped and len(dropped) >= len(train_set):
         die(f"drop_easy: all {len(train_set)} training problems were left out by step {step}: "
             "nothing is left to train on (a run with drop_easy=0 would draw them again)", 2)
@@ -420,11 +425,29 @@ def save(step_done, cursor, lr_scale, rollbacks, guards, entropy_state):
     """checkpoint.py: atomic, finite weights only, rank 0 writes; with the HF export."""
     run_state = {'cursor': cursor, 'lr_scale': lr_scale, 'rollbacks': rollbacks, 'guards': guards,
                  'entropy_state': entropy_state, 'dropped': sorted(dropped),
-                 'ref_source': init_from}
+                 'ref_source': init_from, 'best': dict(best)}
     return save_run(out_dir, step_done, model, optimizer, fsdp, master, keep_last=keep_last,
                     run_state=run_state, tok=tok if export_hf else None, config=config,
                     export_dtype=getattr(torch, export_dtype or 'float32'),
                     keep_export=export_every > 0 and step_done % export_every == 0)
+
+
+def keep_best(step_done, row):
+    """export_best: out_dir/hf_best/ becomes these weights when row's value of that metric beats
+    every evaluation before it (its grpo_run.json says which step and value)."""
+    if export_best not in row:
+        logged = ', '.join(sorted(k for k in row if k.startswith('eval/')))
+        die(f"--export_best={export_best!r}: the evaluation logs no such metric (it logs {logged})", 2)
+    if best['value'] is not None and row[export_best] <= best['value']:
+        return
+    done = save_export(out_dir, 'hf_best', model, tok, fsdp, master, config={
+        **config, 'step': step_done, 'best': {export_best: row[export_best]}},
+        dtype=getattr(torch, export_dtype or 'float32'))
+    if done:
+        best.update(value=row[export_best], step=step_done)
+        if master:
+            print(f"export_best: {export_best} {row[export_best]:.4f} at step {step_done}, the best "
+                  f"so far -> {os.path.join(out_dir, 'hf_best')}", flush=True)
 
 
 log_metrics = metrics.metrics_log(metrics_path, master, out_dir=out_dir, wandb_log=wandb_log,
@@ -535,6 +558,8 @@ if state is None:
     row = {'step': 0}
     if eval_every > 0:
         row.update(run_eval(0))
+    if export_best:
+        keep_best(0, row)
     log_metrics(row)
     save(0, cursor, lr_scale, rollbacks, guards, entropy_state)  # the first rollback target
 last_progress = [time.time()]  # the watchdog's heartbeat: refreshed at every stage and decode step
@@ -899,7 +924,8 @@ def report(step, m, roll, guards, rollbacks, skipped):
     has_kl = ref_model is not None  # the KL is only measured against a reference
     m.update(safety.warn(guards, m, skipped=skipped, max_new_tokens=max_new_tokens,
                          kl_warn=kl_warn if has_kl else None))
-    if eval_every > 0 and (step % eval_every == 0 or step == max_steps):
+    evaluated = eval_every > 0 and (step % eval_every == 0 or step == max_steps)
+    if evaluated:
         m.update(run_eval(step))
     sc, comps = roll['sc'], roll['comps']
     action, finite = safety.guard(guards, m, sc, [c['text'] for c in comps], skipped=skipped,
@@ -912,6 +938,8 @@ def report(step, m, roll, guards, rollbacks, skipped):
     m['guard/zero_reward_streak'] = guards['zero_streak']
     m['guard/rollbacks'] = rollbacks
     m['guard/skipped_update'] = int(skipped or not finite)
+    if export_best and evaluated and not action and finite:  # never weights a guard rejects
+        keep_best(step, m)
     samples = None  # a few completions: samples.jsonl, and a wandb table with wandb_log
     if master and log_samples_every > 0 and step % log_samples_every == 0:
         samples_path = os.path.join(out_dir, 'samples.jsonl')

@@ -1,26 +1,33 @@
 """The task seam (tasks/): the built-in tasks expose the interface; a task from outside the project
 plugs in by --task=module:attr or a path, trains and is evaluated with its own grade; sample.py on a
 run's export reproduces the run's last eval/pass@1; a broken task fails at start-up in one line."""
+import contextlib
 import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 import tasks
 import test_train
 from test_train import ROOT, TINY, env, metrics, run
 
 
-def run_task(out_dir, *args, **kw):
-    """test_train's tiny run, its arith knobs left out: they are unknown keys under any other
-    task."""
-    tiny = [a for a in TINY if not a.startswith(('--task=', '--arith_'))]
-    saved, test_train.TINY = test_train.TINY, tiny
+@contextlib.contextmanager
+def other_task():
+    """test_train's tiny runs with their arith knobs left out: they are unknown keys under any
+    other task."""
+    test_train.TINY = [a for a in TINY if not a.startswith(('--task=', '--arith_'))]
     try:
-        return run(out_dir, *args, **kw)
+        yield
     finally:
-        test_train.TINY = saved
+        test_train.TINY = TINY
+
+
+def run_task(out_dir, *args, **kw):
+    with other_task():
+        return run(out_dir, *args, **kw)
 
 GSM8K = ROOT.parent / 'shared' / 'gsm8k'
 
@@ -115,6 +122,38 @@ def test_plugged_in_task_trains_and_is_evaluated_with_its_own_grade(tmp_path):
     by_grade /= len(evals)
     assert by_grade == s['pass@1'] and 0 < s['pass@1'] < 1, (
         f"pass@1 {s['pass@1']} must be the parity grade's")
+
+
+def test_export_best_keeps_the_best_evaluation_through_a_resume(tmp_path):
+    """export_best='eval/pass@1', an evaluation every step of 6 (the parity task's pass@1 moves
+    with the weights): out_dir/hf_best holds the weights of the first step with the highest value,
+    its grpo_run.json says which. A run killed right after step 6's update (resumed from step 5's
+    checkpoint, whose best was step 5's) ends with the same hf_best: without the best carried in
+    the checkpoint, step 6's lower value became the 'best'. A metric the evaluation does not log
+    is one line, exit 2."""
+    args = ['--task=grpo_test_task:parity', '--max_steps=6', '--eval_every=1', '--save_every=1',
+            '--export_best=eval/pass@1', '--keep_last=10', '--lr=3e-2', '--eval_examples=16',
+            '--rewards=None']
+    jobs = [(tmp_path / 'straight', []), (tmp_path / 'killed', ['--fault_kill_opt_step=6']),
+            (tmp_path / 'typo', ['--export_best=eval/pass@l', '--max_steps=1'])]
+    with other_task():
+        straight, killed, typo = test_train.run_together(*[[out, *args, *more] for out, more in jobs],
+                                                         check=False)
+    assert typo.returncode == 2 and "--export_best='eval/pass@l'" in typo.stderr, typo.stderr
+    assert len(typo.stderr.strip().splitlines()) == 1 and 'eval/pass@1' in typo.stderr
+    assert straight.returncode == 0 and killed.returncode < 0, (straight.stderr, killed.returncode)
+    run_task(tmp_path / 'killed', *args)
+    evals = [(r['eval/pass@1'], -r['step']) for r in metrics(tmp_path / 'straight')]
+    value, step = max(evals)
+    step = -step
+    assert 0 < step < 6, f"the best must come after the start and before step 6: {evals}"
+    from hf import from_pretrained
+    for out in ('straight', 'killed'):
+        saved = json.load(open(tmp_path / out / 'hf_best' / 'grpo_run.json'))
+        assert (saved['step'], saved['best']) == (step, {'eval/pass@1': value}), (out, saved)
+    model, _ = from_pretrained(str(tmp_path / 'killed' / 'hf_best'))
+    sd = test_train.weights(tmp_path / 'straight', step)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
 
 
 def test_task_from_a_path_trains_and_takes_its_knobs(tmp_path):
