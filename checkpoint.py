@@ -307,12 +307,14 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_st
 def save_export(out_dir, name, model, tok, fsdp, master, *, config, dtype=None):
     """out_dir/name: an HF export of the weights as they are now (export_best), with config as its
     grpo_run.json; only from finite weights. Rank 0 writes (FSDP first gathers the weights onto
-    it); the others wait. Returns whether the weights were finite."""
-    from parallel import barrier
+    it); the others wait. Returns whether the weights were finite, the same on every rank."""
+    from parallel import all_reduce, barrier
     import lora
-    msd = full_weights(model, fsdp)
+    msd = full_weights(model, fsdp)  # FSDP: {} but on rank 0
     adapters = lora.adapter_state(model, msd) if master else None
     ok = all(torch.isfinite(t).all() for t in (msd if adapters is None else adapters).values())
+    device = next(model.parameters()).device
+    ok = all_reduce([float(not ok)], device, 'max')[0] == 0  # rank 0's verdict, FSDP or not
     if master and ok:
         write_export(out_dir, name, model, tok, msd, adapters, config=config, dtype=dtype)
     barrier()
