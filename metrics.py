@@ -230,9 +230,10 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
     """Add one micro-batch's share of iteration 0: the loss, its policy-gradient part, and means
     over the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer|
     log-prob and, with tis, the importance weight and the share of tokens whose ratio was above the
-    cap (is_weight: tis_weights' pair), with off_policy_mask the share of tokens whose
-    completion it masked, and with VESPO its weight's mean. Means divide by n_tokens, the step's trained tokens over
-    every rank. sampled (0/1, rollouts with tools): the tokens that count; tool responses do not."""
+    cap (is_weight: tis_weights' pair), with off_policy_mask the share of tokens whose completion
+    it masked, and with VESPO its weight's mean. Means divide by n_tokens, the step's trained
+    tokens over every rank. sampled (0/1, rollouts with tools): the tokens that count; tool
+    responses do not."""
     s = acc['sum']
     s['loss'] += loss.item()
     s['pg_loss'] += (st['pg'] * w).sum().item()

@@ -406,7 +406,8 @@ entropy_state = {'coef': entropy_coef, 'last': math.inf}
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
 dropped = set()  # drop_easy: indices of the training problems no longer drawn (in checkpoints)
-best = {'value': None, 'step': None}  # export_best: the best evaluation so far (in checkpoints)
+# export_best: the best evaluation so far (in checkpoints; a resume with another metric starts anew)
+best = {'metric': export_best, 'value': None, 'step': None}
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
                    resume_changed=resume_changed)
 if state is not None:  # None: a fresh start
@@ -414,7 +415,8 @@ if state is not None:  # None: a fresh start
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
     entropy_state = state.get('entropy_state', entropy_state)
     dropped.update(state.get('dropped', ()))
-    best.update(state.get('best', {}))
+    if (state.get('best') or {}).get('metric') == export_best:
+        best.update(state['best'])
     if dropped and len(dropped) >= len(train_set):
         die(f"drop_easy: all {len(train_set)} training problems were left out by step {step}: "
             "nothing is left to train on (a run with drop_easy=0 would draw them again)", 2)
@@ -599,9 +601,8 @@ def rollout(examples, first, step, timing):
     t = time.time()
     show_progress = master and (step == 0 or verbose)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    seed=seed * 100_003 + step,
-                    prompt_index=mine, compile=compile_decode, on_step=heartbeat,
-                    graphs=decode_graphs, check_every=decode_check_every)
+                    seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
+                    on_step=heartbeat, graphs=decode_graphs, check_every=decode_check_every)
     my_prompts = [prompts[i - first] for i in mine]
     comps = sample_batch(gen_model, tok, my_prompts, G, max_new_tokens, tools=tooling,
                          progress=show_progress, **sampling)
