@@ -148,17 +148,21 @@ def test_mini_batches_and_entropy_cut_on_two_ranks_match_one_process(tmp_path):
 def test_gdpo_sapo_masking_and_dropping_on_two_ranks_match_one_process(tmp_path):
     """advantage='gdpo' over two rewards (each normalised over the whole step's groups, every
     rank's), SAPO with the off-policy mask over two iterations (its share summed over the ranks),
-    and drop_easy (the set left out, the same on every rank, steers the next draws): the same run
-    as one process."""
+    drop_easy (the set left out, the same on every rank, steers the next draws) and micro-batches
+    cut by a token budget (each rank cuts its own rows; the ranks with fewer passes pad): the same
+    run as one process."""
     args = ['--advantage=gdpo', '--loss_type=sapo', '--off_policy_mask=1e-3', '--num_iterations=2',
-            '--drop_easy=0.5', '--lr=3e-2', '--group_size=2',
+            '--drop_easy=0.5', '--lr=3e-2', '--group_size=2', '--micro_batch_tokens=150',
             "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}, "
             "{'name': 'grpo_test_rewards:digit_fraction', 'weight': 0.5}]"]
     one, two = tmp_path / 'one', tmp_path / 'two'
     run(one, 0, *args)
     run(two, 2, *args)
-    assert_same_run(one, two, 'DDP, 2 ranks, gdpo + sapo + off_policy_mask + drop_easy')
+    assert_same_run(one, two, 'DDP, 2 ranks, gdpo + sapo + off_policy_mask + drop_easy + tokens')
     ra, rb = metrics(one)[1:], metrics(two)[1:]
+    # rows of 80-100 tokens: one a pass (or one packed group), more passes than 4 rows a pass
+    assert all(r['micro_batches'] > math.ceil(r['rows_trained'] / 4) for r in ra), ra
+
     assert [r['data/dropped'] for r in ra] == [r['data/dropped'] for r in rb], (ra, rb)
     assert ra[-1]['data/dropped'] > 0, "nothing was dropped: the test tests less than it says"
     for a, b in zip(ra, rb):
