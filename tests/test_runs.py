@@ -267,7 +267,7 @@ def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch
     assert cpu_contention(load=3.9, cores=2, threads=1) is None  # already one thread
     msg = cpu_contention(load=3.9, cores=2, threads=2)
     assert '3.9' in msg and 'OMP_NUM_THREADS=1' in msg
-    knobs = dict(top_k=0, top_p=1.0, filter_zero_std=True, beta=0.0, entropy_coef=0.0)
+    knobs = dict(top_k=0, top_p=1.0, min_p=0.0, filter_zero_std=True, beta=0.0, entropy_coef=0.0)
     monkeypatch.setattr('os.getloadavg', lambda: (7.5, 7.0, 6.0))
     monkeypatch.setattr('os.cpu_count', lambda: 2)
     monkeypatch.setattr('torch.get_num_threads', lambda: 2)
