@@ -97,8 +97,9 @@ def test_sample_py_names_a_bad_knob_value_in_one_line():
     bad = ['--dtype=fp8', '--device=gpu', '--top_p=2.0', '--batch_size=0', '--n_samples=0',
            '--min_p=1.0']
     bad += [] if torch.cuda.is_available() else ['--device=cuda']
-    for arg in bad:
-        p, _ = sample_py('--init_from=scratch', arg)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two at a time, as test_train's
+        done = list(pool.map(lambda arg: sample_py('--init_from=scratch', arg)[0], bad))
+    for arg, p in zip(bad, done):
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (arg, p.stderr)
         assert p.stderr.startswith(f"error: {arg.split('=')[0]}="), (arg, p.stderr)
 
