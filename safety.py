@@ -281,6 +281,17 @@ def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None):
                       f"({m['dynamic/prompts']} prompts drawn), so this step trains on fewer: most "
                       "prompts are all-right or all-wrong for the policy; raise dynamic_sampling, "
                       "group_size or temperature, or use harder/easier data"))
+    if m.get('off_policy/masked_frac', 0.0) > 0.5:
+        warns.append(('off_policy_masked', f"the off-policy mask took {m['off_policy/masked_frac']:.0%} "
+                      "of the trained tokens out of the policy gradient: the policy moved far from "
+                      "the sampler within the step, or the sampler's numerics differ from the "
+                      "trainer's (logprob_gen_vs_train); lower lr, num_iterations or mini_batches, "
+                      "or raise off_policy_mask"))
+    if m.get('vespo/phi_mean', 1.0) < 0.1:
+        warns.append(('vespo_phi_low', f"VESPO's sequence weight averaged {m['vespo/phi_mean']:.3f}: "
+                      "the whole-sequence ratios are far from 1 (long completions sum small per-token "
+                      "gaps), so little trains; lower lr, num_iterations or mini_batches, turn tis "
+                      "off, or flatten the weight (lower vespo_lambda_pos/neg)"))
     guards['kl_hist'] = (guards['kl_hist'] + [m['kl']])[-10:]
     if kl_warn is not None and m['kl'] > kl_warn:
         warns.append(('kl', f"KL to the reference {m['kl']:.4f} > kl_warn={kl_warn} (last steps: "

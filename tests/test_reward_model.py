@@ -411,6 +411,21 @@ def test_zero_spread_warning_names_the_model_reward_and_what_to_check(capsys):
         'a reward with a spread in most groups is not warned about')
 
 
+def test_off_policy_warnings_name_the_share_and_the_fixes(capsys):
+    """More than half of the tokens masked by off_policy_mask, and VESPO's weight near 0, each a
+    warning that names the figure and what to lower; neither below its line."""
+    import safety
+    m = {'frac_zero_std': 0.5, 'logprob/mean': -2.0, 'loss': 0.1, 'grad_norm': 1.0,
+         'tokens_trained': 10, 'response_len/clip_frac': 0.0, 'kl': 0.0,
+         'off_policy/masked_frac': 0.75, 'vespo/phi_mean': 0.02}
+    counts = safety.warn(safety.new_guards(), m, skipped=False, max_new_tokens=8)
+    out = capsys.readouterr().out
+    assert counts.get('warn/off_policy_masked') == 1 and counts.get('warn/vespo_phi_low') == 1
+    assert '75% of the trained tokens' in out and 'averaged 0.020' in out and 'num_iterations' in out
+    m.update({'off_policy/masked_frac': 0.2, 'vespo/phi_mean': 0.6})
+    assert safety.warn(safety.new_guards(), m, skipped=False, max_new_tokens=8) == {}
+
+
 def test_train_grpo_warns_when_a_judge_ties_every_group(tmp_path):
     """A judge that answers the same whatever it reads (P(yes) = 0.8 by construction): train_grpo
     logs its per-function spread and warns, naming the judge and what to check."""
