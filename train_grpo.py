@@ -52,8 +52,8 @@ sft_batch_size = 32  # sequences per SFT step
 group_size = 8  # G: completions per prompt; advantages are relative within a group
 batch_prompts = 16  # prompts per step (rows per step = batch_prompts * group_size)
 micro_batch_size = 16  # rows per forward/backward pass (gradient accumulation)
-# and, > 0, at most this many tokens a pass as padded (rows x the longest): short rows share a pass,
-# long ones get fewer (verl's use_dynamic_bsz with ppo_max_token_len_per_gpu); 0 = rows only
+# > 0: a pass also takes at most this many tokens as padded (rows x the longest), so short rows share
+# a pass and long ones get fewer (verl's use_dynamic_bsz, ppo_max_token_len_per_gpu); 0 = rows only
 micro_batch_tokens = 0
 share_prompt = 'auto'  # True: a group's prompt once, its completions after it; 'auto': the cheaper
 packed_attention = 'auto'  # packed rows: 'flex' (FlexAttention), 'sdpa'; 'auto': flex on CUDA
