@@ -197,18 +197,20 @@ RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_exampl
                'eval_tasks', 'export_best')
 
 
-def config_changes(saved, config):
+def config_changes(saved, config, safe=()):
     """Lines naming each knob whose value differs from the checkpoint's run, and whether any of them
-    changes what the run computes (anything outside RESUME_SAFE: its trajectory is then not the one
-    a run without the stop had). A knob the checkpoint's code did not have (or this code no longer
-    has) is named but does not count: its default is meant to keep the old behaviour."""
+    changes what the run computes (anything outside RESUME_SAFE and safe, e.g. the knobs of tasks
+    only evaluated: its trajectory is then not the one a run without the stop had). A knob the
+    checkpoint's code did not have (or this code no longer has) is named but does not count: its
+    default is meant to keep the old behaviour."""
     unset = '(unset)'
     keys = sorted(k for k in set(saved) | set(config)
                   if saved.get(k, unset) != config.get(k, unset))
     known = [k for k in keys if k in saved and k in config]
+    safe = set(RESUME_SAFE) | set(safe)
     lines = []
     for k in keys:
-        if k in known and k not in RESUME_SAFE:
+        if k in known and k not in safe:
             note = '   (changes the run)'
         elif k in known:
             note = ''
@@ -217,17 +219,17 @@ def config_changes(saved, config):
         else:
             note = '   (a knob this code no longer has)'
         lines.append(f"  {k}: {saved.get(k, unset)!r} -> {config.get(k, unset)!r}" + note)
-    return lines, any(k not in RESUME_SAFE for k in known)
+    return lines, any(k not in safe for k in known)
 
 
 def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None,
-               resume_changed=False):
+               resume_changed=False, resume_safe=()):
     """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer,
     restore the RNG state, trim metrics.jsonl and samples.jsonl back to its step, and return its
     state dict; None to start fresh (then a metrics.jsonl already there is renamed aside, never
     overwritten). resume='never' refuses an out_dir that holds checkpoints. Knobs that differ from
-    the checkpoint's run are printed; one that changes what the run computes (config_changes) needs
-    resume_changed=True, else the run stops before touching anything."""
+    the checkpoint's run are printed; one that changes what the run computes (config_changes; knobs
+    in resume_safe do not) needs resume_changed=True, else the run stops before touching anything."""
     from parallel import barrier, die
     path, state = None, None
     if resume == 'auto':
@@ -236,7 +238,7 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None,
         die(f"resume='never' but {out_dir} holds checkpoints; pick a new --out_dir (nothing is "
             "overwritten)", 2)
     if state is not None and config is not None and state.get('config') is not None:
-        lines, changes_run = config_changes(state['config'], config)
+        lines, changes_run = config_changes(state['config'], config, resume_safe)
         if lines and master:
             print(f"resume: {path} was written with other knob values:\n" + '\n'.join(lines),
                   flush=True)

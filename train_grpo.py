@@ -408,8 +408,11 @@ guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
 dropped = set()  # drop_easy: indices of the training problems no longer drawn (in checkpoints)
 # export_best: the best evaluation so far (in checkpoints; a resume with another metric starts anew)
 best = {'metric': export_best, 'value': None, 'step': None}
+# the knobs of tasks only evaluated (eval_tasks) change no training: a resume may change them
+eval_only = {k for ev in extra_evals.values() for k in tasks.knobs(ev['task'])} - set(
+    tasks.knobs(task_mod))
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
-                   resume_changed=resume_changed)
+                   resume_changed=resume_changed, resume_safe=eval_only)
 if state is not None:  # None: a fresh start
     step, cursor = state['step'], state['cursor']
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']

@@ -339,6 +339,10 @@ def test_sampled_evaluation_logs_pass_at_k_and_leaves_training_alone(tmp_path):
             {k: v for k, v in stable(p).items() if not k.startswith('eval/')}, r['step']
     wk, wg = weights(tmp_path / 'k', 2), weights(tmp_path / 'greedy', 2)
     assert all(torch.equal(wk[k], wg[k]) for k in wk), "sampled evaluation changed the training"
+    # a knob of a task only evaluated changes no training: a resume may change it
+    p = run(tmp_path / 'k', *args, '--eval_samples=4', '--eval_temperature=1.5', *more[:1],
+            '--parity_n_test=4')
+    assert 'parity_n_test: 5 -> 4\n' in p.stdout, p.stdout[-2000:]
 
 
 def test_entropy_control_trains_and_resumes(tmp_path):
