@@ -101,8 +101,10 @@ def test_two_fsdp_ranks_match_one_process(one_process, tmp_path):
     assert_same_run(one_process, tmp_path, 'FSDP2, 2 ranks')
 
 
-# beta: the reference is the adapters-off model
-LORA = ['--lora_rank=4', '--lora_alpha=8', '--lr=2e-2', '--beta=0.05']
+# beta: the reference is the adapters-off model; export_best: the merged weights and the adapters
+# of the best evaluation (FSDP: gathered from the shards, rank 0's verdict shared)
+LORA = ['--lora_rank=4', '--lora_alpha=8', '--lr=2e-2', '--beta=0.05', '--eval_every=1',
+        '--export_best=eval/pass@1']
 
 
 @pytest.fixture(scope='module')
@@ -124,6 +126,9 @@ def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp)
     assert_same_run(one_process_lora, tmp_path, f"{'FSDP2' if fsdp else 'DDP'} with LoRA, 2 ranks",
                     tol=2e-4 if fsdp else 1e-5)
     assert all('.lora_' in k for k in weights(tmp_path, 3)), "a LoRA checkpoint holds adapters only"
+    best = [json.load(open(d / 'hf_best' / 'grpo_run.json')) for d in (one_process_lora, tmp_path)]
+    assert [(b['step'], b['best']) for b in best] == [(best[0]['step'], best[0]['best'])] * 2, best
+    assert (tmp_path / 'lora_best' / 'adapter_config.json').exists()
 
 
 def test_mini_batches_and_entropy_cut_on_two_ranks_match_one_process(tmp_path):
