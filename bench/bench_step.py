@@ -132,7 +132,8 @@ def run_ours(snap, work, pre, *, lr, steps, warmup, seed, device, data_args, con
     not among them, under torch.profiler (train_grpo's profile_step); its table is printed."""
     out = os.path.join(work, 'ours')
     plumbing = dict(init_from=snap, out_dir=out, resume='never', **data_args,
-                    max_steps=warmup + steps + profile, eval_every=0, save_every=10**9, keep_last=1,
+                    max_steps=warmup + steps + profile, eval_every=0, export_best='',
+                    save_every=10**9, keep_last=1,
                     profile_step=(warmup + steps + 1) * profile,
                     export_hf=False, plot_every=0, log_samples_every=0, watchdog_s=0,
                     device=device, seed=seed)

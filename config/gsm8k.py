@@ -23,4 +23,5 @@ rewards = [{'name': 'correct', 'weight': 1.0},
            {'name': 'format', 'weight': 0.1, 'kwargs': {'pattern': 'boxed'}}]
 eval_every = 50
 eval_examples = 500
+export_best = 'eval/pass@1'  # out_dir/hf_best/: the weights of the best evaluation so far
 save_every = 50

@@ -45,4 +45,5 @@ rewards = [{'name': 'correct', 'weight': 1.0},
            {'name': 'format', 'weight': 0.1, 'kwargs': {'pattern': 'boxed'}}]  # as config/gsm8k.py
 eval_every = 50  # greedy pass@1 on held-out problems, with tools as in training
 eval_examples = 500  # held-out problems per evaluation
+export_best = 'eval/pass@1'  # out_dir/hf_best/: the weights of the best evaluation so far
 save_every = 50  # checkpoint every N steps
