@@ -28,4 +28,5 @@ beta = 0.0  # no reference model: saves its memory and a forward pass (Dr. GRPO,
 rewards = [{'name': 'correct', 'weight': 1.0}]  # 1 when math-verify agrees, else 0; no format term
 eval_every = 50
 eval_examples = 500
+export_best = 'eval/pass@1'  # out_dir/hf_best/: the weights of the best evaluation so far
 save_every = 50
