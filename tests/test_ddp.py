@@ -261,3 +261,20 @@ def test_batch_not_divisible_by_ranks_is_a_clear_error(tmp_path):
     p = run(tmp_path, 2, '--batch_prompts=3', check=False)
     assert p.returncode != 0, p.stderr[-2000:]
     assert 'batch_prompts=3' in p.stderr and 'divisible' in p.stderr, p.stderr[-2000:]
+
+
+def test_reference_sync_with_optimizer_reset_on_two_fsdp_ranks_matches_one_process(tmp_path):
+    """ref_sync_every with ref_sync_reset_optimizer under FSDP2: the reference (a whole copy on each
+    rank) moves to the gathered policy and every rank zeroes its shard of AdamW's state in place (a
+    cleared state would make DCP's checkpoint path invent a step): the same run as one process.
+    The step after a reset is a new AdamW's first, about lr * sign(gradient), which turns FSDP's
+    reduction rounding on near-zero gradients into whole steps: at lr 3e-2 the weights then
+    differed by 7e-4 (1e-5 without the reset), so this runs at TINY's 1e-3, within the LoRA FSDP
+    test's tolerance."""
+    args = ['--beta=0.05', '--ref_sync_every=2', '--ref_sync_reset_optimizer=True']
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    run(one, 0, *args)
+    run(two, 2, *args, '--fsdp=True')
+    assert_same_run(one, two, 'FSDP2, 2 ranks, reference sync with optimizer reset', tol=2e-4)
+    state = torch.load(two / 'ckpt_0000002.pt', weights_only=False)['optimizer']['state']
+    assert state and all(t.count_nonzero() == 0 for s in state.values() for t in s.values())
