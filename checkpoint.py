@@ -299,9 +299,8 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_st
             state['lora'] = model.lora
         save_checkpoint(out_dir, step, {**state, **run_state}, keep_last)
         if tok is not None:
-            for name in ['hf'] + [f'hf_{step:07d}'] * keep_export:
-                write_export(out_dir, name, model, tok, msd, adapters, config={**config, 'step': step},
-                             dtype=export_dtype)
+            write_exports(out_dir, ['hf'] + [f'hf_{step:07d}'] * keep_export, model, tok, msd,
+                          adapters, config={**config, 'step': step}, dtype=export_dtype)
     barrier()
     return ok
 
@@ -318,24 +317,26 @@ def save_export(out_dir, name, model, tok, fsdp, master, *, config, dtype=None):
     device = next(model.parameters()).device
     ok = all_reduce([float(not ok)], device, 'max')[0] == 0  # rank 0's verdict, FSDP or not
     if master and ok:
-        write_export(out_dir, name, model, tok, msd, adapters, config=config, dtype=dtype)
+        write_exports(out_dir, [name], model, tok, msd, adapters, config=config, dtype=dtype)
     barrier()
     return ok
 
 
-def write_export(out_dir, name, model, tok, msd, adapters, *, config, dtype):
-    """out_dir/name (hf, hf_NNNNNNN, hf_best): save_pretrained of whole weights msd (LoRA: merged
-    from the adapters, peft's adapter directory beside it as lora, lora_NNNNNNN, lora_best) and
-    config as grpo_run.json, which sample.py reads."""
+def write_exports(out_dir, names, model, tok, msd, adapters, *, config, dtype):
+    """out_dir/name for each of names (hf, hf_NNNNNNN, hf_best): save_pretrained of whole weights
+    msd (LoRA: merged from the adapters once, peft's adapter directory beside each as lora,
+    lora_NNNNNNN, lora_best) and config as grpo_run.json, which sample.py reads."""
     from hf import save_pretrained
     import lora
     merged = msd if adapters is None else lora.merged_state(model, msd)
-    save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged, dtype=dtype)
     run = json.dumps(config, indent=2, sort_keys=True, default=str).encode()
-    atomic_write(os.path.join(out_dir, name, 'grpo_run.json'), functools.partial(write_bytes, run))
-    if adapters is not None:
-        lora.save_peft(model, adapters, os.path.join(out_dir, 'lora' + name[2:]),
-                       (config or {}).get('init_from'))
+    for name in names:
+        save_pretrained(model, tok, os.path.join(out_dir, name), state_dict=merged, dtype=dtype)
+        atomic_write(os.path.join(out_dir, name, 'grpo_run.json'),
+                     functools.partial(write_bytes, run))
+        if adapters is not None:
+            lora.save_peft(model, adapters, os.path.join(out_dir, 'lora' + name[2:]),
+                           (config or {}).get('init_from'))
 
 
 def write_bytes(data, f):

@@ -971,6 +971,7 @@ def roll_back(why, lr_scale, rollbacks, guards):
     sync_gen_model()
     dropped.clear()  # the problems left out as of that checkpoint
     dropped.update(good.get('dropped', ()))
+    # best (export_best) stays: it describes the hf_best/ on disk, which a later evaluation must beat
     if ref_sync_every:  # the reference that checkpoint's step had
         ref_model.load_state_dict(load_checkpoint(reference_path(out_dir, good['step']), device))
     print(f"guard: {why} -> rolled back to {path} (step {good['step']}); lr scale now "
