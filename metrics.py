@@ -126,6 +126,25 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     return m
 
 
+def mix_metrics(batch, rewards, main_name):
+    """mix_tasks: per task of the mixture, the prompts the step drew (batch: its problems, rewards:
+    their groups' rows) and their mean reward (left out for a task none was drawn from)."""
+    m = {}
+    names = [ex.get(tasks.MIX_KEY, main_name) for ex in batch]
+    for name in dict.fromkeys(names):
+        mine = torch.tensor([n == name for n in names])
+        m[f'mix/{name}/prompts'] = int(mine.sum())
+        m[f'mix/{name}/reward'] = rewards[mine].mean().item()
+    return m
+
+
+def mix_line(train_set, main_name):
+    """The training problems of a mixture by task, one line: 'gsm8k 7473 (67%), math 3750 (33%)'."""
+    names = [ex.get(tasks.MIX_KEY, main_name) for ex in train_set]
+    counts = {n: names.count(n) for n in dict.fromkeys(names)}
+    return ', '.join(f"{n} {c} ({c / len(names):.0%})" for n, c in counts.items())
+
+
 def tool_metrics(comps):
     """Rollouts with tools: calls per completion, failed calls by kind, call latency, the share of
     completion tokens that tool responses inserted, the share of completions that hit

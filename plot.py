@@ -123,12 +123,13 @@ def plot_metrics(metrics_path, out_png=None):
         elif ax.get_legend() is None and len(ax.get_legend_handles_labels()[0]) > 1:
             ax.legend(fontsize=6)
 
-    ax = axs[0]  # reward: mean with a ±std band, and each reward function's mean
+    ax = axs[0]  # reward: mean with a ±std band, each reward function's mean (and mix task's)
     band = [(r['step'], num(r.get('reward/mean')), num(r.get('reward/std'))) for r in rows]
     band = [(s, m - sd, m + sd) for s, m, sd in band if m is not None and sd is not None]
     if band:
         ax.fill_between(*zip(*band), alpha=0.2, label='± reward/std')
     fns = [k for k in keys if k.startswith('reward/') and k.endswith('/mean') and k.count('/') == 2]
+    fns += [k for k in keys if k.startswith('mix/') and k.endswith('/reward')]  # a mixture's tasks
     panel(ax, 'reward', lines(ax, rows, ['reward/mean'] + fns, nonfinite))
     # only eval steps carry these
     evals = eval_keys(keys)

@@ -38,6 +38,10 @@ instruction = None  # appended to every question; None = the task's default, '' 
 # variables every chat-template render gets (prompts, tool answers), as transformers'
 # apply_chat_template(..., **kwargs) takes them: Qwen3's {'enable_thinking': False}
 chat_template_kwargs = {}
+# more tasks whose training problems join task's (verl's several train_files by data_source): 'math',
+# ('math', data_dir) or ('math', data_dir, times), times x its train split (0.5: a seeded half); each
+# problem keeps its task's prompts, grade and default rewards; each test split evaluated as eval/<name>/
+mix_tasks = []
 # scratch model (init_from='scratch'): Qwen2-shaped, byte tokenizer
 n_layer = 4  # transformer blocks
 n_embd = 128  # width
@@ -221,7 +225,9 @@ from plot import plot_metrics  # noqa: E402
 
 def task_knobs(knobs):  # the chosen task's knobs (arith_difficulty, ...) and the eval tasks'
     out = {}
-    for spec in [knobs['task'], *(tasks.eval_entry(e)[0] for e in knobs['eval_tasks'])]:
+    specs = [tasks.eval_entry(e)[0] for e in knobs['eval_tasks']]
+    specs += [tasks.mix_entry(e)[0] for e in knobs['mix_tasks']]
+    for spec in [knobs['task'], *specs]:
         out.update(tasks.knobs(tasks.resolve(spec)))
     return out
 
@@ -258,6 +264,11 @@ if error is not None:
     die(error, 2)
 task_mod = tasks.resolve(task)
 tasks.set_knobs(task_mod, config)
+mixed_in = []  # mix_tasks: (name, task, data_dir, times)
+for entry in mix_tasks:
+    spec, ddir, times, name = tasks.mix_entry(entry)
+    mixed_in.append((name, tasks.resolve(spec), ddir, times))
+    tasks.set_knobs(mixed_in[-1][1], config)
 
 
 def task_messages(example):  # what a reward model or judge is shown as the prompt
@@ -266,6 +277,8 @@ def task_messages(example):  # what a reward model or judge is shown as the prom
 
 try:
     tasks.check_prompt_overrides(task_mod, task, system_prompt, instruction)
+    if mixed_in:  # one task: each problem prompted, graded and rewarded by its own
+        task_mod = tasks.mixture(task_mod, tasks.name_of(task), mixed_in)
     reward_config = tasks.default_rewards(task_mod) if rewards is None else rewards
     reward_fns = resolve_rewards(reward_config, grade=task_mod.grade, device=device, dtype=dtype,
                                  messages=task_messages)
@@ -280,7 +293,8 @@ try:
 except ValueError as e:
     die(str(e), 2)
 if sft_steps > 0 and not callable(getattr(task_mod, 'solution', None)):
-    die(f"--sft_steps={sft_steps}: task {task!r} has no solution() to warm start on", 2)
+    also = ' (or a task mix_tasks mixes in)' if mixed_in else ''
+    die(f"--sft_steps={sft_steps}: task {task!r}{also} has no solution() to warm start on", 2)
 rank, world, device = setup(device, batch_prompts, fsdp)
 ddp = world > 1 or rank > 0
 master = rank == 0  # the one rank that prints, logs, plots and writes
@@ -305,9 +319,8 @@ except (ValueError, RuntimeError, FileNotFoundError) as e:
     die(f"task {task!r}: {e}")
 eval_set = test_set[:eval_examples] if eval_examples > 0 else test_set
 print(f"task: {task}, {len(train_set)} train / {len(eval_set)} eval problems")
-extra_evals = {}  # eval_tasks: name -> {'task', 'examples', 'tools'}
-for entry in eval_tasks:
-    spec, ddir, name = tasks.eval_entry(entry)
+extra_evals = {}  # eval_tasks and mix_tasks: name -> {'task', 'examples', 'tools'}
+for spec, ddir, name in tasks.eval_entries(eval_tasks, mix_tasks):
     try:
         mod = tasks.resolve(spec)
         tasks.set_knobs(mod, config)
@@ -365,6 +378,8 @@ def fitting(examples, budget, what, task=None):  # those whose prompt leaves bud
 
 
 train_set = fitting(train_set, max_new_tokens, 'train')
+if mixed_in:
+    print(f"train: {metrics.mix_line(train_set, tasks.name_of(task))}")
 eval_set = fitting(eval_set, eval_max_new_tokens or max_new_tokens, 'eval')
 for name, ev in extra_evals.items():
     ev['examples'] = fitting(ev['examples'], eval_max_new_tokens or max_new_tokens, f'eval/{name}',
@@ -410,7 +425,7 @@ dropped = set()  # drop_easy: indices of the training problems no longer drawn (
 best = {'metric': export_best, 'value': None, 'step': None}
 # the knobs of tasks only evaluated (eval_tasks) change no training: a resume may change them
 eval_only = {k for ev in extra_evals.values() for k in tasks.knobs(ev['task'])} - set(
-    tasks.knobs(task_mod))
+    k for t in [task_mod, *(m[1] for m in mixed_in)] for k in tasks.knobs(t))
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
                    resume_changed=resume_changed, resume_safe=eval_only)
 if state is not None:  # None: a fresh start
@@ -893,6 +908,8 @@ def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, com
     m = {'step': step, 'lr': now['lr'], 'compile/graphs': graphs - compiled[0]}
     m.update(metrics.rollout_metrics(roll['rewards'], roll['zero_std'], roll['sc'], roll['comps'],
                                      roll['prompts'], timing))
+    if mixed_in:  # each task's prompts and mean reward
+        m.update(metrics.mix_metrics(roll['batch'], roll['rewards'], tasks.name_of(task)))
     if drop_easy:  # the training problems no longer drawn when this step drew
         m['data/dropped'] = len(dropped)
     if dynamic_sampling:

@@ -38,6 +38,8 @@ import importlib
 import importlib.util
 import inspect
 import os
+import random
+import types
 
 REQUIRED = ('load', 'messages', 'grade')
 INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style',
@@ -95,6 +97,11 @@ def knobs(task):
     return {k: getattr(task, k) for k in dir(task) if is_knob(k)}
 
 
+def name_of(spec):
+    """The name a task's metrics go under: 'math', a file's stem, module:attr's attr."""
+    return os.path.basename(spec)[:-3] if spec.endswith('.py') else spec.rpartition(':')[2]
+
+
 def eval_entry(entry):
     """An eval_tasks entry, 'task' (its own data source) or ('task', data_dir), as (task spec,
     data_dir, the name its metrics go under: eval/<name>/...). Raises ValueError naming it."""
@@ -105,8 +112,31 @@ def eval_entry(entry):
         spec, data_dir = entry
     else:
         raise ValueError(f"eval_tasks: {entry!r}: expected 'task' or ('task', data_dir)")
-    name = os.path.basename(spec)[:-3] if spec.endswith('.py') else spec.rpartition(':')[2]
-    return spec, data_dir, name
+    return spec, data_dir, name_of(spec)
+
+
+def mix_entry(entry):
+    """A mix_tasks entry, 'task', ('task', data_dir) or ('task', data_dir, times), as (task spec,
+    data_dir, times, name). Raises ValueError naming it."""
+    parts = (entry,) if isinstance(entry, str) else entry
+    ok = isinstance(parts, (tuple, list)) and 1 <= len(parts) <= 3
+    ok = ok and all(isinstance(x, str) for x in parts[:2])
+    times = parts[2] if ok and len(parts) == 3 else 1.0
+    if not ok or isinstance(times, bool) or not isinstance(times, (int, float)) or not times > 0:
+        raise ValueError(f"mix_tasks: {entry!r}: expected 'task', ('task', data_dir) or ('task', "
+                         "data_dir, times) with times > 0")
+    spec, data_dir = (*parts[:2], '')[:2]
+    return spec, data_dir, float(times), name_of(spec)
+
+
+def eval_entries(eval_tasks, mix_tasks):
+    """(task spec, data_dir, name) of each held-out set evaluated beside the run's task's:
+    eval_tasks', then each mixed-in task's test split (mix_tasks) not among them already."""
+    out = [eval_entry(e) for e in eval_tasks]
+    for spec, data_dir, _, name in map(mix_entry, mix_tasks):
+        if (spec, data_dir, name) not in out:
+            out.append((spec, data_dir, name))
+    return out
 
 
 def set_knobs(task, config):
@@ -174,3 +204,108 @@ def tool_call_limit(task, limit=None):
     """Calls per completion: limit (the config's max_tool_calls) unless None, else the task's
     max_tool_calls, else 4."""
     return limit if limit is not None else getattr(task, 'max_tool_calls', 4)
+
+
+# --------------------------------------------------------------------------- mixtures (mix_tasks)
+MIX_KEY = 'mix_task'  # what a mixed-in training problem carries: the name of its task
+
+
+def mixture(main, main_name, parts):
+    """The run's task with parts [(name, task, data_dir, times)] mixed into its training problems
+    (train_grpo's mix_tasks), as one task. Each part's train split joins the run's task's `times`
+    times (0.5: a seeded half of it, 2: all of it twice), each problem tagged with its task's name
+    under MIX_KEY; a tagged problem is prompted (its task's own system prompt and instruction),
+    graded and warm-started by its task, the rest by the run's task (the prompt overrides
+    system_prompt/instruction apply to these only). The test split is the run's task's: each part's
+    is evaluated apart, as eval_tasks'. Default rewards: each problem its own task's (see
+    mixed_rewards). Raises ValueError naming a task that calls tools, or two with one name."""
+    of = {name: task for name, task, _, _ in parts}
+    names = [main_name] + [name for name, *_ in parts]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"mix_tasks: two tasks named {name!r} (their problems and metrics "
+                             "would mix)")
+    for name, task in [(main_name, main), *of.items()]:
+        if getattr(task, 'tools', None):
+            raise ValueError(f"mix_tasks: task {name!r} calls tools; a mixture trains tasks "
+                             "without tools")
+
+    def task_of(example):
+        return of.get(example.get(MIX_KEY), main)
+
+    def load(split, data_dir='', seed=0):
+        out = list(main.load(split, data_dir=data_dir, seed=seed))
+        for name, task, ddir, times in (parts if split == 'train' else ()):
+            try:
+                got = task.load('train', data_dir=ddir, seed=seed)
+            except (ValueError, RuntimeError, FileNotFoundError) as e:
+                raise type(e)(f"mix_tasks: task {name!r}: {e}") from e
+            out += [{**ex, MIX_KEY: name} for ex in times_over(got, times, f'{name} {seed}')]
+        return out
+
+    def mixed_messages(example, system_prompt=None, instruction=None):
+        if MIX_KEY in example:
+            return task_of(example).messages(example)
+        return messages(main, example, system_prompt, instruction)
+
+    def grade(completion, example):
+        return task_of(example).grade(completion, example)
+
+    mixed = {'load': load, 'messages': mixed_messages, 'grade': grade, 'task_of': task_of,
+             'rewards': mixed_rewards([(main_name, main), *of.items()])}
+    if all(callable(getattr(t, 'solution', None)) for t in [main, *of.values()]):
+        mixed['solution'] = lambda example: task_of(example).solution(example)
+    for name in ('answer', 'metrics'):  # the run's task's evaluation is the main one's
+        if hasattr(main, name):
+            mixed[name] = getattr(main, name)
+    return types.SimpleNamespace(**mixed)
+
+
+def times_over(examples, times, seed):
+    """round(times x len(examples)) of them: every one floor(times) times, then a seeded share."""
+    n = len(examples)
+    order = random.Random(seed).sample(range(n), n)
+    return [examples[order[i % n]] for i in range(round(times * n))] if n else []
+
+
+def mixed_rewards(named):
+    """The default rewards of a mixture of the tasks in named [(name, task)]: each problem gets its
+    own task's. An entry every task lists alike stays as it is ('correct' then pays each problem's
+    own grade); one only some list, or listed alike with another function ('correct': each task's
+    grade), calls the problem's task's function and gives None (does not apply) for the others'.
+    Raises ValueError when tasks give one name another weight or kwargs."""
+    from reward import _accepts, _builtin, resolve_rewards
+    seen = {}  # name -> (weight, kwargs, {task name: (fn, entry)})
+    for task_name, task in named:
+        for entry in default_rewards(task):
+            got = resolve_rewards([entry], grade=task.grade)[0]
+            fn = got['name'] if callable(got['name']) else _builtin(got['name'])
+            name = got['name'] if isinstance(got['name'], str) else fn.__name__
+            weight, kwargs, fns = seen.setdefault(name, (got['weight'], got['kwargs'], {}))
+            if (weight, kwargs) != (got['weight'], got['kwargs']):
+                raise ValueError(f"mix_tasks: task {task_name!r}'s default reward {name!r} has "
+                                 f"weight {got['weight']} and kwargs {got['kwargs']}, another "
+                                 f"task's {weight} and {kwargs}; set --rewards for the mixture")
+            if getattr(fn, 'batched', False):
+                raise ValueError(f"mix_tasks: task {task_name!r}'s default reward {name!r} scores "
+                                 "batches; set --rewards for the mixture")
+            fns[task_name] = (fn, entry)
+    out = []
+    for name, (weight, kwargs, fns) in seen.items():
+        entries = [entry for _, entry in fns.values()]
+        alike = len({id(fn) for fn, _ in fns.values()}) == 1 or name == 'correct'
+        if len(fns) == len(named) and alike and all(e == entries[0] for e in entries):
+            out.append(entries[0])  # every task's, the same: 'correct' pays the mixture's grade
+            continue
+        main_name = named[0][0]
+
+        def dispatched(completion, example, _fns=fns, _kwargs=kwargs, _main=main_name, **facts):
+            fn = _fns.get(example.get(MIX_KEY, _main), (None,))[0]
+            if fn is None:
+                return None  # not this problem's task's reward
+            accepts = _accepts(fn)
+            facts = {k: v for k, v in facts.items() if accepts is None or k in accepts}
+            return fn(completion, example, **_kwargs, **facts)
+        dispatched.__name__ = name
+        out.append({'name': dispatched, 'weight': weight})
+    return out

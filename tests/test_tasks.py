@@ -207,3 +207,83 @@ def test_a_task_file_runs_once_however_often_it_is_resolved(tmp_path):
     (tmp_path / 'once.py').write_text(f"open({str(log)!r}, 'a').write('ran\\n')\n" + src)
     a, b = tasks.resolve(str(tmp_path / 'once.py')), tasks.resolve(str(tmp_path / 'once.py'))
     assert a is b and log.read_text() == 'ran\n'
+
+
+MATH = ROOT.parent / 'shared' / 'math'
+
+
+def test_a_mixture_prompts_grades_and_rewards_each_problem_by_its_own_task():
+    """mix_tasks: GSM8K with a seeded 1% of MATH. Each MATH problem is prompted by math's own
+    system prompt (the override reaches GSM8K's only), graded by math-verify and rewarded by
+    math's default rewards: GSM8K's `format` does not apply to it (None)."""
+    from reward import resolve_rewards, score
+    gsm8k, math_task = tasks.resolve('gsm8k'), tasks.resolve('math')
+    mixed = tasks.mixture(gsm8k, 'gsm8k', [('math', math_task, str(MATH), 0.01)])
+    train = mixed.load('train', data_dir=str(GSM8K), seed=1)
+    math_train = math_task.load('train', data_dir=str(MATH), seed=1)
+    assert len(train) == 7473 + round(0.01 * len(math_train))
+    assert mixed.load('test', data_dir=str(GSM8K), seed=1) == gsm8k.load('test', str(GSM8K))
+    g, m = train[0], next(ex for ex in train if ex.get(tasks.MIX_KEY) == 'math')
+    assert tasks.MIX_KEY not in g and m == {**m, tasks.MIX_KEY: 'math'}
+    assert tasks.messages(mixed, m, 'S', 'I') == math_task.messages(m), "math's own prompt"
+    assert tasks.messages(mixed, g, 'S', 'I') == gsm8k.messages(g, 'S', 'I')
+    # GSM8K's checker reads 'the answer is 72'; MATH's wants the last \\boxed{}
+    assert mixed.grade('The answer is 72.', {**g, 'answer': '72'})
+    assert not mixed.grade('The answer is 72.', {**m, 'answer': '72'})
+    assert mixed.grade('\\boxed{72}', {**m, 'answer': '72'})
+    fns = resolve_rewards(mixed.rewards, grade=mixed.grade)
+    assert [f['name'] if isinstance(f['name'], str) else f['name'].__name__ for f in fns] == [
+        'correct', 'format']
+    right = [f"\\boxed{{{g['answer']}}}", f"\\boxed{{{m['answer']}}}", 'no answer', 'no answer']
+    sc = score(right, [g, m, g, m], fns)
+    assert sc['per_fn'] == {'correct': [1.0, 1.0, 0.0, 0.0], 'format': [1.0, None, 0.0, None]}
+    assert sc['total'] == [1.1, 1.0, 0.0, 0.0]
+
+
+def test_a_mixtures_shares_and_what_it_refuses():
+    """times: a seeded share of a task's train split, all of it once per whole time; the same for
+    the same seed. A task with tools, two tasks of one name, default rewards that disagree and
+    malformed entries are each one ValueError naming the cause."""
+    xs = [{'i': i} for i in range(10)]
+    half, twice = tasks.times_over(xs, 0.5, 's'), tasks.times_over(xs, 2.5, 's')
+    assert len(half) == 5 and len({x['i'] for x in half}) == 5 and half == tasks.times_over(xs, 0.5, 's')
+    assert half != tasks.times_over(xs, 0.5, 'other seed')
+    assert len(twice) == 25 and all(sum(x is y for y in twice) >= 2 for x in xs)
+    arith = tasks.resolve('arith')
+    with pytest.raises(ValueError, match="'arith_tools' calls tools"):
+        tasks.mixture(arith, 'arith', [('arith_tools', tasks.resolve('arith_tools'), '', 1.0)])
+    with pytest.raises(ValueError, match="two tasks named 'arith'"):
+        tasks.mixture(arith, 'arith', [('arith', arith, 'elsewhere', 1.0)])
+    import types
+    heavier = types.SimpleNamespace(load=arith.load, messages=arith.messages, grade=arith.grade,
+                                    rewards=[{'name': 'correct', 'weight': 2.0}])
+    with pytest.raises(ValueError, match="'correct' has weight 2.0.*set --rewards"):
+        tasks.mixture(arith, 'arith', [('heavier', heavier, '', 1.0)])
+    for bad in [3, ('math', 2), ('math', '', 0), ('math', '', True), ('math', '', 1.0, 'x')]:
+        with pytest.raises(ValueError, match='mix_tasks'):
+            tasks.mix_entry(bad)
+    assert tasks.mix_entry(('math', 'd', 2)) == ('math', 'd', 2.0, 'math')
+    assert tasks.eval_entries([('math', 'd')], [('math', 'd', 0.5), 'tests/t.py']) == [
+        ('math', 'd', 'math'), ('tests/t.py', '', 't')], 'each set once'
+
+
+def test_a_mixture_trains_each_task_with_its_own_grade_and_evaluates_each(tmp_path):
+    """arith with half of the parity task mixed in (whose grade the numeric checker never shares):
+    default rewards pay each problem its own grade, each step logs both tasks' prompts and
+    rewards, the parity test split is evaluated as eval/grpo_test_task/, the doctor knows every
+    name, and a resume with another mixture is refused."""
+    args = ["--mix_tasks=[('tests/grpo_test_task.py', '', 0.5)]", '--rewards=None', '--max_steps=2',
+            '--eval_every=2', '--batch_prompts=8', '--micro_batch_size=32', '--arith_n_train=40']
+    p = run(tmp_path, *args)
+    assert 'train: arith 40 (67%), grpo_test_task 20 (33%)' in p.stdout, p.stdout[-2000:]
+    rows = metrics(tmp_path)
+    assert 0 <= rows[2]['eval/grpo_test_task/pass@1'] <= 1 and 'eval/pass@1' in rows[2], rows[2]
+    for r in rows[1:]:
+        assert r['mix/arith/prompts'] + r.get('mix/grpo_test_task/prompts', 0) == 8, r
+    parity = [r['mix/grpo_test_task/reward'] for r in rows[1:] if 'mix/grpo_test_task/reward' in r]
+    assert parity and all(x > 0 for x in parity), ("the parity problems' own grade pays about half",
+                                                   parity)
+    from doctor.read import load
+    assert not load(str(tmp_path))['unknown']
+    p = run(tmp_path, *args[1:], '--max_steps=3', check=False)
+    assert p.returncode == 2 and 'mix_tasks: ' in p.stdout and 'changes the run' in p.stderr, p.stdout
