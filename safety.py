@@ -41,6 +41,7 @@ def bad_knob(c):
     from loss import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, LOSS_TYPES, TIS_MODES
     choices = {
         'loss_agg': LOSS_AGGS,
+        'lr_schedule': ('cosine', 'linear', 'constant'),
         'resume': ('auto', 'never'),
         'kl_estimator': KL_ESTIMATORS,
         'advantage': ADVANTAGES,
@@ -95,7 +96,7 @@ RANGES = {
     'grad_clip': (lambda v: v >= 0, "the gradient norm's cap, >= 0; 0 = off"),
     'adam_betas': (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
                    "AdamW's (beta1, beta2), each in [0, 1)"),
-    'min_lr_ratio': (lambda v: 0 <= v <= 1, "the cosine's floor as a share of lr, in [0, 1]"),
+    'min_lr_ratio': (lambda v: 0 <= v <= 1, "the decay's floor as a share of lr, in [0, 1]"),
     'max_steps': (lambda v: v >= 0, "GRPO steps, >= 0"),
     'warmup_steps': (lambda v: v >= 0, "steps of linear warmup, >= 0"),
     'sft_steps': (lambda v: v >= 0, "warm-start steps, >= 0"),

@@ -153,7 +153,10 @@ void_turn_filter = False
 failure_reward = 0.0  # reward of a sample whose reward function raised
 # optimization
 lr = 1e-6  # peak learning rate
-min_lr_ratio = 0.1  # cosine decays to lr * min_lr_ratio
+# after warmup: 'cosine' or 'linear' down to lr * min_lr_ratio at max_steps, or 'constant' (TRL's
+# default is linear to 0, verl's constant, OpenRLHF's cosine to 0.1 x lr)
+lr_schedule = 'cosine'
+min_lr_ratio = 0.1  # the decay's floor, as a share of lr
 warmup_steps = 10  # linear warmup
 max_steps = 200  # GRPO steps
 weight_decay = 0.0  # AdamW decay on matrices
@@ -407,11 +410,13 @@ optimizer = torch.optim.AdamW(lora.param_groups(model, weight_decay), lr=lr, bet
                               fused=device.startswith('cuda'))
 
 
-def lr_at(step, peak, total, warmup):  # linear warmup, then cosine down to peak * min_lr_ratio
+def lr_at(step, peak, total, warmup, shape='cosine'):  # linear warmup, then shape's decay
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    left = {'cosine': 0.5 * (1 + math.cos(math.pi * progress)), 'linear': 1 - progress,
+            'constant': 1.0}[shape]  # the share of the decay still ahead
+    return peak * (min_lr_ratio + (1 - min_lr_ratio) * left)
 
 
 # ------------------------------------------------------------------------- resume or start fresh
@@ -791,8 +796,8 @@ def schedule(step, lr_scale, entropy_state):
     coef_now = entropy_coef
     if adaptive_entropy:
         coef_now = entropy_state['coef'] * (entropy_state['last'] <= entropy_target)
-    return {'lr': lr_at(step, lr, max_steps, warmup_steps) * lr_scale, 'beta': beta_now,
-            'entropy_coef': coef_now}
+    lr_now = lr_at(step, lr, max_steps, warmup_steps, lr_schedule) * lr_scale
+    return {'lr': lr_now, 'beta': beta_now, 'entropy_coef': coef_now}
 
 
 def micro_loss(mb, j, part, side, share, now):

@@ -366,6 +366,17 @@ def test_entropy_control_trains_and_resumes(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "weights differ after resume"
 
 
+def test_lr_schedules_decay_as_named(tmp_path):
+    """lr_schedule after one warmup step, 4 steps: linear to min_lr_ratio x lr at the last, or
+    constant; each step's row logs the rate it applied."""
+    args = ['--max_steps=4', '--warmup_steps=1', '--lr=1e-3', '--min_lr_ratio=0.25']
+    run_together([tmp_path / 'linear', *args, '--lr_schedule=linear'],
+                 [tmp_path / 'constant', *args, '--lr_schedule=constant'])
+    for name, want in (('linear', [1.0, 1.0, 0.75, 0.5]), ('constant', [1.0] * 4)):
+        got = [r['lr'] * 1e3 for r in metrics(tmp_path / name)[1:]]
+        assert got == pytest.approx(want), (name, got)
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     """top_k, top_p and min_p warn; and min_p reaches the sampler: at 0.99 only the most likely
     token is drawn, so every group's completions are one and the same (the random model's samples
