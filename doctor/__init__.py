@@ -1,11 +1,13 @@
 """
-The run doctor: reads a GRPO run's logs after the fact (ours, TRL, verl, a W&B history CSV, a
-nanoGPT-style console log) and says what went wrong, at which steps, with the numbers, the likely
-causes in order, and the fix (docs/doctor.md).
+The run doctor: reads a GRPO run's logs after the fact (ours, TRL, verl, a W&B history CSV,
+TensorBoard event files as OpenRLHF, TRL and verl write them, a nanoGPT-style console log) and says
+what went wrong, at which steps, with the numbers, the likely causes in order, and the fix
+(docs/doctor.md).
 
     python -m doctor RUN [--json] [--device_gb=80] [--fail_on=warning] [--out PNG] [--no_plot]
 
-read.py finds and reads each source's log into one set of series (the name tables are there);
+read.py finds and reads each source's log into one set of series (the name tables are there;
+tfevents.py reads TensorBoard's files);
 detect.py turns the series into findings; __main__.py is the command line, the text and JSON
 report and the plot. From a program:
 

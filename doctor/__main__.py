@@ -6,13 +6,14 @@ with the numbers, the likely causes in order, and the fix.
     python -m doctor trl_out/checkpoint-500   # TRL: trainer_state.json's log_history
     python -m doctor verl_console.log         # verl: 'step:N - key:value - ...' lines
     python -m doctor wandb_history.csv        # a Weights & Biases history export
+    python -m doctor tb_logs/grpo_run         # TensorBoard event files (OpenRLHF, TRL, verl)
     python -m doctor train.log                # console: 'iter N: loss X, time Yms', our step lines
     python -m doctor RUN --device_gb=80       # also check memory against the device's 80 GB
     python -m doctor RUN --json               # the findings as JSON
     python -m doctor RUN --fail_on=warning    # exit 1 on warnings too (default: errors only)
 
 Each source's metric names map onto a few series (SERIES) through a table (OURS, TRL, VERL, WANDB,
-CONSOLE); names a table does not know are counted in the report and listed in --json, never dropped
+OPENRLHF, CONSOLE); names a table does not know are counted in the report and listed in --json, never dropped
 unsaid. Each detector in DETECTORS reads the series and returns findings; the report prints them
 most severe first and doctor.png (beside the input, or --out) draws the flagged series with the
 findings' steps shaded. Exit code 0: nothing flagged at --fail_on or above (warnings alone exit 0 by
@@ -112,7 +113,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog='python -m doctor',
                                  description=__doc__.split('\n\n')[0].strip(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('path', help='an out_dir, a TRL output dir or checkpoint, a log or CSV file')
+    ap.add_argument('path', help='an out_dir, a TRL output dir or checkpoint, a log, CSV or '
+                    'TensorBoard event file (or its folder)')
     ap.add_argument('--out', default='', help='where to write the plot (default: beside PATH)')
     ap.add_argument('--json', action='store_true', help='print the findings as JSON')
     ap.add_argument('--no_plot', action='store_true', help='skip doctor.png')

@@ -1,10 +1,10 @@
 """
 Reading a run's logs into the doctor's series: each source's metric names map onto the few series
-of SERIES through a table (OURS, TRL, VERL, WANDB, CONSOLE); names a table does not know are
-counted in the report and listed in --json, never dropped unsaid. load(path) finds the log of a
+of SERIES through a table (OURS, TRL, VERL, WANDB, OPENRLHF, CONSOLE); names a table does not know
+are counted in the report and listed in --json, never dropped unsaid. load(path) finds the log of a
 path (an out_dir, a TRL output directory or checkpoint, a verl or nanoGPT console log, a W&B
-history CSV) and returns the run: {step: value} per series, the unknown names and one line per
-unreadable row.
+history CSV, TensorBoard event files) and returns the run: {step: value} per series, the unknown
+names and one line per unreadable row.
 """
 import csv
 import fnmatch
@@ -12,6 +12,8 @@ import json
 import math
 import os
 import re
+
+from doctor import tfevents
 
 # ------------------------------------------------------------------------------------ the series
 SERIES = {  # what every source is mapped onto
@@ -138,7 +140,24 @@ CONSOLE = {  # console lines: nanoGPT's 'iter N: loss X, time Yms, mfu Z%' and o
     'ref': 'time_ref', 'old': 'time_old', 'upd': 'time_update', 'mfu': None, 'lr': None,
     'compile': None,
 }
-TABLES = {'ours': OURS, 'trl': TRL, 'verl': VERL, 'wandb': WANDB}  # JSON lines and CSV read all
+# OpenRLHF (openrlhf/trainer/ppo_trainer.py, ray/ppo_actor.py; main at 3c3be62, 2026): its loggers
+# write a step's status as 'train/<name>' (TensorBoard's SummaryWriter and W&B alike) and an
+# evaluation as 'eval/eval_<data source>_pass1', ...; rollout/* (the rewards before dynamic filtering)
+# and timing/* are recent.
+OPENRLHF = {
+    'reward': 'reward', 'rollout/reward_mean': 'reward', 'rollout/reward_std': 'reward_std',
+    'policy_loss': 'loss', 'actor_grad_norm': 'grad_norm', 'kl': 'kl',
+    'response_length': 'resp_len', 'rollout/response_length_mean': 'resp_len',
+    'rollout/truncated_rate': 'trunc_frac', 'ppo_clip_ratio': 'clip_frac',
+    'timing/generation': 'time_gen', 'timing/ppo_train': 'time_update',
+    'timing/step_total': 'step_time', 'eval/eval_*_pass1': 'heldout',
+    'return': None, 'total_length': None, 'actor_lr': None, 'entropy_loss': None, 'ppo_kl': None,
+    'vllm_kl': None, 'logprobs_diff': None, 'group_reward_std': None, 'rollout/*': None,
+    'timing/*': None, 'dynamic_filtering_pass_rate': None, 'critic_loss': None, 'values': None,
+    'critic_lr': None, 'critic_grad_norm': None, 'global_step': None, 'eval/*': None,
+}
+# JSON lines, CSV and TensorBoard read all (CSV and TensorBoard: the table knowing most names first)
+TABLES = {'ours': OURS, 'trl': TRL, 'verl': VERL, 'wandb': WANDB, 'openrlhf': OPENRLHF}
 STEP_COLUMNS = ['step', 'train/global_step', 'global_step', '_step', 'Step']  # first found wins
 
 
@@ -158,6 +177,14 @@ def lookup(name, tables):
             if patterns:
                 return unpack(table[max(patterns, key=len)])
     return False, None, 1.0
+
+
+def ranked(tables, names):
+    """tables, the one whose exact names (a 'train/' prefix looked through) the source uses most
+    first: where two trainers give one name two meanings (TRL's policy_loss is a part of its loss,
+    OpenRLHF's the loss), the source's own trainer decides. Ties keep the order given."""
+    bare = {n[6:] if n.startswith('train/') else n for n in names}
+    return sorted(tables, key=lambda table: -len(bare & set(table)))
 
 
 def unpack(entry):
@@ -323,6 +350,7 @@ def read_csv(path, run):
             raise ValueError(f"a chart export of {len(runs)} runs ({', '.join(runs[:3])}): the "
                              "doctor reads one run; hide the others in the chart and export again")
         names = [h.split(' - ', 1)[-1].strip() for h in header]
+        tables = ranked(tables, names)
         for n, cells in enumerate(reader, 2):
             where = f"{path}:{n}"
             if len(cells) != len(names):
@@ -334,6 +362,47 @@ def read_csv(path, run):
                 problem(run, where, "no whole-number step; skipped")
                 continue
             add_row(run, step, row, tables, where)
+
+
+def tensorboard_files(path):
+    """The event files of one TensorBoard run at path: the file itself, or those of the one folder
+    under path that holds any (a run is a folder: TRL's runs/<date>_<host>/, OpenRLHF's
+    <use_tensorboard>/<run name>/). Raises ValueError when several folders do."""
+    if not os.path.isdir(path):
+        return [path]
+    folders = {}
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        found = sorted(n for n in names if 'tfevents' in n)
+        if found:
+            folders[root] = [os.path.join(root, n) for n in found]
+    if len(folders) > 1:
+        shown = ', '.join(os.path.relpath(f, path) for f in list(folders)[:3])
+        raise ValueError(f"{len(folders)} TensorBoard runs under it ({shown}, ...): the doctor "
+                         "reads one run; point at its folder")
+    return next(iter(folders.values()), [])
+
+
+def read_tensorboard(path, run):
+    """TensorBoard event files (doctor/tfevents.py): their numeric scalars, one row a step, files in
+    name order (their names start with the time they were opened: a resumed run's later file
+    overwrites the steps it redid)."""
+    rows = {}
+    for file in tensorboard_files(path):
+        with open(file, 'rb') as f:
+            data = f.read()
+        for n, (record, why) in enumerate(tfevents.records(data)):
+            if why is not None:
+                problem(run, file, why)
+                continue
+            try:
+                for step, tag, value in tfevents.scalars(record):
+                    rows.setdefault(step, {})[tag] = value
+            except ValueError as e:
+                problem(run, f"{file}: record {n + 1}", f"not an Event ({e}); skipped")
+    tables = ranked(list(TABLES.values()), {tag for row in rows.values() for tag in row})
+    for step in sorted(rows):
+        add_row(run, step, rows[step], tables, f"{path}: step {step}")
 
 
 ANSI = re.compile(r'\x1b\[[0-9;]*m')  # terminal colour codes
@@ -424,8 +493,8 @@ def load(path, device_gb=0.0):
         return f"{path}: no such file or directory"
     target = find_log(path)
     if target is None:
-        return (f"{path}: no metrics.jsonl, trainer_state.json or checkpoint-*/trainer_state.json "
-                "in this directory")
+        return (f"{path}: no metrics.jsonl, trainer_state.json, checkpoint-*/trainer_state.json "
+                "or TensorBoard event file in this directory")
     kind, file = target
     run = new_run(file, kind)
     try:
@@ -438,6 +507,8 @@ def load(path, device_gb=0.0):
             read_trainer_state(file, run)
         elif kind == 'wandb':
             read_csv(file, run)
+        elif kind == 'tensorboard':
+            read_tensorboard(file, run)
         else:
             read_console(file, run)
     except OSError as e:
@@ -459,9 +530,13 @@ def find_log(path):
                 return kind, os.path.join(path, name)
         ckpts = {int(d[11:]): d for d in os.listdir(path) if re.fullmatch(r'checkpoint-\d+', d)
                  and os.path.isfile(os.path.join(path, d, 'trainer_state.json'))}
-        if not ckpts:
-            return None
-        return 'trl', os.path.join(path, ckpts[max(ckpts)], 'trainer_state.json')
+        if ckpts:
+            return 'trl', os.path.join(path, ckpts[max(ckpts)], 'trainer_state.json')
+        if any('tfevents' in n for _, _, names in os.walk(path) for n in names):
+            return 'tensorboard', path
+        return None
+    if 'tfevents' in os.path.basename(path):
+        return 'tensorboard', path
     if path.endswith('.jsonl'):
         return 'ours', path
     if path.endswith('.json'):

@@ -562,3 +562,80 @@ def test_the_plot_is_written_beside_the_input_or_to_out(tmp_path, capsys):
     assert code == 1 and png.stat().st_size > 10_000 and f"plot: {png}" in out
     code, out, _ = cli(capsys, os.path.join(FIX, 'ours_healthy'), '--out', str(tmp_path / 'h.png'))
     assert code == 0 and (tmp_path / 'h.png').stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------------ TensorBoard
+def openrlhf_tensorboard(folder, steps=60, dies_at=40):
+    """A run as OpenRLHF's TensorboardLogger writes it (tensorboardX's SummaryWriter: the event
+    format of torch's): its status as train/<name> scalars each step, a text sample, the
+    evaluation as eval/eval_<data source>_pass1 every 10 steps; the reward exactly 0 from dies_at
+    on (a dead reward service)."""
+    from tensorboardX import SummaryWriter
+    w = SummaryWriter(str(folder))
+    for step in range(1, steps + 1):
+        alive = step < dies_at
+        for name, value in (('policy_loss', 0.01 * alive), ('reward', 0.5 + 0.004 * step * alive),
+                            ('rollout/reward_std', 0.3 * alive), ('actor_grad_norm', 0.2),
+                            ('kl', 0.001), ('response_length', 200.0), ('actor_lr', 1e-6),
+                            ('timing/generation', 30.0), ('timing/step_total', 40.0)):
+            w.add_scalar(f'train/{name}', value if name != 'reward' or alive else 0.0, step)
+        w.add_text('train/generated_samples', 'Sample: 2 + 2 = 4', step)
+        if step % 10 == 0:
+            w.add_scalar('eval/eval_gsm8k_pass1', 0.4, step)
+    w.close()
+
+
+def test_tensorboard_event_files_of_openrlhf_are_read_as_its_trainer(tmp_path):
+    """A folder of TensorBoard event files (OpenRLHF's <use_tensorboard>/<run name>/): the dead
+    reward is found at its steps; OpenRLHF's policy_loss is its loss (TRL's policy_loss, a part of
+    TRL's loss, is not: the table that knows most of the file's names decides); the evaluation is
+    the held-out series; the text sample passes by; every name is known."""
+    openrlhf_tensorboard(tmp_path / 'tb' / 'grpo_run')
+    run = run_of(str(tmp_path / 'tb'))
+    assert run['source'] == 'tensorboard' and run['steps'] == list(range(1, 61)), run['source']
+    assert run['series']['loss'][40] == 0.0 and run['series']['loss'][1] == pytest.approx(0.01)
+    assert run['series']['heldout'] == {s: pytest.approx(0.4) for s in range(10, 61, 10)}
+    assert run['series']['step_time'][5] == 40.0 and not run['unknown'], run['unknown']
+    found = {f['name']: f for f in doctor.diagnose(run)}
+    assert found['reward_collapse']['steps'] == list(range(40, 61)), found.keys()
+
+
+def test_tensorboard_tensor_scalars_damage_and_cuts(tmp_path, capsys):
+    """TF2's scalars (a TensorProto: float_val, tensor_content, int64_val) read as add_scalar's;
+    a string tensor passes by. A record whose data fails its checksum is one line and the rest is
+    read; a file cut at any byte raises nothing. Two run folders under one path: one line, exit 2."""
+    import struct
+
+    from tensorboardX import SummaryWriter
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.proto.tensor_pb2 import TensorProto
+    w = SummaryWriter(str(tmp_path / 'tf2'))
+    for step in (1, 2, 3):
+        for tag, tensor in (('reward', TensorProto(dtype=1, float_val=[0.25 * step])),
+                            ('loss', TensorProto(dtype=2, tensor_content=struct.pack('<d', -1.5))),
+                            ('num_tokens', TensorProto(dtype=9, int64_val=[-7])),
+                            ('prompt', TensorProto(dtype=7, string_val=[b'2 + 2']))):
+            value = Summary.Value(tag=tag, tensor=tensor)
+            w._get_file_writer().add_event(Event(step=step, summary=Summary(value=[value])))
+    w.close()
+    (file,) = (tmp_path / 'tf2').iterdir()
+    run = run_of(str(file))
+    assert run['series']['reward'] == {1: 0.25, 2: 0.5, 3: 0.75} and run['series']['loss'][2] == -1.5
+    data = bytearray(file.read_bytes())
+    at = data.index(b'reward', data.index(b'reward') + 1)  # step 2's reward record
+    data[at] ^= 0xFF
+    damaged = tmp_path / 'damaged.tfevents'
+    damaged.write_bytes(bytes(data))
+    run = run_of(str(damaged))
+    assert run['series']['reward'] == {1: 0.25, 3: 0.75} and run['series']['loss'][2] == -1.5
+    assert [p.split(': ', 1)[1] for p in run['problems']] == ["record 6's data fails its checksum; skipped"]
+    for cut in range(0, len(data), 7):
+        (tmp_path / 'cut.tfevents').write_bytes(file.read_bytes()[:cut])
+        got = doctor.load(str(tmp_path / 'cut.tfevents'))
+        assert isinstance(got, str) or all('cut short' in p for p in got['problems']), got
+    openrlhf_tensorboard(tmp_path / 'two' / 'a', steps=3)
+    openrlhf_tensorboard(tmp_path / 'two' / 'b', steps=3)
+    code, out, err = cli(capsys, str(tmp_path / 'two'), '--no_plot')
+    assert code == 2 and err == (f"doctor: {tmp_path / 'two'}: 2 TensorBoard runs under it (a, b, ...): "
+                                 "the doctor reads one run; point at its folder\n"), err
