@@ -333,17 +333,19 @@ def step_line(m):
 
 def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
     """Four of the step's completions, spread over its groups, with their prompt, the task's answer
-    and grade, the reference and the reward, appended to path (samples.jsonl): what the model
-    actually writes. Returns the rows."""
-    answer = tasks.answer_fn(task)
+    and grade, the reference and the reward (and in a mixture, the task's name), appended to path
+    (samples.jsonl): what the model actually writes. Returns the rows."""
     rows = []
     with open(path, 'a') as f:
         for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
             c = comps[i]
             ex, text = batch[c['prompt_idx']], c['text']
+            own = task.task_of(ex) if hasattr(task, 'task_of') else task  # a mixture: its task's
             row = {'step': step, 'prompt': tok.decode(prompts[c['prompt_idx']]), 'completion': text,
-                   'answer': answer(text), 'reference': ex.get('answer'),
+                   'answer': tasks.answer_fn(own)(text), 'reference': ex.get('answer'),
                    'correct': bool(task.grade(text, ex)), 'reward': totals[i]}
+            if hasattr(task, 'task_of'):
+                row['task'] = ex.get(tasks.MIX_KEY, task.main_name)
             f.write(json.dumps(row) + '\n')
             rows.append(row)
     return rows

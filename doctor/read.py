@@ -13,7 +13,7 @@ import math
 import os
 import re
 
-from doctor import tfevents
+import doctor.tfevents as tfevents
 
 # ------------------------------------------------------------------------------------ the series
 SERIES = {  # what every source is mapped onto

@@ -252,10 +252,10 @@ def mixture(main, main_name, parts):
         return task_of(example).grade(completion, example)
 
     mixed = {'load': load, 'messages': mixed_messages, 'grade': grade, 'task_of': task_of,
-             'rewards': mixed_rewards([(main_name, main), *of.items()])}
+             'main_name': main_name, 'rewards': mixed_rewards([(main_name, main), *of.items()])}
     if all(callable(getattr(t, 'solution', None)) for t in [main, *of.values()]):
         mixed['solution'] = lambda example: task_of(example).solution(example)
-    for name in ('answer', 'metrics'):  # the run's task's evaluation is the main one's
+    for name in ('answer', 'metrics'):  # the evaluation of the run's task's test split
         if hasattr(main, name):
             mixed[name] = getattr(main, name)
     return types.SimpleNamespace(**mixed)

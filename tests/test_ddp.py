@@ -178,14 +178,19 @@ def test_gdpo_sapo_masking_and_dropping_on_two_ranks_match_one_process(tmp_path)
 def test_dynamic_sampling_on_two_ranks_matches_one_process(tmp_path):
     """Refill rounds split each round's prompts between the ranks, and a kept group trains on the
     rank that sampled it (it holds the sampler's log-probs): the same prompts, completions and
-    weights as one process."""
+    weights as one process. The problems are a mixture (mix_tasks), its per-task metrics over every
+    round's prompts the same too."""
     args = ['--group_size=2', '--dynamic_sampling=4',
-            "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
+            "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]",
+            "--mix_tasks=[('tests/grpo_test_task.py', '', 2.0)]"]
     run(tmp_path / 'one', 0, *args)
     run(tmp_path / 'two', 2, *args)
     assert_same_run(tmp_path / 'one', tmp_path / 'two', 'DDP, 2 ranks, dynamic sampling')
-    assert any(r.get('dynamic/rounds', 0) > 1 for r in metrics(tmp_path / 'two')), \
-        "no refill happened"
+    rows = metrics(tmp_path / 'two')
+    assert any(r.get('dynamic/rounds', 0) > 1 for r in rows), "no refill happened"
+    drawn = [r.get('mix/grpo_test_task/prompts', 0) + r.get('mix/arith/prompts', 0) for r in rows[1:]]
+    assert drawn == [r['dynamic/prompts'] for r in rows[1:]] and any(
+        'mix/grpo_test_task/prompts' in r for r in rows), rows
 
 
 def worker_pids(pid):
