@@ -226,7 +226,7 @@ from configurator import configure, save_config  # noqa: E402
 from plot import plot_metrics  # noqa: E402
 
 
-def task_knobs(knobs):  # the chosen task's knobs (arith_difficulty, ...) and the eval tasks'
+def task_knobs(knobs):  # the knobs of the task (arith_difficulty, ...), eval and mixed-in tasks
     out = {}
     specs = [tasks.eval_entry(e)[0] for e in knobs['eval_tasks']]
     specs += [tasks.mix_entry(e)[0] for e in knobs['mix_tasks']]
@@ -270,8 +270,9 @@ tasks.set_knobs(task_mod, config)
 mixed_in = []  # mix_tasks: (name, task, data_dir, times)
 for entry in mix_tasks:
     spec, ddir, times, name = tasks.mix_entry(entry)
-    mixed_in.append((name, tasks.resolve(spec), ddir, times))
-    tasks.set_knobs(mixed_in[-1][1], config)
+    mod = tasks.resolve(spec)
+    tasks.set_knobs(mod, config)
+    mixed_in.append((name, mod, ddir, times))
 
 
 def task_messages(example):  # what a reward model or judge is shown as the prompt
