@@ -42,6 +42,7 @@ def bad_knob(c):
     choices = {
         'loss_agg': LOSS_AGGS,
         'lr_schedule': ('cosine', 'linear', 'constant'),
+        'export_best_mode': ('max', 'min'),
         'resume': ('auto', 'never'),
         'kl_estimator': KL_ESTIMATORS,
         'advantage': ADVANTAGES,

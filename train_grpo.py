@@ -182,9 +182,10 @@ keep_last = 2  # checkpoints kept on disk
 export_hf = True  # also write out_dir/hf/ (HF snapshot of the latest weights) at each checkpoint
 export_dtype = ''  # the HF snapshot's weights: '' = as trained (float32), or 'bfloat16'
 export_every = 0  # also checkpoint and keep out_dir/hf_{step:07d}/ every N steps (0 = off)
-# an eval metric, e.g. 'eval/pass@1' (any eval/ key the run logs; higher is better): out_dir/hf_best/
-# holds the weights of its best evaluation so far (ties: the earliest); '' = off
+# an eval metric, e.g. 'eval/pass@1' (any eval/ key the run logs): out_dir/hf_best/ holds the
+# weights of its best evaluation so far (ties: the earliest); '' = off
 export_best = ''
+export_best_mode = 'max'  # 'max': the highest value is the best; 'min': the lowest (eval/truncated)
 wandb_log = False  # also send every metrics.jsonl row to Weights & Biases (pip install wandb)
 wandb_project = 'grpo'  # its project
 wandb_run_name = ''  # its run name ('' = wandb's); a resumed run continues the same wandb run
@@ -427,8 +428,9 @@ entropy_state = {'coef': entropy_coef, 'last': math.inf}
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
 guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
 dropped = set()  # drop_easy: indices of the training problems no longer drawn (in checkpoints)
-# export_best: the best evaluation so far (in checkpoints; a resume with another metric starts anew)
-best = {'metric': export_best, 'value': None, 'step': None}
+# export_best: the best evaluation so far (in checkpoints; a resume with another metric or mode
+# starts anew)
+best = {'metric': export_best, 'mode': export_best_mode, 'value': None, 'step': None}
 # the knobs of tasks only evaluated (eval_tasks) change no training: a resume may change them
 eval_only = {k for ev in extra_evals.values() for k in tasks.knobs(ev['task'])} - set(
     k for t in [task_mod, *(m[1] for m in mixed_in)] for k in tasks.knobs(t))
@@ -439,8 +441,9 @@ if state is not None:  # None: a fresh start
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
     entropy_state = state.get('entropy_state', entropy_state)
     dropped.update(state.get('dropped', ()))
-    if (state.get('best') or {}).get('metric') == export_best:
-        best.update(state['best'])
+    kept = state.get('best') or {}
+    if (kept.get('metric'), kept.get('mode', 'max')) == (export_best, export_best_mode):
+        best.update(kept)
     if dropped and len(dropped) >= len(train_set):
         die(f"drop_easy: all {len(train_set)} training problems were left out by step {step}: "
             "nothing is left to train on (a run with drop_easy=0 would draw them again)", 2)
@@ -464,7 +467,8 @@ def keep_best(step_done, row):
     if export_best not in row:
         logged = ', '.join(sorted(k for k in row if k.startswith('eval/')))
         die(f"--export_best={export_best!r}: the evaluation logs no such metric (it logs {logged})", 2)
-    if best['value'] is not None and row[export_best] <= best['value']:
+    sign = 1 if export_best_mode == 'max' else -1
+    if best['value'] is not None and sign * row[export_best] <= sign * best['value']:
         return
     done = save_export(out_dir, 'hf_best', model, tok, fsdp, master, config={
         **config, 'step': step_done, 'best': {export_best: row[export_best]}},

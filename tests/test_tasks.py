@@ -129,16 +129,17 @@ def test_export_best_keeps_the_best_evaluation_through_a_resume(tmp_path):
     with the weights): out_dir/hf_best holds the weights of the first step with the highest value,
     its grpo_run.json says which. A run killed right after step 6's update (resumed from step 5's
     checkpoint, whose best was step 5's) ends with the same hf_best: without the best carried in
-    the checkpoint, step 6's lower value became the 'best'. A metric the evaluation does not log
-    is one line, exit 2."""
+    the checkpoint, step 6's lower value became the 'best'. With export_best_mode='min', the lowest
+    value's step. A metric the evaluation does not log is one line, exit 2."""
     args = ['--task=grpo_test_task:parity', '--max_steps=6', '--eval_every=1', '--save_every=1',
             '--export_best=eval/pass@1', '--keep_last=10', '--lr=3e-2', '--eval_examples=16',
             '--rewards=None']
     jobs = [(tmp_path / 'straight', []), (tmp_path / 'killed', ['--fault_kill_opt_step=6']),
-            (tmp_path / 'typo', ['--export_best=eval/pass@l', '--max_steps=1'])]
+            (tmp_path / 'typo', ['--export_best=eval/pass@l', '--max_steps=1']),
+            (tmp_path / 'lowest', ['--export_best_mode=min'])]
     with other_task():
-        straight, killed, typo = test_train.run_together(*[[out, *args, *more] for out, more in jobs],
-                                                         check=False)
+        straight, killed, typo, lowest = test_train.run_together(
+            *[[out, *args, *more] for out, more in jobs], check=False)
     assert typo.returncode == 2 and "--export_best='eval/pass@l'" in typo.stderr, typo.stderr
     assert len(typo.stderr.strip().splitlines()) == 1 and 'eval/pass@1' in typo.stderr
     assert straight.returncode == 0 and killed.returncode < 0, (straight.stderr, killed.returncode)
@@ -154,6 +155,11 @@ def test_export_best_keeps_the_best_evaluation_through_a_resume(tmp_path):
     model, _ = from_pretrained(str(tmp_path / 'killed' / 'hf_best'))
     sd = test_train.weights(tmp_path / 'straight', step)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
+    # export_best_mode='min' (the same training): the first step with the lowest value
+    low, low_step = min((v, -s) for v, s in evals)
+    saved = json.load(open(tmp_path / 'lowest' / 'hf_best' / 'grpo_run.json'))
+    assert lowest.returncode == 0 and low_step != step, (lowest.stderr[-2000:], evals)
+    assert (saved['step'], saved['best']) == (low_step, {'eval/pass@1': low}), (saved, evals)
 
 
 def test_task_from_a_path_trains_and_takes_its_knobs(tmp_path):
