@@ -31,7 +31,9 @@ resume = 'auto'  # 'auto': continue from the newest checkpoint in out_dir that l
 resume_changed = False  # resume even though knobs that change the run differ from the checkpoint's
 plot = ''  # --plot=OUT_DIR: redraw OUT_DIR/curves.png from its metrics.jsonl and exit
 # task (tasks/): its data, prompts, grading and default rewards; its own knobs are in its file
-task = 'gsm8k'  # built in: 'gsm8k', 'math', 'arith' (offline), 'chess', ...; or 'mymodule:my_task', 'path/to/task.py'
+# built in: 'gsm8k', 'math', 'arith' (offline), 'chess', 'qa' (your own question/answer files), ...; or
+# 'mymodule:my_task', 'path/to/task.py'
+task = 'gsm8k'
 data_dir = ''  # local dir with the task's train/test .jsonl or .parquet; '' = the task's own source
 system_prompt = None  # system turn; None = the task's default, '' = none
 instruction = None  # appended to every question; None = the task's default, '' = none

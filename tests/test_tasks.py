@@ -296,3 +296,73 @@ def test_a_mixture_trains_each_task_with_its_own_grade_and_evaluates_each(tmp_pa
     assert len(samples) == 8 and {s['task'] for s in samples} <= {'arith', 'grpo_test_task'}
     p = run(tmp_path, *args[1:], '--max_steps=3', check=False)
     assert p.returncode == 2 and 'mix_tasks: ' in p.stdout and 'changes the run' in p.stderr, p.stdout
+
+
+@contextlib.contextmanager
+def qa_knobs(**knobs):
+    """tasks/qa.py with these knobs set (its module globals), restored after."""
+    qa = tasks.resolve('qa')
+    defaults = tasks.knobs(qa)
+    tasks.set_knobs(qa, {**defaults, **knobs})
+    try:
+        yield qa
+    finally:
+        tasks.set_knobs(qa, defaults)
+
+
+def test_qa_reads_verl_parquet_and_question_answer_jsonl(tmp_path):
+    """--task=qa on a user's files: verl's preprocessed parquet (chat-message prompts, answers in
+    reward_model.ground_truth, data_source) and a question/answer .jsonl (numbers, lists of
+    answers); each grader; other columns by name; bad rows and a missing data_dir in one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    verl = [{'data_source': ['openai/gsm8k', 'lighteval/MATH'][i % 2], 'ability': 'math',
+             'prompt': [{'role': 'user', 'content': f'{i} + {i}? Output the final answer after "####".'}],
+             'reward_model': {'style': 'rule', 'ground_truth': str(2 * i)}} for i in range(4)]
+    (tmp_path / 'verl').mkdir()
+    pq.write_table(pa.Table.from_pylist(verl), tmp_path / 'verl' / 'train-00000-of-00001.parquet')
+    rows = [{'question': 'Half of 1?', 'answer': '\\frac{1}{2}'}, {'question': 'A or B?', 'answer': ['A', 'B']},
+            {'problem': 'Seven?', 'answer': 7, 'extra': {'ans': '7.0'}}]
+    (tmp_path / 'mine').mkdir()
+    (tmp_path / 'mine' / 'train.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    with qa_knobs() as qa:
+        ex = qa.load('train', str(tmp_path / 'verl'))
+        assert ex[1] == {'answer': ['2'], 'source': 'lighteval/MATH', 'messages': verl[1]['prompt']}
+        assert tasks.messages(qa, ex[1]) == verl[1]['prompt'], 'the prompt as it stands'
+        assert tasks.messages(qa, ex[1], 'S', 'I') == [
+            {'role': 'system', 'content': 'S'}, {'role': 'user', 'content': verl[1]['prompt'][0]['content'] + '\nI'}]
+        assert qa.grade('so #### 2', ex[1]) and not qa.grade('#### 3', ex[1])
+        assert qa.metrics(['#### 0', '#### 2', '#### 4', '#### 7'], ex) == {
+            'openai/gsm8k/pass@1': 1.0, 'lighteval/MATH/pass@1': 0.5}
+        mine = qa.load('train', str(tmp_path / 'mine'))
+        assert [e['answer'] for e in mine] == [['\\frac{1}{2}'], ['A', 'B'], ['7']]
+        assert tasks.messages(qa, mine[2]) == [{'role': 'user', 'content': f"Seven?\n{qa.INSTRUCTION}"}]
+        assert qa.grade('\\boxed{1/2}', mine[0]) and qa.grade('\\boxed{B}', mine[1])  # any of them
+    with qa_knobs(qa_grader='math') as qa:  # LaTeX by math-verify, on the last \boxed{}
+        assert qa.grade('\\boxed{0.5}', mine[0]) and not qa.grade('0.5', mine[0])
+    with qa_knobs(qa_grader='exact') as qa:
+        assert qa.grade(' B\n', mine[1]) and not qa.grade('B.', mine[1])
+    with qa_knobs(qa_answer_key='extra.ans') as qa:
+        with pytest.raises(ValueError, match=r"train.jsonl:1: malformed qa row: no answer column.*"
+                                             r"\['extra.ans'\].*set qa_answer_key"):
+            qa.load('train', str(tmp_path / 'mine'))
+    with qa_knobs(qa_answer_key='extra.ans', skip_bad_rows=True) as qa:
+        assert [e['answer'] for e in qa.load('train', str(tmp_path / 'mine'))] == [['7.0']]
+    with qa_knobs() as qa, pytest.raises(ValueError, match="--data_dir=DIR"):
+        qa.load('train', '')
+
+
+def test_qa_trains_on_a_users_jsonl_and_sample_py_reproduces_its_eval(tmp_path):
+    data = tmp_path / 'data'
+    data.mkdir()
+    for split, offset in (('train', 0), ('test', 100)):
+        rows = [{'question': f'{i} + 1?', 'answer': i + 1} for i in range(offset, offset + 20)]
+        (data / f'{split}.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    run_task(tmp_path / 'run', '--task=qa', f'--data_dir={data}', '--max_steps=1', '--eval_every=1',
+             '--export_hf=True', '--rewards=None', '--max_seq_len=256', '--eval_examples=6')
+    last = metrics(tmp_path / 'run')[-1]
+    p = subprocess.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'run' / 'hf'}",
+                        f"--out_dir={tmp_path / 'eval'}"], cwd=ROOT, env=env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])['pass@1'] == last['eval/pass@1']
