@@ -244,6 +244,11 @@ def test_a_mixture_prompts_grades_and_rewards_each_problem_by_its_own_task():
     sc = score(right, [g, m, g, m], fns)
     assert sc['per_fn'] == {'correct': [1.0, 1.0, 0.0, 0.0], 'format': [1.0, None, 0.0, None]}
     assert sc['total'] == [1.1, 1.0, 0.0, 0.0]
+    assert not hasattr(mixed, 'solution'), "math has no warm-start solution: the mixture has none"
+    arith = tasks.resolve('arith')
+    both = tasks.mixture(arith, 'arith', [('gsm8k', gsm8k, str(GSM8K), 0.001)])
+    a, s = next(iter(arith.load('train', seed=1))), both.load('train', seed=1)[-1]
+    assert both.solution(a) == arith.solution(a) and both.solution(s) == gsm8k.solution(s)
 
 
 def test_a_mixtures_shares_and_what_it_refuses():
