@@ -273,7 +273,8 @@ def mixed_rewards(named):
     own task's. An entry every task lists alike stays as it is ('correct' then pays each problem's
     own grade); one only some list, or listed alike with another function ('correct': each task's
     grade), calls the problem's task's function and gives None (does not apply) for the others'.
-    Raises ValueError when tasks give one name another weight or kwargs."""
+    Raises ValueError when tasks give one name another weight or kwargs, or such an entry scores
+    batches (a reward model)."""
     from reward import _accepts, _builtin, resolve_rewards
     seen = {}  # name -> (weight, kwargs, {task name: (fn, entry)})
     for task_name, task in named:
@@ -286,9 +287,6 @@ def mixed_rewards(named):
                 raise ValueError(f"mix_tasks: task {task_name!r}'s default reward {name!r} has "
                                  f"weight {got['weight']} and kwargs {got['kwargs']}, another "
                                  f"task's {weight} and {kwargs}; set --rewards for the mixture")
-            if getattr(fn, 'batched', False):
-                raise ValueError(f"mix_tasks: task {task_name!r}'s default reward {name!r} scores "
-                                 "batches; set --rewards for the mixture")
             fns[task_name] = (fn, entry)
     out = []
     for name, (weight, kwargs, fns) in seen.items():
@@ -297,6 +295,9 @@ def mixed_rewards(named):
         if len(fns) == len(named) and alike and all(e == entries[0] for e in entries):
             out.append(entries[0])  # every task's, the same: 'correct' pays the mixture's grade
             continue
+        if any(getattr(fn, 'batched', False) for fn, _ in fns.values()):
+            raise ValueError(f"mix_tasks: the default reward {name!r} scores batches, and not every "
+                             "task lists it alike; set --rewards for the mixture")
         main_name = named[0][0]
 
         def dispatched(completion, example, _fns=fns, _kwargs=kwargs, _main=main_name, **facts):

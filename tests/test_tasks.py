@@ -270,6 +270,15 @@ def test_a_mixtures_shares_and_what_it_refuses():
                                     rewards=[{'name': 'correct', 'weight': 2.0}])
     with pytest.raises(ValueError, match="'correct' has weight 2.0.*set --rewards"):
         tasks.mixture(arith, 'arith', [('heavier', heavier, '', 1.0)])
+
+    def scores(completions, examples):  # a batched reward, as a reward model is
+        return [0.0] * len(completions)
+    scores.batched = True
+    judged = types.SimpleNamespace(load=arith.load, messages=arith.messages, grade=arith.grade,
+                                   rewards=[{'name': scores, 'weight': 1.0}])
+    with pytest.raises(ValueError, match="'scores' scores batches, and not every task lists it"):
+        tasks.mixture(arith, 'arith', [('judged', judged, '', 1.0)])
+    assert tasks.mixture(judged, 'a', [('b', judged, '', 1.0)]).rewards == judged.rewards, 'alike'
     for bad in [3, ('math', 2), ('math', '', 0), ('math', '', True), ('math', '', 1.0, 'x')]:
         with pytest.raises(ValueError, match='mix_tasks'):
             tasks.mix_entry(bad)
