@@ -639,3 +639,14 @@ def test_tensorboard_tensor_scalars_damage_and_cuts(tmp_path, capsys):
     code, out, err = cli(capsys, str(tmp_path / 'two'), '--no_plot')
     assert code == 2 and err == (f"doctor: {tmp_path / 'two'}: 2 TensorBoard runs under it (a, b, ...): "
                                  "the doctor reads one run; point at its folder\n"), err
+
+
+def test_a_wandb_csv_of_openrlhf_reads_its_names_as_openrlhf_means_them(tmp_path):
+    """OpenRLHF's W&B names ('train/<name>', its global step): policy_loss is the loss, as in its
+    TensorBoard files (TRL's table, which lists policy_loss as a part of the loss, comes later)."""
+    rows = ['train/global_step,train/policy_loss,train/reward,train/actor_grad_norm,train/actor_lr']
+    rows += [f'{s},{0.1 * s},0.5,0.2,1e-6' for s in range(1, 6)]
+    (tmp_path / 'openrlhf.csv').write_text('\n'.join(rows) + '\n')
+    run = run_of(str(tmp_path / 'openrlhf.csv'))
+    assert run['series']['loss'] == {s: pytest.approx(0.1 * s) for s in range(1, 6)}
+    assert run['series']['grad_norm'][3] == 0.2 and not run['unknown'], run['unknown']
