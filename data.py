@@ -91,15 +91,16 @@ def batch_at(examples, seed, cursor, batch_size):
     return [examples[i] for i in index], cursor
 
 
-def indices_at(n, seed, cursor, batch_size, skip=frozenset()):
+def indices_at(n, seed, cursor, batch_size, skip=frozenset(), shuffle=True):
     """The indices (into n examples) of batch_at's batch, and the cursor after it; indices in skip
     (examples no longer drawn) are passed over, the cursor moving past them too, so (cursor, skip)
-    is all a checkpoint needs. Raises ValueError when skip holds every example."""
+    is all a checkpoint needs. shuffle=False: the examples in their own order, epoch after epoch (a
+    curriculum). Raises ValueError when skip holds every example."""
     if len(skip) >= n:
         raise ValueError(f"all {n} training examples are left out (drop_easy): nothing to draw")
     index = []
     while len(index) < batch_size:
-        i = _perm(n, seed, cursor // n)[cursor % n]
+        i = _perm(n, seed, cursor // n)[cursor % n] if shuffle else cursor % n
         cursor += 1
         if i not in skip:
             index.append(i)

@@ -67,6 +67,9 @@ max_new_tokens = 512  # completion budget; hitting it counts as truncated
 # prompts longer than this many tokens are left out of the train and eval sets when they load, with
 # a line saying how many (verl's filter_overlong_prompts); 0: all that max_seq_len leaves
 max_prompt_len = 0
+# the training problems in a new seeded order each epoch; False: in the task's own order, epoch after
+# epoch (a curriculum sorted by difficulty; verl's data.shuffle, TRL's shuffle_dataset)
+shuffle = True
 temperature = 1.0  # sampling temperature; the loss's log-probs use the same temperature
 top_k = 0  # 0 = off. top_k/top_p/min_p make training off-policy (the loss uses the full softmax)
 top_p = 1.0  # 1.0 = off
@@ -678,7 +681,8 @@ def sample_step(step, cursor, timing):
             n = P
         else:
             n = min(P, math.ceil((P - n_spread) * len(batch) / max(n_spread, 1)))
-        drawn, next_cursor = indices_at(len(train_set), seed, next_cursor, n, skip=dropped)
+        drawn, next_cursor = indices_at(len(train_set), seed, next_cursor, n, skip=dropped,
+                                        shuffle=shuffle)
         more = [train_set[i] for i in drawn]
         p, mine, c, sc = rollout(more, len(batch), step, timing)
         batch += more

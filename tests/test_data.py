@@ -160,6 +160,9 @@ def test_indices_at_passes_over_the_skipped_and_its_cursor_moves_past_them():
     assert more == [i for i in stream[cursor:] if i not in skip][:20]
     with pytest.raises(ValueError, match='all 3 training examples'):
         indices_at(3, 7, 0, 1, skip={0, 1, 2})
+    # shuffle=False: the examples' own order, epoch after epoch, the skipped passed over
+    assert indices_at(5, 7, 0, 7, shuffle=False) == ([0, 1, 2, 3, 4, 0, 1], 7)
+    assert indices_at(5, 7, 3, 4, skip={4}, shuffle=False) == ([3, 0, 1, 2], 8)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -377,6 +377,16 @@ def test_lr_schedules_decay_as_named(tmp_path):
         assert got == pytest.approx(want), (name, got)
 
 
+def test_shuffle_false_draws_the_problems_in_their_own_order(tmp_path):
+    """shuffle=False (a curriculum): step 1 samples training problems 0-3, step 2 problems 4-7, as the
+    task lists them (samples.jsonl logs one completion of each group)."""
+    run(tmp_path, '--shuffle=False', '--max_steps=2', '--log_samples_every=1')
+    train = tiny_examples()[0][0]
+    rows = [json.loads(line) for line in (tmp_path / 'samples.jsonl').read_text().splitlines()]
+    for row, ex in zip(rows, train[:8]):
+        assert ex['question'] in row['prompt'], (row['step'], row['prompt'], ex['question'])
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     """top_k, top_p and min_p warn; and min_p reaches the sampler: at 0.99 only the most likely
     token is drawn, so every group's completions are one and the same (the random model's samples
