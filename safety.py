@@ -99,6 +99,7 @@ RANGES = {
                    "AdamW's (beta1, beta2), each in [0, 1)"),
     'min_lr_ratio': (lambda v: 0 <= v <= 1, "the decay's floor as a share of lr, in [0, 1]"),
     'max_steps': (lambda v: v >= 0, "GRPO steps, >= 0"),
+    'epochs': (lambda v: v >= 0, "passes over the training set, >= 0; 0 = max_steps decides"),
     'warmup_steps': (lambda v: v >= 0, "steps of linear warmup, >= 0"),
     'sft_steps': (lambda v: v >= 0, "warm-start steps, >= 0"),
     'eval_examples': (lambda v: v >= 0, "held-out problems per evaluation, >= 0; 0 = all"),

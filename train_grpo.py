@@ -164,6 +164,9 @@ lr_schedule = 'cosine'
 min_lr_ratio = 0.1  # the decay's floor, as a share of lr
 warmup_steps = 10  # linear warmup
 max_steps = 200  # GRPO steps
+# > 0: max_steps becomes ceil(epochs x training problems / batch_prompts), so many passes over the
+# training set (verl's total_epochs, TRL's num_train_epochs); 0: max_steps as set
+epochs = 0.0
 weight_decay = 0.0  # AdamW decay on matrices
 adam_betas = (0.9, 0.99)  # AdamW betas
 grad_clip = 1.0  # max gradient norm (0 = off)
@@ -390,6 +393,10 @@ def fitting(examples, budget, what, task=None):  # those whose prompt leaves bud
 train_set = fitting(train_set, max_new_tokens, 'train')
 if mixed_in:
     print(f"train: {metrics.mix_line(train_set, tasks.name_of(task))}")
+if epochs > 0:  # the run's length in passes over the training set
+    max_steps = math.ceil(epochs * len(train_set) / batch_prompts)
+    print(f"epochs: {epochs} x {len(train_set)} problems / {batch_prompts} a step = {max_steps} steps "
+          "(max_steps)")
 eval_set = fitting(eval_set, eval_max_new_tokens or max_new_tokens, 'eval')
 for name, ev in extra_evals.items():
     ev['examples'] = fitting(ev['examples'], eval_max_new_tokens or max_new_tokens, f'eval/{name}',

@@ -387,6 +387,13 @@ def test_shuffle_false_draws_the_problems_in_their_own_order(tmp_path):
         assert ex['question'] in row['prompt'], (row['step'], row['prompt'], ex['question'])
 
 
+def test_epochs_set_the_runs_length_from_the_training_set(tmp_path):
+    """epochs=2 over 6 problems at 4 a step: ceil(12 / 4) = 3 steps, whatever max_steps says."""
+    p = run(tmp_path, '--epochs=2.0', '--arith_n_train=6', '--max_steps=50')
+    assert 'epochs: 2.0 x 6 problems / 4 a step = 3 steps (max_steps)' in p.stdout, p.stdout[-2000:]
+    assert [r['step'] for r in metrics(tmp_path)] == [0, 1, 2, 3]
+
+
 def test_truncated_sampling_warns_that_training_is_off_policy(tmp_path):
     """top_k, top_p and min_p warn; and min_p reaches the sampler: at 0.99 only the most likely
     token is drawn, so every group's completions are one and the same (the random model's samples
