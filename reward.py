@@ -16,7 +16,9 @@ check_reward_config() rejects unknown names and unknown kwargs up front, because
 silently dropped looks exactly like a kwarg that works. The model-based rewards ('reward_model',
 'judge') are in reward_model.py.
 """
+import functools
 import importlib
+import importlib.util
 import inspect
 import math
 import re
@@ -208,7 +210,42 @@ def length_penalty(completion, example, *, max_len=0, cache_len=0, penalty=1.0, 
     return -penalty * min(1.0, (n - soft) / max(cache_len, 1))
 
 
-REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty}
+def verl_score(completion, example, fn=''):
+    """A verl reward function as it is: fn ('module:function' or 'path/to/file.py:function', verl's
+    custom_reward_function path and name) is called as verl's reward manager calls it,
+    fn(data_source=, solution_str=, ground_truth=, extra_info=), with the example's data_source,
+    ground_truth and extra_info (tasks/qa.py keeps verl's columns; other tasks: their answer and
+    no source). A dict it returns pays its 'score', as in verl."""
+    value = _verl_fn(fn)(data_source=example.get('source', ''), solution_str=completion,
+                         ground_truth=example.get('ground_truth', example.get('answer')),
+                         extra_info=example.get('extra_info'))
+    return value['score'] if isinstance(value, dict) else float(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _verl_fn(spec):
+    """The function a verl_score fn names. Raises ValueError naming what is wrong."""
+    where, _, name = spec.rpartition(':')
+    try:
+        if where.endswith('.py'):
+            mod_spec = importlib.util.spec_from_file_location(f'verl_reward_{name}', where)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        found = getattr(module, name)
+    except Exception as e:
+        raise ValueError(f"verl_score: cannot load {spec!r} ('module:function' or "
+                         f"'path/to/file.py:function'): {type(e).__name__}: {e}") from None
+    if not callable(found):
+        raise ValueError(f"verl_score: {spec!r} is not a function")
+    return found
+
+
+verl_score.check = lambda fn='': _verl_fn(fn)  # at start-up: the function loads (no dry call)
+
+REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty,
+              'verl_score': verl_score}
 # reward_model.py's, imported on first use: it needs torch and hf.py
 MODEL_REWARDS = ('reward_model', 'judge')
 # per-sample facts, as train_grpo passes them
@@ -254,7 +291,7 @@ def check_reward_config(rewards):
         if name in [o[0] for o in out]:
             raise ValueError(f"reward config: {name!r} listed twice")
         if callable(getattr(fn, 'check', None)):
-            # a model reward: its snapshot and template checked, no weights read
+            # a model reward's snapshot and template, verl_score's function: checked, none run
             try:
                 fn.check(**kwargs)
             except (ValueError, OSError, TypeError) as e:

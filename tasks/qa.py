@@ -13,7 +13,9 @@ set in the config is still applied to it). qa_grader says what is right: 'number
 GSM8K's checker: the final number, \\boxed{} or after '####' or 'the answer is', numerically), 'math'
 (math-verify on the last \\boxed{}, as tasks/math.py, for LaTeX answers) or 'exact' (the completion,
 stripped, is the answer). A data_source column also gives pass@1 per source at each evaluation
-(eval/<source>/pass@1, as verl's val-core/<source>/...) when there are several.
+(eval/<source>/pass@1, as verl's val-core/<source>/...) when there are several. The data_source,
+the answer column as it stands and extra_info are kept for a verl reward function:
+rewards=[{'name': 'verl_score', 'kwargs': {'fn': 'my_reward.py:compute_score'}}] (reward.py).
 """
 from data import parse_rows, read_rows
 
@@ -62,7 +64,9 @@ def parse_row(row):
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     question = first_column(row, qa_question_key, QUESTION_KEYS, 'question')
-    example = {'answer': answers(first_column(row, qa_answer_key, ANSWER_KEYS, 'answer'))}
+    truth = first_column(row, qa_answer_key, ANSWER_KEYS, 'answer')
+    # the answer column as it is, for a verl reward function (reward.verl_score)
+    example = {'answer': answers(truth), 'ground_truth': truth}
     if isinstance(question, str) and question.strip():
         example['question'] = question.strip()
     elif isinstance(question, (list, tuple)) and question and all(
@@ -74,6 +78,8 @@ def parse_row(row):
                          "({'role', 'content'})")
     if isinstance(row.get('data_source'), str):
         example['source'] = row['data_source']
+    if isinstance(row.get('extra_info'), dict):
+        example['extra_info'] = row['extra_info']
     return example
 
 

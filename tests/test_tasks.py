@@ -341,7 +341,8 @@ def test_qa_reads_verl_parquet_and_question_answer_jsonl(tmp_path):
     (tmp_path / 'mine' / 'train.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
     with qa_knobs() as qa:
         ex = qa.load('train', str(tmp_path / 'verl'))
-        assert ex[1] == {'answer': ['2'], 'source': 'lighteval/MATH', 'messages': verl[1]['prompt']}
+        assert ex[1] == {'answer': ['2'], 'ground_truth': '2', 'source': 'lighteval/MATH',
+                         'messages': verl[1]['prompt']}
         assert tasks.messages(qa, ex[1]) == verl[1]['prompt'], 'the prompt as it stands'
         assert tasks.messages(qa, ex[1], 'S', 'I') == [
             {'role': 'system', 'content': 'S'}, {'role': 'user', 'content': verl[1]['prompt'][0]['content'] + '\nI'}]
@@ -364,6 +365,30 @@ def test_qa_reads_verl_parquet_and_question_answer_jsonl(tmp_path):
         assert [e['answer'] for e in qa.load('train', str(tmp_path / 'mine'))] == [['7.0']]
     with qa_knobs() as qa, pytest.raises(ValueError, match="--data_dir=DIR"):
         qa.load('train', '')
+
+
+def test_a_verl_reward_function_scores_as_verl_calls_it(tmp_path):
+    """rewards=[{'name': 'verl_score', 'kwargs': {'fn': ...}}]: a verl compute_score, from a module
+    or a file, gets the problem's data_source, ground truth and extra_info by keyword; a dict it
+    returns pays its 'score'. A function that does not load is one ValueError at start-up."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reward import resolve_rewards, score
+    rows = [{'data_source': src, 'prompt': [{'role': 'user', 'content': 'q'}],
+             'reward_model': {'ground_truth': '4'}, 'extra_info': {'bonus': bonus}}
+            for src, bonus in (('openai/gsm8k', 0.0), ('lighteval/MATH', 0.5))]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / 'train.parquet')
+    with qa_knobs() as qa:
+        examples = qa.load('train', str(tmp_path))
+    for fn in ('grpo_test_rewards:verl_compute_score',
+               f"{ROOT / 'tests' / 'grpo_test_rewards.py'}:verl_compute_score"):
+        fns = resolve_rewards([{'name': 'verl_score', 'kwargs': {'fn': fn}}])
+        sc = score(['#### 4', '#### 4', '#### 5'], [examples[0], examples[1], examples[0]], fns)
+        assert sc['total'] == [1.0, 1.5, 0.0] and sc['errors'] == {'verl_score': 0}, (fn, sc)
+    for bad in ('grpo_test_rewards:no_such_fn', 'no/such/file.py:compute_score', ''):
+        with pytest.raises(ValueError, match="verl_score: cannot load"):
+            resolve_rewards([{'name': 'verl_score', 'kwargs': {'fn': bad}}])
 
 
 def test_qa_trains_on_a_users_jsonl_and_sample_py_reproduces_its_eval(tmp_path):
