@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import math
 import re
+import types
 from fractions import Fraction
 
 # A number as people write it: optional sign, digits with optional thousands commas, optional
@@ -216,36 +217,67 @@ def verl_score(completion, example, fn=''):
     fn(data_source=, solution_str=, ground_truth=, extra_info=), with the example's data_source,
     ground_truth and extra_info (tasks/qa.py keeps verl's columns; other tasks: their answer and
     no source). A dict it returns pays its 'score', as in verl."""
-    value = _verl_fn(fn)(data_source=example.get('source', ''), solution_str=completion,
-                         ground_truth=example.get('ground_truth', example.get('answer')),
-                         extra_info=example.get('extra_info'))
+    value = _user_fn(fn, 'verl_score')(
+        data_source=example.get('source', ''), solution_str=completion,
+        ground_truth=example.get('ground_truth', example.get('answer')),
+        extra_info=example.get('extra_info'))
     return value['score'] if isinstance(value, dict) else float(value)
 
 
+def trl_reward(completions, examples, fn='', conversational=True, messages=None, step=None):
+    """A TRL reward function as it is: fn ('module:function' or 'path/to/file.py:function') is
+    called as GRPOTrainer calls it, once for the step's completions: fn(prompts=, completions=,
+    completion_ids=, trainer_state=, log_extra=, log_metric=, **columns), each example field a
+    column (a list, one value per completion). conversational: prompts as chat messages and each
+    completion as [{'role': 'assistant', 'content': text}] (TRL's conversational datasets, as this
+    project's prompts are), else plain strings (the prompt's last user turn). trainer_state has
+    global_step (the steps done); log_extra and log_metric accept and drop their values. A None in
+    what it returns: does not apply (as in TRL)."""
+    prompts = [messages(ex) if messages else [] for ex in examples]
+    if conversational:
+        completions = [[{'role': 'assistant', 'content': c}] for c in completions]
+    else:
+        prompts = [next((m['content'] for m in reversed(p) if m['role'] == 'user'), '')
+                   if isinstance(p, list) else p for p in prompts]
+    columns = {k: [ex.get(k) for ex in examples] for k in examples[0] if k not in (
+        'prompt', 'completion', 'completion_ids')} if examples else {}
+    state = types.SimpleNamespace(global_step=step or 0)
+    return list(_user_fn(fn, 'trl_reward')(
+        prompts=prompts, completions=completions, completion_ids=[None] * len(completions),
+        trainer_state=state, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
+        **columns))
+
+
+trl_reward.batched = True
+
+
 @functools.lru_cache(maxsize=None)
-def _verl_fn(spec):
-    """The function a verl_score fn names. Raises ValueError naming what is wrong."""
+def _user_fn(spec, who):
+    """The function spec ('module:function' or 'path/to/file.py:function') names, for reward
+    `who`. Raises ValueError naming what is wrong."""
     where, _, name = spec.rpartition(':')
     try:
         if where.endswith('.py'):
-            mod_spec = importlib.util.spec_from_file_location(f'verl_reward_{name}', where)
+            mod_spec = importlib.util.spec_from_file_location(f'{who}_{name}', where)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(where)
         found = getattr(module, name)
     except Exception as e:
-        raise ValueError(f"verl_score: cannot load {spec!r} ('module:function' or "
+        raise ValueError(f"{who}: cannot load {spec!r} ('module:function' or "
                          f"'path/to/file.py:function'): {type(e).__name__}: {e}") from None
     if not callable(found):
-        raise ValueError(f"verl_score: {spec!r} is not a function")
+        raise ValueError(f"{who}: {spec!r} is not a function")
     return found
 
 
-verl_score.check = lambda fn='': _verl_fn(fn)  # at start-up: the function loads (no dry call)
+# at start-up: the function loads (no dry call)
+verl_score.check = lambda fn='', **_: _user_fn(fn, 'verl_score')
+trl_reward.check = lambda fn='', **_: _user_fn(fn, 'trl_reward')
 
 REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty,
-              'verl_score': verl_score}
+              'verl_score': verl_score, 'trl_reward': trl_reward}
 # reward_model.py's, imported on first use: it needs torch and hf.py
 MODEL_REWARDS = ('reward_model', 'judge')
 # per-sample facts, as train_grpo passes them

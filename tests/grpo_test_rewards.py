@@ -56,3 +56,18 @@ def verl_compute_score(data_source, solution_str, ground_truth, extra_info=None)
     right = float(solution_str.rpartition('####')[2].strip() == str(ground_truth))
     right += (extra_info or {}).get('bonus', 0.0)
     return {'score': right, 'acc': right} if data_source == 'lighteval/MATH' else right
+
+
+def trl_accuracy(completions, answer, **kwargs):
+    """A TRL reward function for a conversational dataset (its signature and calling convention):
+    the completions as assistant turns, the dataset's answer column as a keyword list."""
+    return [float(c[0]['content'].rpartition('####')[2].strip() == a)
+            for c, a in zip(completions, answer)]
+
+
+def trl_state_and_prompts(prompts, completions, trainer_state, log_metric, log_extra, **kwargs):
+    """A TRL reward function reading the step, the prompts as plain text (a standard dataset) and
+    logging through the trainer's hooks; None for a completion it does not judge."""
+    log_metric('prompt_chars', 1.0)
+    log_extra('note', ['x'] * len(completions))
+    return [None if c == 'skip' else trainer_state.global_step + len(p) for p, c in zip(prompts, completions)]

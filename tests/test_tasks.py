@@ -391,6 +391,28 @@ def test_a_verl_reward_function_scores_as_verl_calls_it(tmp_path):
             resolve_rewards([{'name': 'verl_score', 'kwargs': {'fn': bad}}])
 
 
+def test_a_trl_reward_function_scores_as_grpo_trainer_calls_it():
+    """rewards=[{'name': 'trl_reward', 'kwargs': {'fn': ...}}]: a TRL reward function gets the
+    step's prompts and completions (conversational: assistant turns; or plain text), each example
+    field as a keyword column, trainer_state.global_step and the logging hooks; its None does not
+    apply. A function that does not load is one ValueError at start-up."""
+    from reward import resolve_rewards, score
+    examples = [{'question': 'Two and two?', 'answer': '4'}, {'question': 'One and one?', 'answer': '2'}]
+
+    def messages(ex):  # the run's prompt of an example, as train_grpo passes it
+        return [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': ex['question']}]
+    fns = resolve_rewards([{'name': 'trl_reward', 'kwargs': {'fn': 'grpo_test_rewards:trl_accuracy'}}],
+                          messages=messages)
+    sc = score(['#### 4', '#### 3', '#### 2'], [examples[0], examples[0], examples[1]], fns, step=5)
+    assert sc['total'] == [1.0, 0.0, 1.0] and sc['errors'] == {'trl_reward': 0}, sc
+    fns = resolve_rewards([('trl_reward', 1.0, {'fn': 'grpo_test_rewards:trl_state_and_prompts',
+                                                'conversational': False})], messages=messages)
+    sc = score(['a', 'skip'], examples, fns, step=5)
+    assert sc['per_fn']['trl_reward'] == [5.0 + len('Two and two?'), None], sc
+    with pytest.raises(ValueError, match="trl_reward: cannot load 'grpo_test_rewards:nope'"):
+        resolve_rewards([{'name': 'trl_reward', 'kwargs': {'fn': 'grpo_test_rewards:nope'}}])
+
+
 def test_qa_trains_on_a_users_jsonl_and_sample_py_reproduces_its_eval(tmp_path):
     data = tmp_path / 'data'
     data.mkdir()
