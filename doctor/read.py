@@ -1,10 +1,10 @@
 """
 Reading a run's logs into the doctor's series: each source's metric names map onto the few series
-of SERIES through a table (OURS, TRL, VERL, WANDB, OPENRLHF, CONSOLE); names a table does not know
-are counted in the report and listed in --json, never dropped unsaid. load(path) finds the log of a
-path (an out_dir, a TRL output directory or checkpoint, a verl or nanoGPT console log, a W&B
-history CSV, TensorBoard event files) and returns the run: {step: value} per series, the unknown
-names and one line per unreadable row.
+of SERIES through a table (OURS, TRL, VERL, WANDB, OPENRLHF, PRIME_RL, CONSOLE); names a table does
+not know are counted in the report and listed in --json, never dropped unsaid. load(path) finds the
+log of a path (an out_dir, a TRL output directory or checkpoint, a verl or nanoGPT console log, a
+W&B history CSV, TensorBoard event files) and returns the run: {step: value} per series, the
+unknown names and one line per unreadable row.
 """
 import csv
 import fnmatch
@@ -156,8 +156,25 @@ OPENRLHF = {
     'timing/*': None, 'dynamic_filtering_pass_rate': None, 'critic_loss': None, 'values': None,
     'critic_lr': None, 'critic_grad_norm': None, 'global_step': None, 'eval/*': None,
 }
+# prime-rl (orchestrator/orchestrator.py and metrics.py, trainer/rl/train.py; main at 559b447,
+# 2026-08-21), as its W&B runs hold them: the orchestrator's rollouts as
+# train/<agg or env>/<all or effective>/<agent>/<name>/{mean,max,min,p10,p90}, the trainer's loss,
+# entropy and optimizer; orchestrator and trainer log to a run each (a CSV holds one of them).
+PRIME_RL = {
+    'train/agg/all/*/reward/mean': 'reward', 'train/agg/all/*/reward/max': 'reward_max',
+    'train/agg/all/*/reward/min': 'reward_min', 'train/agg/all/*/num_output_tokens/mean': 'resp_len',
+    'train/agg/all/*/is_truncated/mean': 'trunc_frac', 'loss/mean': 'loss',
+    'entropy/all/mean': 'entropy', 'optim/grad_norm': 'grad_norm', 'time/step': 'step_time',
+    'perf/peak_memory': 'mem_gb', 'perf/throughput': 'throughput',
+    'train/*/all/*': None, 'train/*/effective/*': None, 'eval/*': None, 'progress/*': None,
+    'time/*': None, 'perf/*': None,
+    'optim/*': None, 'off_policy/*': None, 'batch/*': None, 'loss/*': None, 'entropy/*': None,
+    'mismatch_kl/*': None, 'masked_mismatch_kl/*': None, 'unmasked_mismatch_kl/*': None,
+    'is_masked*': None, 'masked_advantage_*': None, 'ref_kl/*': None, 'kl_ent_ratio/*': None,
+}
 # JSON lines, CSV and TensorBoard read all (CSV and TensorBoard: the table knowing most names first)
-TABLES = {'ours': OURS, 'trl': TRL, 'verl': VERL, 'wandb': WANDB, 'openrlhf': OPENRLHF}
+TABLES = {'ours': OURS, 'trl': TRL, 'verl': VERL, 'wandb': WANDB, 'openrlhf': OPENRLHF,
+          'prime_rl': PRIME_RL}
 STEP_COLUMNS = ['step', 'train/global_step', 'global_step', '_step', 'Step']  # first found wins
 
 
