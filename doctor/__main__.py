@@ -13,8 +13,8 @@ with the numbers, the likely causes in order, and the fix.
     python -m doctor RUN --fail_on=warning    # exit 1 on warnings too (default: errors only)
 
 Each source's metric names map onto a few series (SERIES) through a table (OURS, TRL, VERL, WANDB,
-OPENRLHF, PRIME_RL, CONSOLE); names a table does not know are counted in the report and listed in --json, never dropped
-unsaid. Each detector in DETECTORS reads the series and returns findings; the report prints them
+OPENRLHF, PRIME_RL, CONSOLE); names a table does not know are counted in the report and listed in
+--json, never dropped unsaid. Each detector in DETECTORS reads the series and returns findings; the report prints them
 most severe first and doctor.png (beside the input, or --out) draws the flagged series with the
 findings' steps shaded. Exit code 0: nothing flagged at --fail_on or above (warnings alone exit 0 by
 default: a CI step fails on a broken run, not on a vLLM run's memory at 90%); 1: a finding at
