@@ -14,11 +14,11 @@ with the numbers, the likely causes in order, and the fix.
 
 Each source's metric names map onto a few series (SERIES) through a table (OURS, TRL, VERL, WANDB,
 OPENRLHF, PRIME_RL, CONSOLE); names a table does not know are counted in the report and listed in
---json, never dropped unsaid. Each detector in DETECTORS reads the series and returns findings; the report prints them
-most severe first and doctor.png (beside the input, or --out) draws the flagged series with the
-findings' steps shaded. Exit code 0: nothing flagged at --fail_on or above (warnings alone exit 0 by
-default: a CI step fails on a broken run, not on a vLLM run's memory at 90%); 1: a finding at
---fail_on or above; 2: PATH unreadable (or a bad argument).
+--json, never dropped unsaid. Each detector in DETECTORS reads the series and returns findings; the
+report prints them most severe first and doctor.png (beside the input, or --out) draws the flagged
+series with the findings' steps shaded. Exit code 0: nothing flagged at --fail_on or above (warnings
+alone exit 0 by default: a CI step fails on a broken run, not on a vLLM run's memory at 90%); 1: a
+finding at --fail_on or above; 2: PATH unreadable (or a bad argument).
 """
 import argparse
 import json
