@@ -705,6 +705,11 @@ if __name__ == '__main__':
     max_tool_calls = None
     tool_timeout = None
     tool_delay_steps = None
+    # other held-out sets, each with its own task's prompts, grade and knobs (summary keys
+    # <name>/pass@1, ...; rows in eval_<name>.jsonl): entries 'task' or ('task', data_dir). None: the
+    # run's eval_tasks and the tasks its mix_tasks mixed in, as it evaluated them (none when --task
+    # names another task than the run's); [] = none
+    eval_tasks = None
     out_dir = 'out/eval'  # eval.jsonl goes here
     device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
     # 'float32', 'bfloat16', 'float16'
@@ -734,6 +739,16 @@ if __name__ == '__main__':
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
                 'max_prompt_len': 0, 'batch_size': 64, 'seed': 1337, 'max_tool_calls': None,
                 'tool_timeout': 5.0, 'tool_delay_steps': 1, 'chat_template_kwargs': {}}
+    try:  # (task spec, data_dir, name) of each other held-out set
+        if config['eval_tasks'] is not None:
+            extra_sets = tasks.eval_entries(config['eval_tasks'], [])
+        elif config['task'] in (None, run.get('task')):  # the run's, as it evaluated them
+            extra_sets = tasks.eval_entries(run.get('eval_tasks') or [], run.get('mix_tasks') or [])
+        else:
+            extra_sets = []
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     for k, v in from_run.items():
         if config[k] is None:  # not set by a config file or --key=value
             config[k] = v if v is not None else fallback.get(k)
@@ -805,10 +820,25 @@ if __name__ == '__main__':
     if long:
         print(f"left out {len(long)} problems whose prompt is longer than {limit} tokens (the "
               f"longest is {max(long)}); {len(examples)} evaluated")
+    sampling = dict(n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
+                    min_p=min_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                    compile=compile)
     summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
-                       n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
-                       min_p=min_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-                       out_path=os.path.join(out_dir, 'eval.jsonl'), compile=compile,
+                       out_path=os.path.join(out_dir, 'eval.jsonl'),
                        tools=tool_settings(task_mod, max_tool_calls, tool_timeout,
-                                           tool_delay_steps))
+                                           tool_delay_steps), **sampling)
+    for spec, ddir, name in extra_sets:  # each as the run evaluated it: its own task's prompts
+        try:
+            mod = tasks.resolve(spec)
+            tasks.set_knobs(mod, {**run, **config})  # its knobs as the run had them
+            more = mod.load(split, data_dir=ddir, seed=seed)
+        except (ValueError, RuntimeError, FileNotFoundError) as e:
+            print(f"error: eval_tasks: {e}", file=sys.stderr)
+            sys.exit(2)
+        more = fit_prompts(tok, mod, more[:num_examples] if num_examples > 0 else more, limit)[0]
+        s = evaluate(model, tok, mod, more, out_path=os.path.join(out_dir, f'eval_{name}.jsonl'),
+                     tools=tool_settings(mod, max_tool_calls, tool_timeout, tool_delay_steps),
+                     **sampling)
+        print(f"{name}: greedy pass@1 {s['pass@1']:.3f} on {s['n']} problems")
+        summary.update({f'{name}/{k}': v for k, v in s.items()})
     print(json.dumps(summary))

@@ -291,10 +291,11 @@ def test_a_mixture_trains_each_task_with_its_own_grade_and_evaluates_each(tmp_pa
     """arith with half of the parity task mixed in (whose grade the numeric checker never shares):
     default rewards pay each problem its own grade, each step logs both tasks' prompts and
     rewards, the parity test split is evaluated as eval/grpo_test_task/, the doctor knows every
-    name, samples.jsonl names each sample's task, and a resume with another mixture is refused."""
+    name, samples.jsonl names each sample's task, sample.py on the export evaluates both test splits
+    as the run did, and a resume with another mixture is refused."""
     args = ["--mix_tasks=[('tests/grpo_test_task.py', '', 0.5)]", '--rewards=None', '--max_steps=2',
             '--eval_every=2', '--batch_prompts=8', '--micro_batch_size=32', '--arith_n_train=40',
-            '--log_samples_every=1']
+            '--log_samples_every=1', '--export_hf=True']
     p = run(tmp_path, *args)
     assert 'train: arith 40 (67%), grpo_test_task 20 (33%)' in p.stdout, p.stdout[-2000:]
     rows = metrics(tmp_path)
@@ -308,6 +309,15 @@ def test_a_mixture_trains_each_task_with_its_own_grade_and_evaluates_each(tmp_pa
     assert not load(str(tmp_path))['unknown']
     samples = [json.loads(line) for line in (tmp_path / 'samples.jsonl').read_text().splitlines()]
     assert len(samples) == 8 and {s['task'] for s in samples} <= {'arith', 'grpo_test_task'}
+    # sample.py on the export evaluates both held-out sets as the run did
+    e = subprocess.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'hf'}",
+                        f"--out_dir={tmp_path / 'eval'}"], cwd=ROOT, env=env(), capture_output=True,
+                       text=True, timeout=120)
+    assert e.returncode == 0, e.stderr[-2000:]
+    summary = json.loads(e.stdout.strip().splitlines()[-1])
+    assert (summary['pass@1'], summary['grpo_test_task/pass@1']) == (
+        rows[2]['eval/pass@1'], rows[2]['eval/grpo_test_task/pass@1']), (summary, rows[2])
+    assert (tmp_path / 'eval' / 'eval_grpo_test_task.jsonl').exists()
     p = run(tmp_path, *args[1:], '--max_steps=3', check=False)
     assert p.returncode == 2 and 'mix_tasks: ' in p.stdout and 'changes the run' in p.stderr, p.stdout
 
