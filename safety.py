@@ -247,10 +247,10 @@ def cpu_contention(load=None, cores=None, threads=None):
             "(or torch.set_num_threads) while the machine is shared")
 
 
-def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None):
+def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None, micro=(1, 0, 1)):
     """Print this step's warnings (each names a cause and a fix) and return the warn/* counters for
     the metrics. m: the step's metrics row; kl_warn: None when there is no reference model (no KL is
-    measured)."""
+    measured); micro: (micro_batch_size, micro_batch_tokens, ranks)."""
     n_tok = m['tokens_trained']
     warns = []
     if m['frac_zero_std'] == 1.0:
@@ -295,6 +295,12 @@ def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None):
                       "the whole-sequence ratios are far from 1 (long completions sum small per-token "
                       "gaps), so little trains; lower lr, num_iterations or mini_batches, turn tis "
                       "off, or flatten the weight (lower vespo_lambda_pos/neg)"))
+    rows, passes = m['rows_trained'], m['micro_batches'] * micro[2]
+    if micro[1] > 0 and micro[0] > 1 and rows > 1 and rows <= passes:
+        warns.append(('micro_batch_tokens', f"micro_batch_tokens={micro[1]} left one row (or fewer) a "
+                      f"pass: {rows} rows in {passes} passes, where micro_batch_size={micro[0]} allows "
+                      f"{micro[0]}; each pass is a forward and backward of its own, so the update is "
+                      "slow; raise micro_batch_tokens to a few times the longest row's tokens"))
     guards['kl_hist'] = (guards['kl_hist'] + [m['kl']])[-10:]
     if kl_warn is not None and m['kl'] > kl_warn:
         warns.append(('kl', f"KL to the reference {m['kl']:.4f} > kl_warn={kl_warn} (last steps: "

@@ -967,7 +967,8 @@ def report(step, m, roll, guards, rollbacks, skipped):
     m.update(metrics.mem_stats(device))
     has_kl = ref_model is not None  # the KL is only measured against a reference
     m.update(safety.warn(guards, m, skipped=skipped, max_new_tokens=max_new_tokens,
-                         kl_warn=kl_warn if has_kl else None))
+                         kl_warn=kl_warn if has_kl else None,
+                         micro=(micro_batch_size, micro_batch_tokens, world)))
     evaluated = eval_every > 0 and (step % eval_every == 0 or step == max_steps)
     if evaluated:
         m.update(run_eval(step))

@@ -179,18 +179,24 @@ def test_zero_std_filter_saves_compute_without_changing_the_training(tmp_path, k
 
 @pytest.mark.parametrize('loss_agg,cut', [('token_sum', ['--micro_batch_size=1']),
                                           ('seq_mean_token_sum',
-                                           ['--micro_batch_size=16', '--micro_batch_tokens=250'])])
+                                           ['--micro_batch_size=16', '--micro_batch_tokens=250']),
+                                          ('token_mean',
+                                           ['--micro_batch_size=16', '--micro_batch_tokens=100'])])
 def test_summed_aggregations_do_not_depend_on_the_micro_batches(tmp_path, loss_agg, cut):
     """A step of 16 rows in micro-batches of one row, or of uneven row counts cut by a token budget,
     or all at once: the same loss and gradient norm (each micro-batch's loss is its share of the
-    step's, loss.token_weights)."""
+    step's, loss.token_weights). A budget that leaves one row a pass where micro_batch_size allows
+    more is a warning (the update is slow for it)."""
     args = ['--max_steps=1', f'--loss_agg={loss_agg}', '--share_prompt=False']
-    run_together([tmp_path / 'one', *args, *cut],
-                 [tmp_path / 'all', *args, '--micro_batch_size=16'])
+    p, _ = run_together([tmp_path / 'one', *args, *cut],
+                        [tmp_path / 'all', *args, '--micro_batch_size=16'])
     a, b = metrics(tmp_path / 'one')[1], metrics(tmp_path / 'all')[1]
     assert a['rows_trained'] > 1 and b['micro_batches'] == 1, (a, b)
-    if len(cut) > 1:  # rows of 80-94 tokens: two or three to a pass
+    if '--micro_batch_tokens=250' in cut:  # rows of 80-94 tokens: two or three to a pass
         assert 1 < a['micro_batches'] < a['rows_trained'], a
+    alone = '--micro_batch_tokens=100' in cut  # one row a pass
+    assert ('WARNING [micro_batch_tokens]' in p.stdout) == alone, p.stdout[-2000:]
+    assert not alone or a['micro_batches'] == a['rows_trained'], a
     assert math.isclose(a['grad_norm'], b['grad_norm'], rel_tol=1e-5), (a['grad_norm'], b['grad_norm'])
     # on-policy the loss is minus the advantages summed over tokens: about 0, up to float rounding
     assert math.isclose(a['loss'], b['loss'], abs_tol=1e-5), (a['loss'], b['loss'])
