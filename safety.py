@@ -295,8 +295,8 @@ def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None, micro=(1, 0, 1)):
                       "the whole-sequence ratios are far from 1 (long completions sum small per-token "
                       "gaps), so little trains; lower lr, num_iterations or mini_batches, turn tis "
                       "off, or flatten the weight (lower vespo_lambda_pos/neg)"))
-    rows, passes = m['rows_trained'], m['micro_batches'] * micro[2]
-    if micro[1] > 0 and micro[0] > 1 and rows > 1 and rows <= passes:
+    rows, passes = m.get('rows_trained', 0), m.get('micro_batches', 0) * micro[2]
+    if micro[1] > 0 and micro[0] > 1 and 1 < rows <= passes:
         warns.append(('micro_batch_tokens', f"micro_batch_tokens={micro[1]} left one row (or fewer) a "
                       f"pass: {rows} rows in {passes} passes, where micro_batch_size={micro[0]} allows "
                       f"{micro[0]}; each pass is a forward and backward of its own, so the update is "
