@@ -820,13 +820,7 @@ if __name__ == '__main__':
     if long:
         print(f"left out {len(long)} problems whose prompt is longer than {limit} tokens (the "
               f"longest is {max(long)}); {len(examples)} evaluated")
-    sampling = dict(n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
-                    min_p=min_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-                    compile=compile)
-    summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
-                       out_path=os.path.join(out_dir, 'eval.jsonl'),
-                       tools=tool_settings(task_mod, max_tool_calls, tool_timeout,
-                                           tool_delay_steps), **sampling)
+    others = []  # the other held-out sets (name, task, problems), loaded before any is evaluated
     for spec, ddir, name in extra_sets:  # each as the run evaluated it: its own task's prompts
         try:
             mod = tasks.resolve(spec)
@@ -835,7 +829,16 @@ if __name__ == '__main__':
         except (ValueError, RuntimeError, FileNotFoundError) as e:
             print(f"error: eval_tasks: {e}", file=sys.stderr)
             sys.exit(2)
-        more = fit_prompts(tok, mod, more[:num_examples] if num_examples > 0 else more, limit)[0]
+        more = more[:num_examples] if num_examples > 0 else more
+        others.append((name, mod, fit_prompts(tok, mod, more, limit)[0]))
+    sampling = dict(n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
+                    min_p=min_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                    compile=compile)
+    summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
+                       out_path=os.path.join(out_dir, 'eval.jsonl'),
+                       tools=tool_settings(task_mod, max_tool_calls, tool_timeout,
+                                           tool_delay_steps), **sampling)
+    for name, mod, more in others:
         s = evaluate(model, tok, mod, more, out_path=os.path.join(out_dir, f'eval_{name}.jsonl'),
                      tools=tool_settings(mod, max_tool_calls, tool_timeout, tool_delay_steps),
                      **sampling)

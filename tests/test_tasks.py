@@ -318,6 +318,12 @@ def test_a_mixture_trains_each_task_with_its_own_grade_and_evaluates_each(tmp_pa
     assert (summary['pass@1'], summary['grpo_test_task/pass@1']) == (
         rows[2]['eval/pass@1'], rows[2]['eval/grpo_test_task/pass@1']), (summary, rows[2])
     assert (tmp_path / 'eval' / 'eval_grpo_test_task.jsonl').exists()
+    # a set that cannot load stops it before anything is evaluated: one line, exit 2
+    e = subprocess.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'hf'}", "--eval_tasks=['qa']",
+                        f"--out_dir={tmp_path / 'eval2'}"], cwd=ROOT, env=env(), capture_output=True,
+                       text=True, timeout=120)
+    assert e.returncode == 2 and 'eval_tasks' in e.stderr and '--data_dir=DIR' in e.stderr, e.stderr
+    assert not (tmp_path / 'eval2' / 'eval.jsonl').exists(), 'evaluated before the sets loaded'
     p = run(tmp_path, *args[1:], '--max_steps=3', check=False)
     assert p.returncode == 2 and 'mix_tasks: ' in p.stdout and 'changes the run' in p.stderr, p.stdout
 
