@@ -101,7 +101,10 @@ def signed(v, bits=64):
 
 
 def numbers(kind, value, fmt, size):
-    """The numbers of a repeated numeric field, packed (one length-delimited run) or not."""
+    """The numbers of a repeated numeric field, packed (one length-delimited run) or not; fmt None:
+    varints. Raises ValueError on a wire type the field cannot have."""
+    if kind == 0:
+        return [signed(value)]
     if kind == 2 and fmt is None:  # packed varints
         out, i = [], 0
         while i < len(value):
@@ -110,8 +113,8 @@ def numbers(kind, value, fmt, size):
         return out
     if kind == 2:
         return [x for (x,) in struct.iter_unpack(fmt, value[:len(value) // size * size])]
-    if kind == 0:
-        return [signed(value)]
+    if fmt is None or len(value) != size:
+        raise ValueError(f"wire type {kind} for a number of {size or 'varint'} bytes")
     return [struct.unpack(fmt, value)[0]]
 
 
