@@ -126,11 +126,12 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     return m
 
 
-def mix_metrics(batch, rewards, main_name):
-    """mix_tasks: per task of the mixture, the prompts the step drew (batch: its problems, rewards:
-    their groups' rows) and their mean reward (left out for a task none was drawn from)."""
+def mix_metrics(batch, rewards, task):
+    """mix_tasks: per task of the mixture (task, tasks.mixture's), the prompts the step drew (batch:
+    its problems, rewards: their groups' rows) and their mean reward (left out for a task none was
+    drawn from)."""
     m = {}
-    names = [ex.get(tasks.MIX_KEY, main_name) for ex in batch]
+    names = [task.task_name(ex) for ex in batch]
     for name in dict.fromkeys(names):
         mine = torch.tensor([n == name for n in names])
         m[f'mix/{name}/prompts'] = int(mine.sum())
@@ -138,9 +139,10 @@ def mix_metrics(batch, rewards, main_name):
     return m
 
 
-def mix_line(train_set, main_name):
-    """The training problems of a mixture by task, one line: 'gsm8k 7473 (67%), math 3750 (33%)'."""
-    names = [ex.get(tasks.MIX_KEY, main_name) for ex in train_set]
+def mix_line(train_set, task):
+    """The training problems of a mixture (task) by task, one line: 'gsm8k 7473 (67%), math 3749
+    (33%)'."""
+    names = [task.task_name(ex) for ex in train_set]
     counts = {n: names.count(n) for n in dict.fromkeys(names)}
     return ', '.join(f"{n} {c} ({c / len(names):.0%})" for n, c in counts.items())
 
@@ -340,12 +342,13 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
         for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
             c = comps[i]
             ex, text = batch[c['prompt_idx']], c['text']
-            own = task.task_of(ex) if hasattr(task, 'task_of') else task  # a mixture: its task's
+            mixed = hasattr(task, 'task_of')  # a mixture: the problem's own task extracts
+            own = task.task_of(ex) if mixed else task
             row = {'step': step, 'prompt': tok.decode(prompts[c['prompt_idx']]), 'completion': text,
                    'answer': tasks.answer_fn(own)(text), 'reference': ex.get('answer'),
                    'correct': bool(task.grade(text, ex)), 'reward': totals[i]}
-            if hasattr(task, 'task_of'):
-                row['task'] = ex.get(tasks.MIX_KEY, task.main_name)
+            if mixed:
+                row['task'] = task.task_name(ex)
             f.write(json.dumps(row) + '\n')
             rows.append(row)
     return rows

@@ -392,7 +392,7 @@ def fitting(examples, budget, what, task=None):  # those whose prompt leaves bud
 
 train_set = fitting(train_set, max_new_tokens, 'train')
 if mixed_in:
-    print(f"train: {metrics.mix_line(train_set, tasks.name_of(task))}")
+    print(f"train: {metrics.mix_line(train_set, task_mod)}")
 if epochs > 0:  # the run's length in passes over the training set
     max_steps = math.ceil(epochs * len(train_set) / batch_prompts)
     print(f"epochs: {epochs} x {len(train_set)} problems / {batch_prompts} a step = {max_steps} steps "
@@ -932,7 +932,7 @@ def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, com
     m.update(metrics.rollout_metrics(roll['rewards'], roll['zero_std'], roll['sc'], roll['comps'],
                                      roll['prompts'], timing))
     if mixed_in:  # each task's prompts and mean reward
-        m.update(metrics.mix_metrics(roll['batch'], roll['rewards'], tasks.name_of(task)))
+        m.update(metrics.mix_metrics(roll['batch'], roll['rewards'], task_mod))
     if drop_easy:  # the training problems no longer drawn when this step drew
         m['data/dropped'] = len(dropped)
     if dynamic_sampling:

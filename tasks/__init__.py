@@ -230,8 +230,11 @@ def mixture(main, main_name, parts):
             raise ValueError(f"mix_tasks: task {name!r} calls tools; a mixture trains tasks "
                              "without tools")
 
+    def task_name(example):  # the name of a problem's task
+        return example.get(MIX_KEY, main_name)
+
     def task_of(example):
-        return of.get(example.get(MIX_KEY), main)
+        return of.get(task_name(example), main)
 
     def load(split, data_dir='', seed=0):
         out = list(main.load(split, data_dir=data_dir, seed=seed))
@@ -252,7 +255,8 @@ def mixture(main, main_name, parts):
         return task_of(example).grade(completion, example)
 
     mixed = {'load': load, 'messages': mixed_messages, 'grade': grade, 'task_of': task_of,
-             'main_name': main_name, 'rewards': mixed_rewards([(main_name, main), *of.items()])}
+             'task_name': task_name,
+             'rewards': mixed_rewards([(main_name, main), *of.items()], task_name)}
     if all(callable(getattr(t, 'solution', None)) for t in [main, *of.values()]):
         mixed['solution'] = lambda example: task_of(example).solution(example)
     for name in ('answer', 'metrics'):  # the evaluation of the run's task's test split
@@ -268,26 +272,26 @@ def times_over(examples, times, seed):
     return [examples[order[i % n]] for i in range(round(times * n))] if n else []
 
 
-def mixed_rewards(named):
-    """The default rewards of a mixture of the tasks in named [(name, task)]: each problem gets its
-    own task's. An entry every task lists alike stays as it is ('correct' then pays each problem's
-    own grade); one only some list, or listed alike with another function ('correct': each task's
-    grade), calls the problem's task's function and gives None (does not apply) for the others'.
-    Raises ValueError when tasks give one name another weight or kwargs, or such an entry scores
-    batches (a reward model)."""
+def mixed_rewards(named, task_name):
+    """The default rewards of a mixture of the tasks in named [(name, task)], task_name(example) the
+    name of a problem's task: each problem gets its own task's. An entry every task lists alike
+    stays as it is ('correct' then pays each problem's own grade); one only some list, or listed
+    alike with another function ('correct': each task's grade), calls the problem's task's function
+    and gives None (does not apply) for the others'. Raises ValueError when tasks give one name
+    another weight or kwargs, or such an entry scores batches (a reward model)."""
     from reward import _accepts, _builtin, resolve_rewards
     seen = {}  # name -> (weight, kwargs, {task name: (fn, entry)})
-    for task_name, task in named:
+    for owner, task in named:
         for entry in default_rewards(task):
             got = resolve_rewards([entry], grade=task.grade)[0]
             fn = got['name'] if callable(got['name']) else _builtin(got['name'])
             name = got['name'] if isinstance(got['name'], str) else fn.__name__
             weight, kwargs, fns = seen.setdefault(name, (got['weight'], got['kwargs'], {}))
             if (weight, kwargs) != (got['weight'], got['kwargs']):
-                raise ValueError(f"mix_tasks: task {task_name!r}'s default reward {name!r} has "
+                raise ValueError(f"mix_tasks: task {owner!r}'s default reward {name!r} has "
                                  f"weight {got['weight']} and kwargs {got['kwargs']}, another "
                                  f"task's {weight} and {kwargs}; set --rewards for the mixture")
-            fns[task_name] = (fn, entry)
+            fns[owner] = (fn, entry)
     out = []
     for name, (weight, kwargs, fns) in seen.items():
         entries = [entry for _, entry in fns.values()]
@@ -298,10 +302,8 @@ def mixed_rewards(named):
         if any(getattr(fn, 'batched', False) for fn, _ in fns.values()):
             raise ValueError(f"mix_tasks: the default reward {name!r} scores batches, and not every "
                              "task lists it alike; set --rewards for the mixture")
-        main_name = named[0][0]
-
-        def dispatched(completion, example, _fns=fns, _kwargs=kwargs, _main=main_name, **facts):
-            fn = _fns.get(example.get(MIX_KEY, _main), (None,))[0]
+        def dispatched(completion, example, _fns=fns, _kwargs=kwargs, **facts):
+            fn = _fns.get(task_name(example), (None,))[0]
             if fn is None:
                 return None  # not this problem's task's reward
             accepts = _accepts(fn)
