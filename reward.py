@@ -293,7 +293,10 @@ def check_reward_config(rewards):
         if isinstance(entry, dict):
             unknown = set(entry) - {'name', 'weight', 'kwargs'}
             if unknown:
-                raise ValueError(f"reward config {entry!r}: unknown keys {sorted(unknown)}")
+                fixed = {k: v for k, v in entry.items() if k not in unknown}
+                fixed['kwargs'] = {**(entry.get('kwargs') or {}), **{k: entry[k] for k in sorted(unknown)}}
+                raise ValueError(f"reward config {entry!r}: unknown keys {sorted(unknown)}; a reward's own "
+                                 f"arguments go in 'kwargs': {fixed!r}")
             if 'name' not in entry:
                 raise ValueError(f"reward config {entry!r}: no 'name' (a reward or 'module:fn')")
             name = entry['name']

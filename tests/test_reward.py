@@ -1,6 +1,7 @@
 """Specification of answer extraction, grading and the reward config (reward.py)."""
 import json
 import math
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -302,6 +303,8 @@ def test_length_counts_characters_without_n_tokens():
     ([('length', 1.0, {'max_len': '100'})], 'max_len'),
     ([('correct', 1.0, {}, 'extra')], 'expected'),
     ([{'weight': 1.0}], "no 'name'"),
+    # a reward's argument beside 'name': the line shows the entry with it moved into 'kwargs'
+    ([{'name': 'format', 'pattern': '####'}], re.escape("{'name': 'format', 'kwargs': {'pattern': '####'}}")),
 ])
 def test_bad_reward_config_is_an_error_at_setup(rewards, needle):
     with pytest.raises(ValueError, match=needle):
