@@ -179,9 +179,12 @@ def correctness_reward(completion, example, correct=1.0, incorrect=0.0):
     return correct if is_correct(completion, example['answer']) else incorrect
 
 
-def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0):
+def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0, regex=''):
     """Did the completion put a number where the prompt asked? pattern: 'boxed' (\\boxed{n}) or
-    '####'."""
+    '####'. regex: instead, does the completion match this regular expression (re.search, '.' also
+    matching newlines; anchor it with \\A and \\Z), e.g. R1's r'\\A<think>.*?</think>\\s*<answer>.*?</answer>\\Z'."""
+    if regex:
+        return reward if re.search(regex, completion, re.DOTALL) else missing
     text = _clean(completion)
     if pattern == 'boxed':
         ok = any(_NUM.search(text, a, b) for a, b in _boxed_spans(text))

@@ -255,6 +255,16 @@ def test_fuzz_boxed_integer_round_trips(n, noise):
 EX = {'question': 'q', 'answer': '19', 'solution': '12+7=19\n#### 19'}
 
 
+def test_format_regex_needs_the_whole_layout():
+    r1 = {'regex': r'\A<think>.*?</think>\s*<answer>.*?</answer>\Z'}
+    fmt = REWARD_FNS['format']
+    assert fmt('<think>a\nb</think>\n<answer>19</answer>', EX, **r1) == 1.0
+    assert fmt('<think>a</think> 19', EX, **r1) == 0.0
+    assert fmt('<answer>19</answer>', EX, **r1) == 0.0
+    assert fmt('<think>a</think><answer>19</answer> and more', EX, **r1) == 0.0
+    assert fmt('\\boxed{19}', EX, regex='<answer>') == 0.0  # the regex replaces the boxed test
+
+
 def test_weighted_sum_by_hand():
     out = score(['\\boxed{19}', '#### 19', 'no idea'], [EX] * 3,
                 [('correct', 2.0), ('format', 0.5, {'pattern': 'boxed'})])
@@ -269,6 +279,8 @@ def test_weighted_sum_by_hand():
     ('format', {'pattern': 'boxed'}, {'pattern': '####'}, '#### 19'),
     ('format', {'reward': 1.0}, {'reward': 0.2}, '\\boxed{19}'),
     ('format', {'missing': 0.0}, {'missing': -0.5}, '19'),
+    ('format', {}, {'regex': r'\A<think>.*?</think>\s*<answer>.*?</answer>\Z'},
+     '<think>7 more\nthan 12</think>\n<answer>19</answer>'),
     ('length', {'max_len': 100, 'cache_len': 20}, {'max_len': 40, 'cache_len': 20}, 'x' * 60),
     ('length', {'max_len': 40, 'cache_len': 20}, {'max_len': 40, 'cache_len': 20, 'penalty': 2.0},
      'x' * 60),
@@ -300,6 +312,7 @@ def test_length_counts_characters_without_n_tokens():
     ([('correct', float('nan'))], 'weight'),
     ([('correct', 1.0), ('correct', 2.0)], 'twice'),
     ([('format', 1.0, {'pattern': 'boxd'})], 'boxd'),           # a bad value, caught by a dry run
+    ([('format', 1.0, {'regex': '<answer>(.*'})], 'unterminated'),  # a regex that does not compile
     ([('length', 1.0, {'max_len': '100'})], 'max_len'),
     ([('correct', 1.0, {}, 'extra')], 'expected'),
     ([{'weight': 1.0}], "no 'name'"),
