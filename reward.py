@@ -214,6 +214,20 @@ def length_penalty(completion, example, *, max_len=0, cache_len=0, penalty=1.0, 
     return -penalty * min(1.0, (n - soft) / max(cache_len, 1))
 
 
+def repetition_penalty(completion, example, ngram_size=3, max_penalty=-1.0):
+    """N-gram repetition penalty (Demystifying Long CoT, appendix C.2; open-r1's `repetition_penalty`):
+    max_penalty x the share of the completion's word n-grams (lowercased, split on whitespace) that
+    repeat an earlier one; 0 for a completion shorter than one n-gram."""
+    if max_penalty > 0 or ngram_size < 1:
+        raise ValueError(f"repetition: max_penalty must be <= 0 (got {max_penalty}) and ngram_size >= 1 "
+                         f"(got {ngram_size})")
+    words = completion.lower().split()
+    ngrams = [tuple(words[i:i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
+    if not ngrams:
+        return 0.0
+    return max_penalty * (1 - len(set(ngrams)) / len(ngrams))
+
+
 def verl_score(completion, example, fn=''):
     """A verl reward function as it is: fn ('module:function' or 'path/to/file.py:function', verl's
     custom_reward_function path and name) is called as verl's reward manager calls it,
@@ -280,7 +294,7 @@ verl_score.check = lambda fn='', **_: _user_fn(fn, 'verl_score')
 trl_reward.check = lambda fn='', **_: _user_fn(fn, 'trl_reward')
 
 REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty,
-              'verl_score': verl_score, 'trl_reward': trl_reward}
+              'repetition': repetition_penalty, 'verl_score': verl_score, 'trl_reward': trl_reward}
 # reward_model.py's, imported on first use: it needs torch and hf.py
 MODEL_REWARDS = ('reward_model', 'judge')
 # per-sample facts, as train_grpo passes them

@@ -265,6 +265,16 @@ def test_format_regex_needs_the_whole_layout():
     assert fmt('\\boxed{19}', EX, regex='<answer>') == 0.0  # the regex replaces the boxed test
 
 
+def test_repetition_is_the_share_of_repeated_word_ngrams():
+    rep = REWARD_FNS['repetition']
+    assert rep('the cat sat on the mat', EX) == 0.0                    # 4 trigrams, all distinct
+    # 'a b a b a b': trigrams aba bab aba bab -> 2 distinct of 4
+    assert rep('A b a B a b', EX) == -0.5
+    assert rep('a b a b a b', EX, ngram_size=2, max_penalty=-2.0) == -2.0 * (1 - 2 / 5)
+    assert rep('one two', EX) == 0.0                                   # shorter than a trigram
+    assert rep('x ' * 1000, EX, ngram_size=1) == -(1 - 1 / 1000)
+
+
 def test_weighted_sum_by_hand():
     out = score(['\\boxed{19}', '#### 19', 'no idea'], [EX] * 3,
                 [('correct', 2.0), ('format', 0.5, {'pattern': 'boxed'})])
@@ -313,6 +323,7 @@ def test_length_counts_characters_without_n_tokens():
     ([('correct', 1.0), ('correct', 2.0)], 'twice'),
     ([('format', 1.0, {'pattern': 'boxd'})], 'boxd'),           # a bad value, caught by a dry run
     ([('format', 1.0, {'regex': '<answer>(.*'})], 'unterminated'),  # a regex that does not compile
+    ([('repetition', 1.0, {'max_penalty': 1.0})], 'max_penalty must be <= 0'),
     ([('length', 1.0, {'max_len': '100'})], 'max_len'),
     ([('correct', 1.0, {}, 'extra')], 'expected'),
     ([{'weight': 1.0}], "no 'name'"),
