@@ -35,7 +35,7 @@ def group_advantages(rewards, scale='group', eps=1e-4):
     return torch.where(zero, 0.0, adv), zero.squeeze(1)
 
 
-ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk', 'gdpo')
+ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk', 'gdpo', 'opo')
 
 
 def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None, per_fn=None,
@@ -52,7 +52,9 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None,
     'passk': only the group's best completion gets an advantage, r_max - r_second_max, scaled as
         `scale` says (pass@k training; verl 'grpo_passk');
     'gdpo': from each reward function's own values, per_fn (P, G, K), and their weights (K,):
-        gdpo_advantages.
+        gdpo_advantages;
+    'opo': r minus the group's length-weighted mean reward, sum(lens * r) / sum(lens), not scaled
+        (OPO's optimal baseline for a sequence-level reward; verl 'opo').
     zero_std marks the groups whose G rewards are all equal, whatever the estimator ('gdpo': those
     where every function's are)."""
     if estimator == 'grpo':
@@ -70,6 +72,8 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None,
         adv = torch.where(mean > 0, (rewards - mean) / mean.clamp(min=1e-30), 0.0)
     elif estimator == 'passk':
         adv = passk_advantages(rewards, scale, eps)
+    elif estimator == 'opo':
+        adv = rewards - (lens * rewards).sum(1, keepdim=True) / lens.sum(1, keepdim=True).clamp(min=1)
     else:
         raise ValueError(f"advantage={estimator!r}: expected one of {ADVANTAGES}")
     if estimator != 'reinforce_pp':  # all-equal groups: exactly 0

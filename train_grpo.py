@@ -77,7 +77,8 @@ min_p = 0.0  # 0.0 = off: tokens less likely than min_p x the most likely one ar
 # GRPO objective (loss.py)
 # 'grpo' (r - group mean, scaled), 'rloo' (leave-one-out), 'reinforce_pp' (REINFORCE++-baseline:
 # then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin),
-# 'gdpo' (each reward function normalised in its group, then weighted, summed, normalised)
+# 'gdpo' (each reward function normalised in its group, then weighted, summed, normalised), 'opo'
+# (r - the group's length-weighted mean reward)
 advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
@@ -716,7 +717,7 @@ def train_groups(roll):
     spread), and the rows to train on: the step's, and with mini_batches > 1 each mini-batch's
     (disjoint sets of groups, each with its own rows, loss normalisers and optimizer step)."""
     kept = keep_groups(roll['zero_std'], P) if dynamic_sampling else list(range(P))
-    # completion lengths in sampled tokens (reinforce_pp whitens over them)
+    # completion lengths in sampled tokens (reinforce_pp whitens over them, opo weighs by them)
     lens = torch.tensor([sampled_count(c) for c in roll['comps']]).view(-1, G)[kept]
     adv, zero_std = advantages(roll['rewards'][kept], advantage, scale_rewards, adv_eps, lens=lens,
                                per_fn=roll['per_fn'][kept], weights=reward_weights)

@@ -730,6 +730,16 @@ def test_reinforce_pp_whitens_over_tokens():
     assert zero.tolist() == [False, True]
 
 
+def test_opo_subtracts_the_length_weighted_mean_reward():
+    """Rewards [1, 0, 0, 1] with lengths [1, 3, 2, 2]: baseline (1 + 2) / 8 = 3/8, so 5/8, -3/8,
+    -3/8, 5/8 (the plain mean, 1/2, would give +-1/2); an equal group gets 0."""
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    lens = torch.tensor([[1, 3, 2, 2], [5, 1, 7, 3]])
+    adv, zero = advantages(r, 'opo', lens=lens)
+    assert torch.allclose(adv, torch.tensor([[5 / 8, -3 / 8, -3 / 8, 5 / 8], [0.0] * 4])), adv
+    assert zero.tolist() == [False, True]
+
+
 def test_grpo_advantage_is_group_advantages():
     for scale in ('group', 'batch', 'none'):
         a, za = advantages(R, 'grpo', scale=scale)
@@ -744,7 +754,7 @@ def test_zero_spread_is_every_estimators_zero_std():
     counts the groups with a spread this way): the flags each estimator returns."""
     r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.5, 0.5, 0.5 + 1e-3]])
     assert zero_spread(r).tolist() == [True, False, False]
-    for estimator in ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk'):
+    for estimator in ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk', 'opo'):
         _, zero = advantages(r, estimator, lens=torch.ones_like(r))
         assert torch.equal(zero, zero_spread(r)), estimator
 
