@@ -24,15 +24,21 @@ def group_advantages(rewards, scale='group', eps=1e-4):
     scale_rewards='batch'); scale='none' (Dr. GRPO): nothing, so an advantage keeps the reward's own
     units."""
     zero = zero_spread(rewards).unsqueeze(1)
-    adv = rewards - rewards.mean(dim=1, keepdim=True)
-    if scale == 'group':
-        adv = adv / (rewards.std(dim=1, keepdim=True) + eps)
-    elif scale == 'batch':
-        adv = adv / (rewards.std() + eps)
-    elif scale != 'none':
-        raise ValueError(f"scale_rewards={scale!r}: expected 'group', 'batch' or 'none'")
+    adv = scaled(rewards - rewards.mean(dim=1, keepdim=True), rewards, scale, eps)
     # all-equal groups: exactly 0, even with eps = 0
     return torch.where(zero, 0.0, adv), zero.squeeze(1)
+
+
+def scaled(x, rewards, scale, eps):
+    """x (P, G) divided as scale_rewards says: by its group's reward std + eps ('group'), the
+    step's ('batch'), or not at all ('none')."""
+    if scale == 'group':
+        return x / (rewards.std(dim=1, keepdim=True) + eps)
+    if scale == 'batch':
+        return x / (rewards.std() + eps)
+    if scale != 'none':
+        raise ValueError(f"scale_rewards={scale!r}: expected 'group', 'batch' or 'none'")
+    return x
 
 
 ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk', 'gdpo', 'opo')
@@ -117,13 +123,7 @@ def passk_advantages(rewards, scale, eps):
     """Each group's best completion gets r_max - r_second_max (divided by the group's std + eps,
     or the step's, as `scale` says), the others 0. Ties for the best give 0, whichever is picked."""
     top, idx = torch.topk(rewards, 2, dim=1)
-    gap = top[:, :1] - top[:, 1:]
-    if scale == 'group':
-        gap = gap / (rewards.std(dim=1, keepdim=True) + eps)
-    elif scale == 'batch':
-        gap = gap / (rewards.std() + eps)
-    elif scale != 'none':
-        raise ValueError(f"scale_rewards={scale!r}: expected 'group', 'batch' or 'none'")
+    gap = scaled(top[:, :1] - top[:, 1:], rewards, scale, eps)
     return torch.zeros_like(rewards).scatter(1, idx[:, :1], gap)
 
 
