@@ -92,6 +92,8 @@ RANGES = {
     'top_k': (lambda v: v >= 0, "the most likely tokens sampled from, >= 0; 0 = off"),
     'min_p': (lambda v: 0 <= v < 1, "the least probability drawn, as a share of the most likely "
                                     "token's, in [0, 1); 0.0 = off"),
+    'stop_strings': (lambda v: all(isinstance(x, str) and x for x in v),
+                     "strings that end a completion: a list of non-empty str"),
     'beta': (lambda v: v >= 0, "the KL penalty's weight, >= 0; 0 = no reference model"),
     'weight_decay': (lambda v: v >= 0, "AdamW's decay, >= 0"),
     'grad_clip': (lambda v: v >= 0, "the gradient norm's cap, >= 0; 0 = off"),

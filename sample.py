@@ -165,10 +165,11 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     batch only to the sizes of buckets(). check_every: the host reads how many rows are still
     going (a device sync) every check_every steps (0: 8 on CUDA, where a sync stalls the launch
     queue, else 1), and stops or compacts only then; the rows that stopped in between decode on
-    unseen (their ends are kept on the device). stop_strings need the text every step and read it
-    each step. The tokens are the same for any of these settings (each row's draws depend on its
-    seed, its step and its logits only). on_step() is called after every decode step (the training
-    loop's watchdog heartbeat)."""
+    unseen (their ends are kept on the device). stop_strings: a completion also ends at the token
+    that completes one of these strings, its text cut right after the string (the host reads each
+    step's tokens for this). The tokens are the same for any of these settings (each row's draws
+    depend on its seed, its step and its logits only). on_step() is called after every decode step
+    (the training loop's watchdog heartbeat)."""
     device = next(model.parameters()).device
     if stop_ids is None:
         stop_ids = tok.stop_ids
@@ -204,6 +205,7 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
     check_stops = len(stop_ids) > 0 or bool(stop_strings)
     if stop_strings or not check_every:
         check_every = 8 if device.type == 'cuda' and not stop_strings else 1
+    string_stop = stop_string_watch(tok, stop_strings, N)
     n_live, n_tokens, t0, last_print = N, 0, time.time(), time.time()
 
     def write_back():
@@ -221,10 +223,7 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         if check_stops:
             stop = live & torch.isin(ids, stop_ids)
             if stop_strings:
-                for j in live.nonzero().flatten().tolist():
-                    r = j if rows is None else int(rows[j])
-                    tail = tok.decode(out_ids[r, max(0, t - 15):t + 1].tolist())
-                    stop[j] |= any(s in tail for s in stop_strings)
+                stop |= live & string_stop(ids, rows)
             ends = torch.where(stop, t + 1, ends)
             live = live & ~stop
             if (t + 1) % check_every == 0:
@@ -263,13 +262,35 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         ids = ids[:n]
         text_ids = ids[:-1] if fin and ids and ids[-1] in stop_set else ids
         text = tok.decode(text_ids)
-        # a stop string ends the text; the ids keep the token that completed it
-        for s in stop_strings:
-            if s in text:
-                text = text[:text.index(s)]
+        # the text ends with the first stop string in it; the ids keep the token that completed it
+        ends_at = [text.find(s) + len(s) for s in stop_strings if s in text]
+        text = text[:min(ends_at)] if ends_at else text
         results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids, text=text,
                             logprobs=lps[:n], finished=fin, truncated=not fin))
     return results
+
+
+def stop_string_watch(tok, stop_strings, n):
+    """For generate's n completions: a function (ids (B,) of this step's tokens, rows: the completion
+    each of the B decode rows holds, None: row i holds completion i) -> (B,) bool, the rows whose
+    text now contains one of stop_strings for the first time. Each completion keeps the last bytes
+    it wrote (one byte fewer than the longest string), so a string that spans tokens is seen."""
+    wanted = [s.encode() for s in stop_strings]
+    keep = max(map(len, wanted), default=1) - 1
+    tails = [b''] * n
+    piece = {}  # token id -> its bytes
+
+    def hits(ids, rows):
+        out = []
+        owners = range(len(ids)) if rows is None else rows.tolist()
+        for r, i in zip(owners, ids.tolist()):
+            if i not in piece:
+                piece[i] = tok.token_bytes(i)
+            tail = tails[r] + piece[i]
+            out.append(any(w in tail for w in wanted))
+            tails[r] = tail[len(tail) - keep:] if keep else b''
+        return torch.tensor(out, dtype=torch.bool, device=ids.device)
+    return hits
 
 
 def tool_settings(task, max_tool_calls=None, tool_timeout=5.0, tool_delay_steps=1):
@@ -293,8 +314,8 @@ def sample_batch(model, tok, prompts, group_size, max_new_tokens, *, tools=None,
     if tools is None:
         return generate(model, tok, prompts, group_size, max_new_tokens, graphs=graphs,
                         check_every=check_every, progress=progress, **sampling)
-    if graphs:
-        raise ValueError("graphs=True decodes rollouts without tools only")
+    if graphs or sampling.pop('stop_strings', None):
+        raise ValueError(f"{'graphs=True' if graphs else 'stop_strings'}: rollouts without tools only")
     return generate_with_tools(model, tok, prompts, group_size, max_new_tokens, **tools, **sampling)
 
 
@@ -553,12 +574,13 @@ def prompt_limit(max_prompt_len, max_seq_len, max_new_tokens):
 @torch.no_grad()
 def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *, n_samples=1,
              temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=512, batch_size=32,
-             seed=0, out_path=None, progress=True, compile=False, first=0, tools=None):
+             seed=0, out_path=None, progress=True, compile=False, first=0, tools=None, stop_strings=()):
     """Greedy pass@1 on every example, graded by the task's grade(); with n_samples > 1 also sampled
     pass@k, maj@k (votes on the task's answer(), default reward.extract_answer) and mean@k (the
     unbiased pass@1 estimate). A task with tools is evaluated through generate_with_tools, as it
     trains, with tools = tool_settings' value (None: the task's defaults). Writes one JSON row per
-    problem to out_path when given. Returns the summary dict. first: the index of examples[0] among
+    problem to out_path when given (stop_strings: generate's). Returns the summary dict. first: the
+    index of examples[0] among
     all problems evaluated (a rank's share under torchrun), so that a problem's samples do not
     depend on how the problems were shared."""
     import tasks
@@ -567,7 +589,7 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
 
     def sample(chunk_prompts, n, **kw):
         return sample_batch(model, tok, chunk_prompts, n, max_new_tokens, tools=tools,
-                            compile=compile, **kw)
+                            compile=compile, stop_strings=stop_strings, **kw)
 
     was_training = model.training
     model.eval()
@@ -692,6 +714,7 @@ if __name__ == '__main__':
     top_k = 0  # 0 = off
     top_p = 1.0  # 1.0 = off
     min_p = 0.0  # 0.0 = off: tokens less likely than min_p x the most likely one are not drawn
+    stop_strings = None  # a completion also ends at these strings (kept in its text); None: the run's
     batch_size = None  # problems per generate() call; None: the run's eval_batch_size, else 64
     compile = False  # torch.compile the prefill and decode steps (the first call compiles: seconds)
     seed = None  # sampling seed (and the arith task's split); None: the run's, else 1337
@@ -735,10 +758,11 @@ if __name__ == '__main__':
                 'max_prompt_len': run.get('max_prompt_len'),
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction'),
                 'chat_template_kwargs': run.get('chat_template_kwargs'),
+                'stop_strings': run.get('stop_strings'),
                 **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
                 'max_prompt_len': 0, 'batch_size': 64, 'seed': 1337, 'max_tool_calls': None,
-                'tool_timeout': 5.0, 'tool_delay_steps': 1, 'chat_template_kwargs': {}}
+                'tool_timeout': 5.0, 'tool_delay_steps': 1, 'chat_template_kwargs': {}, 'stop_strings': []}
     try:  # (task spec, data_dir, name) of each other held-out set
         if config['eval_tasks'] is not None:
             extra_sets = tasks.eval_entries(config['eval_tasks'], [])
@@ -755,7 +779,7 @@ if __name__ == '__main__':
     globals().update(config)
     from safety import RANGES, bad_device, bad_range
     ranges = {'temperature': RANGES['eval_temperature'], 'top_p': RANGES['top_p'],
-              'top_k': RANGES['top_k'], 'min_p': RANGES['min_p'],
+              'top_k': RANGES['top_k'], 'min_p': RANGES['min_p'], 'stop_strings': RANGES['stop_strings'],
               'n_samples': (lambda v: v >= 1, "completions per problem, >= 1"),
               'num_completions': (lambda v: v >= 1, "completions printed for --prompt, >= 1"),
               'max_new_tokens': (lambda v: v >= 1, "tokens per completion, >= 1"),
@@ -771,6 +795,10 @@ if __name__ == '__main__':
     try:
         task_mod = tasks.resolve(task)
         tasks.set_knobs(task_mod, config)
+        if stop_strings and tasks.tools_of(task_mod)[0]:
+            print(f"error: --stop_strings end rollouts without tools only; task {task!r} calls tools",
+                  file=sys.stderr)
+            sys.exit(2)
         if init_from.endswith('.pt'):  # a checkpoint: its run's model with its weights
             model, tok = load_run_checkpoint(init_from, getattr(torch, dtype), device)
         else:
@@ -792,7 +820,7 @@ if __name__ == '__main__':
             sys.exit(2)
         completions = sample_batch(model, tok, ids, num_completions, max_new_tokens, tools=tools,
                                    temperature=temperature, top_k=top_k, top_p=top_p,
-                                   min_p=min_p, seed=seed, compile=compile)
+                                   min_p=min_p, seed=seed, compile=compile, stop_strings=stop_strings)
         for c in completions:
             ending = 'finished' if c['finished'] else 'truncated'
             calls = f", {len(c['tool_calls'])} tool calls" if tools else ''
@@ -830,10 +858,14 @@ if __name__ == '__main__':
             print(f"error: eval_tasks: {e}", file=sys.stderr)
             sys.exit(2)
         more = more[:num_examples] if num_examples > 0 else more
+        if stop_strings and tasks.tools_of(mod)[0]:
+            print(f"error: eval_tasks: {spec!r} calls tools, and --stop_strings end rollouts without tools "
+                  "only", file=sys.stderr)
+            sys.exit(2)
         others.append((name, mod, fit_prompts(tok, mod, more, limit)[0]))
     sampling = dict(n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
                     min_p=min_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-                    compile=compile)
+                    compile=compile, stop_strings=stop_strings)
     summary = evaluate(model, tok, task_mod, examples, system_prompt, instruction,
                        out_path=os.path.join(out_dir, 'eval.jsonl'),
                        tools=tool_settings(task_mod, max_tool_calls, tool_timeout,

@@ -89,6 +89,10 @@ class Tokenizer:
         ids = [i for i in ids if i < self.vocab_size]
         return self.enc.decode(ids, errors='replace')
 
+    def token_bytes(self, i):
+        """The bytes one id decodes to (b'' past the tokenizer's vocab, as decode drops it)."""
+        return self.enc.decode_single_token_bytes(i) if i < self.vocab_size else b''
+
     def render_chat(self, messages, add_generation_prompt=True, **kwargs):
         """Token ids of chat messages. With the snapshot's chat template: the ids of transformers'
         apply_chat_template(messages, add_generation_prompt=..., tokenize=True) (kwargs: the

@@ -74,6 +74,9 @@ temperature = 1.0  # sampling temperature; the loss's log-probs use the same tem
 top_k = 0  # 0 = off. top_k/top_p/min_p make training off-policy (the loss uses the full softmax)
 top_p = 1.0  # 1.0 = off
 min_p = 0.0  # 0.0 = off: tokens less likely than min_p x the most likely one are not drawn
+# a completion also ends at the token that completes one of these strings, its text (what rewards and
+# graders read) cut right after it: a base model's '</answer>' or '\n\nQuestion:' (vLLM's stop)
+stop_strings = []
 # GRPO objective (loss.py)
 # 'grpo' (r - group mean, scaled), 'rloo' (leave-one-out), 'reinforce_pp' (REINFORCE++-baseline:
 # then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin),
@@ -301,9 +304,9 @@ try:
     task_answer = tasks.answer_fn(task_mod)  # what a void turn lacks (void_turn_filter)
     # the task's tools and how rollouts call them, one value (None: no tools)
     tooling = tool_settings(task_mod, max_tool_calls, tool_timeout, tool_delay_steps)
-    if tooling and decode_graphs:
-        raise ValueError(f"--decode_graphs=True decodes rollouts without tools only; task {task!r} "
-                         "calls tools")
+    if tooling and (decode_graphs or stop_strings):
+        knob = '--decode_graphs=True decodes' if decode_graphs else '--stop_strings end'
+        raise ValueError(f"{knob} rollouts without tools only; task {task!r} calls tools")
 except ValueError as e:
     die(str(e), 2)
 if sft_steps > 0 and not callable(getattr(task_mod, 'solution', None)):
@@ -344,6 +347,8 @@ for spec, ddir, name in tasks.eval_entries(eval_tasks, mix_tasks):
         die(f"eval_tasks: {spec!r}: {e}")
     if name in extra_evals:
         die(f"eval_tasks: two entries are named {name!r} (their metrics would mix)", 2)
+    if tools and stop_strings:
+        die(f"eval_tasks: {spec!r} calls tools, and --stop_strings end rollouts without tools only", 2)
     examples = examples[:eval_examples] if eval_examples > 0 else examples
     extra_evals[name] = {'task': mod, 'examples': examples, 'tools': tools}
     print(f"eval task: {spec}, {len(examples)} problems (eval/{name}/...)")
@@ -523,7 +528,7 @@ def eval_set_metrics(at_step, name, ev):
                  ev.get('instruction'), max_new_tokens=eval_max_new_tokens or max_new_tokens,
                  batch_size=eval_batch_size, compile=compile_decode, progress=verbose and master,
                  n_samples=eval_samples or 1, temperature=eval_temperature, seed=seed, first=lo,
-                 tools=ev['tools'])
+                 tools=ev['tools'], stop_strings=stop_strings)
     k = eval_samples
     sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
     if ddp:  # the task's own metrics are rank 0's share's
@@ -642,7 +647,7 @@ def rollout(examples, first, step, timing):
     t = time.time()
     show_progress = master and (step == 0 or verbose)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
+                    stop_strings=stop_strings, seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
                     on_step=heartbeat, graphs=decode_graphs, check_every=decode_check_every)
     my_prompts = [prompts[i - first] for i in mine]
     comps = sample_batch(gen_model, tok, my_prompts, G, max_new_tokens, tools=tooling,

@@ -1,6 +1,7 @@
 """generate(): cached = uncached, per-row randomness, stops, limits, batching and compaction change
 nothing."""
 import json
+import string
 
 import pytest
 import torch
@@ -225,9 +226,43 @@ def test_stop_strings_cut_the_text():
     s = text[4:6]
     out = generate(model, TOK, [PROMPTS[1]], 1, 12, temperature=0.0, stop_ids=[],
                    stop_strings=[s])[0]
-    assert out['finished'] and s not in out['text'] and text.startswith(out['text']), \
+    assert out['finished'] and out['text'].endswith(s) and text.startswith(out['text']), \
         (text, out['text'])
-    assert len(out['ids']) <= 6 + 1
+    assert out['text'].count(s) == 1 and len(out['ids']) <= 6
+    # the decode rows keep the token that completed the string
+    assert TOK.decode(out['ids']).endswith(s)
+
+
+@pytest.mark.parametrize('graphs', [False, True])
+def test_stop_strings_end_each_completion_where_its_text_first_holds_one(graphs):
+    """Sampled completions of three prompts, 4 each, with compaction (rows move as others stop):
+    with stop strings, each completion is the one drawn without them (same seeds, same draws) cut at
+    the first token after which its text holds a string, its text cut right after that string."""
+    model = tiny()
+    prompts = PROMPTS[:3]
+    kw = dict(temperature=2.0, seed=5, stop_ids=[], graphs=graphs)
+    free = generate(model, TOK, prompts, 4, 40, **kw)
+    texts = [c['text'] for c in free]
+    # a letter some completions write and others do not, and two bytes (two tokens) of one without it
+    letter = next(x for x in string.ascii_letters if 3 <= sum(x in t for t in texts) <= 9)
+    pair = next(t[i:i + 2] for t in texts if letter not in t for i in range(5, 38)
+                if t[i:i + 2].isascii() and t[i:i + 2].isprintable())
+    stops = [letter, pair]
+    cut = generate(model, TOK, prompts, 4, 40, stop_strings=stops, **kw)
+    n_stopped = 0
+    for a, b in zip(free, cut):
+        first = next((n for n in range(1, 41) if any(x in TOK.decode(a['ids'][:n]) for x in stops)),
+                     None)
+        if first is None:
+            assert b['ids'] == a['ids'] and not b['finished'] and b['text'] == a['text']
+            continue
+        n_stopped += 1
+        assert b['ids'] == a['ids'][:first] and b['finished'] and not b['truncated']
+        # (other batch shapes after compaction: the same draws, log-probs to float rounding)
+        assert torch.allclose(torch.tensor(b['logprobs']), torch.tensor(a['logprobs'][:first]), atol=1e-5)
+        end = min(a['text'].find(x) + len(x) for x in stops if x in a['text'])
+        assert b['text'] == a['text'][:end], (a['text'], b['text'])
+    assert 2 <= n_stopped < len(free), n_stopped  # the test saw both kinds
 
 
 def test_eos_is_kept_in_ids_but_not_text():

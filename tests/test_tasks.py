@@ -3,6 +3,7 @@ plugs in by --task=module:attr or a path, trains and is evaluated with its own g
 run's export reproduces the run's last eval/pass@1; a broken task fails at start-up in one line."""
 import contextlib
 import json
+import string
 import subprocess
 import sys
 
@@ -175,14 +176,27 @@ def test_task_from_a_path_trains_and_takes_its_knobs(tmp_path):
 
 def test_sample_py_reproduces_the_runs_eval_on_arith(tmp_path):
     """The built-in task, its knobs (a 12-problem test split) and the run's prompts ('' system
-    prompt and instruction), eval size and budget all come from the export's grpo_run.json."""
+    prompt and instruction), eval size, budget and stop strings all come from the export's
+    grpo_run.json. The stop strings (every letter and digit: most of a random model's completions
+    write one) end training samples and evaluated completions alike, each text cut right after
+    its first."""
     out = tmp_path / 'run'
+    stops = list(string.ascii_letters + string.digits)
     run(out, '--max_steps=2', '--eval_every=1', '--eval_examples=10', '--arith_n_test=12',
-        '--export_hf=True', '--eval_max_new_tokens=12', '--arith_difficulty=starter')
+        '--export_hf=True', '--eval_max_new_tokens=12', '--arith_difficulty=starter',
+        f'--stop_strings={stops}', '--log_samples_every=1')
     rows = metrics(out)
-    p, s = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval"}')
+    # 4 sampled completions a problem too (the greedy ones of a random model repeat one byte)
+    p, s = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval"}', '--n_samples=4')
     assert s['n'] == 10 and s['pass@1'] == rows[-1]['eval/pass@1'], (s, rows[-1])
     assert 'evaluating as the run evaluated at step 2' in p.stdout
+    samples = [json.loads(x)['completion'] for x in (out / 'samples.jsonl').read_text().splitlines()]
+    evaluated = [c for x in (tmp_path / 'eval' / 'eval.jsonl').read_text().splitlines()
+                 for c in json.loads(x)['completions']]
+    for texts in (samples, evaluated):
+        cut = [t for t in texts if any(x in t for x in stops)]
+        assert len(cut) >= len(texts) // 2, texts
+        assert all(sum(t.count(x) for x in stops) == 1 and t[-1] in stops for t in cut), cut
     _, s12 = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval12"}',
                        '--num_examples=0')
     assert s12['n'] == 12, "an explicit --key=value overrides the run's value"

@@ -806,7 +806,8 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
         ('--eval_tasks=[3]',): 'eval_tasks', ("--eval_tasks=['nope']",): 'nope',
         ("--eval_tasks=['arith', ('arith', '')]",): 'eval_tasks',  # two sets under one name
         ("--rewards=[{'name': 'correct', 'kwargs': {'corect': 2.0}}]",): 'corect',
-        ('--task=arith_tools', '--decode_graphs=True'): '--decode_graphs'}
+        ('--task=arith_tools', '--decode_graphs=True'): '--decode_graphs',
+        ('--task=arith_tools', "--stop_strings=['</answer>']"): '--stop_strings'}
     if not torch.cuda.is_available():
         bad[('--device=cuda',)] = '--device'
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
