@@ -721,6 +721,9 @@ if __name__ == '__main__':
     system_prompt = None  # system turn; None: the run's, else the task's default; '' = none
     # appended to each question; None: the run's, else the task's default; '' = none
     instruction = None
+    # a chat template (jinja, or a .jinja file) instead of the snapshot's; None: a checkpoint's run's (an
+    # export carries its run's), else ''
+    chat_template = None
     # variables every chat-template render gets, e.g. {'enable_thinking': False}; None: the run's,
     # else {}
     chat_template_kwargs = None
@@ -742,7 +745,7 @@ if __name__ == '__main__':
     from configurator import configure, save_config
     from data import question_messages
     from hf import load_model
-    from tokenizer import set_chat_template_kwargs
+    from tokenizer import set_chat_template, set_chat_template_kwargs
 
     def task_knobs(s):  # the task's knobs, their defaults the run's values
         run = run_config(s['init_from'])
@@ -759,10 +762,12 @@ if __name__ == '__main__':
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction'),
                 'chat_template_kwargs': run.get('chat_template_kwargs'),
                 'stop_strings': run.get('stop_strings'),
+                'chat_template': run.get('chat_template') if init_from.endswith('.pt') else None,
                 **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
                 'max_prompt_len': 0, 'batch_size': 64, 'seed': 1337, 'max_tool_calls': None,
-                'tool_timeout': 5.0, 'tool_delay_steps': 1, 'chat_template_kwargs': {}, 'stop_strings': []}
+                'tool_timeout': 5.0, 'tool_delay_steps': 1, 'chat_template_kwargs': {}, 'stop_strings': [],
+                'chat_template': ''}
     try:  # (task spec, data_dir, name) of each other held-out set
         if config['eval_tasks'] is not None:
             extra_sets = tasks.eval_entries(config['eval_tasks'], [])
@@ -803,6 +808,7 @@ if __name__ == '__main__':
             model, tok = load_run_checkpoint(init_from, getattr(torch, dtype), device)
         else:
             model, tok = load_model(init_from, getattr(torch, dtype), device, seed)
+        set_chat_template(tok, chat_template)
         set_chat_template_kwargs(tok, chat_template_kwargs)
     except Exception as e:  # loading errors are written to be read: one line, no library stack
         print(f"error: {e}", file=sys.stderr)

@@ -237,6 +237,32 @@ def render_chat_template(template, messages, add_generation_prompt, where, **var
 RENDER_ARGS = ('messages', 'add_generation_prompt', 'tools', 'documents')  # set per render
 
 
+def set_chat_template(tok, source, knob='chat_template'):
+    """Make tok render every prompt with another chat template than its snapshot's: source is the
+    template (jinja, as transformers takes it) or the path of a file holding one; '' changes nothing.
+    Its export (save) carries it as chat_template.jinja, the snapshot's own dropped from
+    tokenizer_config.json, so transformers, vLLM and sample.py render as the run did. A template
+    that does not compile, or a file that cannot be read, is one TokenizerError."""
+    if not source:
+        return tok
+    if not isinstance(source, str):
+        raise TokenizerError(f"{knob}: expected a jinja template or the path of a file holding one, "
+                             f"got {type(source).__name__} {source!r}")
+    where = knob
+    if os.path.isfile(source) or source.endswith('.jinja'):
+        where = source
+        source = _read(source, 'a chat template')[1]
+    tok.template, tok.template_file = compile_chat_template(source, where), where
+    files = dict(tok.files or byte_tokenizer_files(tok))
+    if 'tokenizer_config.json' in files:
+        conf = json.loads(files['tokenizer_config.json'])
+        conf.pop('chat_template', None)
+        files['tokenizer_config.json'] = json.dumps(conf, indent=2, ensure_ascii=False).encode()
+    files['chat_template.jinja'] = source.encode()
+    tok.files = files
+    return tok
+
+
 def set_chat_template_kwargs(tok, kwargs, knob='chat_template_kwargs'):
     """Make every render of tok (prompts, tool probes, tool answers) pass kwargs to its chat
     template, as transformers' apply_chat_template(..., **kwargs) does: Qwen3's

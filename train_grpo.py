@@ -37,6 +37,9 @@ task = 'gsm8k'
 data_dir = ''  # local dir with the task's train/test .jsonl or .parquet; '' = the task's own source
 system_prompt = None  # system turn; None = the task's default, '' = none
 instruction = None  # appended to every question; None = the task's default, '' = none
+# a jinja chat template (or a .jinja file) that renders every prompt instead of the snapshot's (verl's
+# custom_chat_template), saved into the export: a base model's plain 'User: {q}\nAssistant:' layout
+chat_template = ''
 # variables every chat-template render gets (prompts, tool answers), as transformers'
 # apply_chat_template(..., **kwargs) takes them: Qwen3's {'enable_thinking': False}
 chat_template_kwargs = {}
@@ -272,7 +275,7 @@ from reward import merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
 from sample import fit_prompts, prompt_limit, tool_settings  # noqa: E402
 from sft import warm_start  # noqa: E402
-from tokenizer import set_chat_template_kwargs  # noqa: E402
+from tokenizer import set_chat_template, set_chat_template_kwargs  # noqa: E402
 
 # ------------------------------------------------------------------------- checks and setup
 error = safety.bad_knob(config) or lora.bad_knob(config)  # a typo fails here, not in the loop
@@ -363,6 +366,7 @@ shape = dict(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd,
              max_seq_len=max_seq_len)
 try:
     model, tok = load_model(init_from, torch.float32, device, seed, **shape)
+    set_chat_template(tok, chat_template)
     set_chat_template_kwargs(tok, chat_template_kwargs)
     # LoRA (lora_rank > 0): the base frozen, adapters added; otherwise nothing changes
     lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets,

@@ -10,7 +10,8 @@ import pytest
 from tokenizers import (Regex, Tokenizer as HFTokenizer, decoders, models, normalizers,
                         pre_tokenizers, trainers)
 
-from tokenizer import CHATML, QWEN2_PATTERN, TokenizerError, byte_tokenizer, load_tokenizer
+from tokenizer import (CHATML, QWEN2_PATTERN, TokenizerError, byte_tokenizer, load_tokenizer,
+                       set_chat_template)
 
 transformers = pytest.importorskip('transformers')
 
@@ -224,6 +225,46 @@ def test_template_errors_are_one_line(trained, tmp_path):
                        match=r"chat_template\.jinja: field 'chat_template' fails to render "
                              r"\(ValueError: System role not supported\)"):
         load_tokenizer(path).render_chat([{'role': 'user', 'content': 'hi'}])
+
+
+# R1-Zero's plain layout for a base model, with a special-token string of the template's own
+R1_ZERO = ("<|endoftext|>A conversation between User and Assistant. The Assistant thinks, then answers."
+           "{% for m in messages if m.role == 'system' %} {{ m.content }}{% endfor %}"
+           "{{ '\\n' }}User: {{ messages[-1].content }}\nAssistant: <think>")
+
+
+def test_a_chat_template_of_the_runs_own_replaces_the_snapshots_and_rides_in_its_export(trained, tmp_path):
+    """--chat_template (text or a .jinja file): every render uses it, its own special-token strings
+    are the tokens and a message's stay text; the export (save) carries it as chat_template.jinja
+    and the snapshot's leaves tokenizer_config.json, so transformers renders the export to the same
+    ids; a template that does not compile or a file that is not there is one TokenizerError."""
+    path = snapshot(trained, tmp_path / 'snap', QWEN25, False)
+    msgs = [{'role': 'system', 'content': 'Be brief.'},
+            {'role': 'user', 'content': 'What is 2+2?<|im_end|>'}]
+    ours = set_chat_template(load_tokenizer(path), R1_ZERO)
+    ids = ours.render_chat(msgs)
+    assert ids[0] == ours.special['<|endoftext|>'] and ours.special['<|im_end|>'] not in ids
+    assert ours.decode(ids) == ('<|endoftext|>A conversation between User and Assistant. The '
+                                'Assistant thinks, then answers. Be brief.\nUser: What is 2+2?'
+                                '<|im_end|>\nAssistant: <think>')
+    ours.save(str(tmp_path / 'export'))
+    conf = json.loads((tmp_path / 'export' / 'tokenizer_config.json').read_text())
+    assert 'chat_template' not in conf and conf['eos_token'] == '<|im_end|>'
+    assert (tmp_path / 'export' / 'chat_template.jinja').read_text() == R1_ZERO
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'export'))
+    assert hf_ids(hf, msgs, True, sanitize_control_tokens=True) == ids
+    assert load_tokenizer(str(tmp_path / 'export')).render_chat(msgs) == ids
+    (tmp_path / 'r1.jinja').write_text(R1_ZERO)
+    from_file = set_chat_template(load_tokenizer(path), str(tmp_path / 'r1.jinja'))
+    assert from_file.render_chat(msgs) == ids and from_file.template_file.endswith('r1.jinja')
+    # the byte tokenizer (scratch models): its export's ChatML gives way too
+    byte = set_chat_template(byte_tokenizer(), R1_ZERO)
+    byte.save(str(tmp_path / 'bytes'))
+    assert load_tokenizer(str(tmp_path / 'bytes')).render_chat(msgs) == byte.render_chat(msgs)
+    with pytest.raises(TokenizerError, match=r"^chat_template: field 'chat_template' does not compile"):
+        set_chat_template(load_tokenizer(path), '{% if %}')
+    with pytest.raises(TokenizerError, match=r"nope\.jinja: cannot read a chat template"):
+        set_chat_template(load_tokenizer(path), str(tmp_path / 'nope.jinja'))
 
 
 def test_byte_tokenizer_keeps_hand_written_chatml(tmp_path):

@@ -177,15 +177,19 @@ def test_task_from_a_path_trains_and_takes_its_knobs(tmp_path):
 def test_sample_py_reproduces_the_runs_eval_on_arith(tmp_path):
     """The built-in task, its knobs (a 12-problem test split) and the run's prompts ('' system
     prompt and instruction), eval size, budget and stop strings all come from the export's
-    grpo_run.json. The stop strings (every letter and digit: most of a random model's completions
-    write one) end training samples and evaluated completions alike, each text cut right after
-    its first."""
+    grpo_run.json, its chat template from the export's tokenizer files (a checkpoint's, from its run:
+    both evaluate alike). The stop strings (every letter and digit: most of a random model's
+    completions write one) end training samples and evaluated completions alike, each text cut
+    right after its first. A base model's layout: a plain-text template and stop strings."""
     out = tmp_path / 'run'
     stops = list(string.ascii_letters + string.digits)
     run(out, '--max_steps=2', '--eval_every=1', '--eval_examples=10', '--arith_n_test=12',
         '--export_hf=True', '--eval_max_new_tokens=12', '--arith_difficulty=starter',
-        f'--stop_strings={stops}', '--log_samples_every=1')
+        f'--stop_strings={stops}', '--log_samples_every=1',
+        "--chat_template=Q: {{ messages[-1].content }}{{ '\\n' }}A:")
     rows = metrics(out)
+    prompts = [json.loads(x)['prompt'] for x in (out / 'samples.jsonl').read_text().splitlines()]
+    assert all(x.startswith('Q: ') and x.endswith('?\nA:') for x in prompts), prompts
     # 4 sampled completions a problem too (the greedy ones of a random model repeat one byte)
     p, s = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval"}', '--n_samples=4')
     assert s['n'] == 10 and s['pass@1'] == rows[-1]['eval/pass@1'], (s, rows[-1])
@@ -200,6 +204,8 @@ def test_sample_py_reproduces_the_runs_eval_on_arith(tmp_path):
     _, s12 = sample_py(f'--init_from={out / "hf"}', f'--out_dir={tmp_path / "eval12"}',
                        '--num_examples=0')
     assert s12['n'] == 12, "an explicit --key=value overrides the run's value"
+    sample_py(f'--init_from={out / "ckpt_0000002.pt"}', f'--out_dir={tmp_path / "ckpt"}', '--n_samples=4')
+    assert (tmp_path / 'ckpt' / 'eval.jsonl').read_text() == (tmp_path / 'eval' / 'eval.jsonl').read_text()
 
 
 def test_readme_add_a_task_example_trains_and_evaluates(tmp_path):
