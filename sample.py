@@ -12,6 +12,7 @@ GPU and N GPUs sample alike.
 import copy
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -625,7 +626,8 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     # the task's own metrics, on the greedy completions
     summary.update(tasks.eval_metrics(task, [r['completions'][0] for r in rows], examples))
     if n_samples > 1:
-        summary[f'pass@{n_samples}'] = sum(any(r['correct'][1:]) for r in rows) / n
+        for k in pass_ks(n_samples):  # pass@2, pass@4, ... and pass@n (any of the n right)
+            summary[f'pass@{k}'] = sum(pass_at_k(n_samples, sum(r['correct'][1:]), k) for r in rows) / n
         summary[f'mean@{n_samples}'] = sum(sum(r['correct'][1:]) / n_samples for r in rows) / n
         summary[f'maj@{n_samples}'] = sum(majority_correct(r) for r in rows) / n
     if out_path:
@@ -635,6 +637,18 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
                 f.write(json.dumps(r) + '\n')
     model.train(was_training)
     return summary
+
+
+def pass_ks(n):
+    """The k of the pass@k an evaluation of n samples a problem reports: 2, 4, 8, ... below n, and n."""
+    return [2 ** i for i in range(1, n.bit_length()) if 2 ** i < n] + [n]
+
+
+def pass_at_k(n, c, k):
+    """The unbiased estimate of pass@k from n samples of which c are right (Chen et al. 2021, the
+    Codex paper): 1 - C(n - c, k) / C(n, k), the chance that k of the n drawn without replacement
+    hold a right one; at k = n, whether any is."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def majority_correct(row):

@@ -182,7 +182,7 @@ eval_every = 50  # greedy pass@1 on held-out problems every N steps, at start an
 eval_examples = 200  # held-out problems per evaluation (0 = all)
 eval_max_new_tokens = 0  # 0 = max_new_tokens
 eval_batch_size = 64  # problems per generate() call during eval
-eval_samples = 0  # k >= 2: also k sampled completions per problem: eval/pass@k, mean@k, maj@k
+eval_samples = 0  # k >= 2: also k sampled completions per problem: eval/pass@k (@2, @4, ..), mean@k, maj@k
 eval_temperature = 1.0  # their temperature (the same seed at every eval; greedy pass@1 stays)
 # more held-out sets evaluated beside the task's, each with its own prompts and grade, logged as
 # eval/<name>/...: ['math'] (the task's own source) or [('math', 'path/to/MATH')] (a data_dir)
@@ -533,8 +533,7 @@ def eval_set_metrics(at_step, name, ev):
                  batch_size=eval_batch_size, compile=compile_decode, progress=verbose and master,
                  n_samples=eval_samples or 1, temperature=eval_temperature, seed=seed, first=lo,
                  tools=ev['tools'], stop_strings=stop_strings)
-    k = eval_samples
-    sampled = [key for key in (f'pass@{k}', f'mean@{k}', f'maj@{k}') if key in s]
+    sampled = [key for key in s if key.startswith(('pass@', 'mean@', 'maj@')) and key != 'pass@1']
     if ddp:  # the task's own metrics are rank 0's share's
         counts = [s['n'], round(s['pass@1'] * s['n']), s['truncated'] * s['n']]
         counts += [s[key] * s['n'] for key in sampled]

@@ -104,7 +104,7 @@ def test_two_fsdp_ranks_match_one_process(one_process, tmp_path):
 # beta: the reference is the adapters-off model; export_best: the merged weights and the adapters
 # of the best evaluation (FSDP: gathered from the shards, rank 0's verdict shared)
 LORA = ['--lora_rank=4', '--lora_alpha=8', '--lr=2e-2', '--beta=0.05', '--eval_every=1',
-        '--export_best=eval/pass@1']
+        '--export_best=eval/pass@1', '--eval_samples=2', "--eval_tasks=['grpo_test_task:parity']"]
 
 
 @pytest.fixture(scope='module')
@@ -126,6 +126,11 @@ def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp)
     assert_same_run(one_process_lora, tmp_path, f"{'FSDP2' if fsdp else 'DDP'} with LoRA, 2 ranks",
                     tol=2e-4 if fsdp else 1e-5)
     assert all('.lora_' in k for k in weights(tmp_path, 3)), "a LoRA checkpoint holds adapters only"
+    if not fsdp:  # each rank's sampled evaluation of its share, reduced: the one process's numbers
+        # (the parity set's grade passes about half of a random model's completions)
+        names = [f'eval/parity/{k}@2' for k in ('pass', 'mean', 'maj')]
+        sampled = [[[r[k] for k in names] for r in metrics(d)] for d in (one_process_lora, tmp_path)]
+        assert sampled[0] == sampled[1] and 0 < sampled[0][-1][1] < 1, sampled
     best = [json.load(open(d / 'hf_best' / 'grpo_run.json')) for d in (one_process_lora, tmp_path)]
     assert [(b['step'], b['best']) for b in best] == [(best[0]['step'], best[0]['best'])] * 2, best
     assert (tmp_path / 'lora_best' / 'adapter_config.json').exists()

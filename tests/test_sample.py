@@ -300,6 +300,13 @@ def even_first_byte(completion, example):
     return len(completion) > 0 and ord(completion[0]) % 2 == 0
 
 
+def test_pass_at_k_is_the_unbiased_estimate():
+    assert sample.pass_ks(2) == [2] and sample.pass_ks(5) == [2, 4, 5] and sample.pass_ks(16) == [2, 4, 8, 16]
+    assert sample.pass_at_k(5, 0, 2) == 0 and sample.pass_at_k(5, 4, 2) == 1 and sample.pass_at_k(5, 5, 5) == 1
+    # 2 right of 4: a pair drawn from the 4 misses both with chance C(2, 2) / C(4, 2) = 1/6
+    assert abs(sample.pass_at_k(4, 2, 2) - 5 / 6) < 1e-12 and sample.pass_at_k(4, 1, 4) == 1
+
+
 def test_sampled_pass_at_k_and_mean_at_k_from_the_rows(tmp_path):
     """pass@k: a problem counts when any of its k samples is right; mean@k: the share of right
     samples; both averaged over problems, from the rows written (greedy completion first). A rank's
@@ -312,6 +319,11 @@ def test_sampled_pass_at_k_and_mean_at_k_from_the_rows(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / 'all.jsonl').read_text().splitlines()]
     right = [r['correct'][1:] for r in rows]
     assert s['pass@5'] == sum(any(c) for c in right) / 4, (s, right)
+    # below k = n, the unbiased estimate from the 5: 1 - C(5 - c, k) / C(5, k)
+    want = {2: [0, 0.4, 0.7, 0.9, 1, 1], 4: [0, 0.8, 1, 1, 1, 1]}
+    for k in (2, 4):
+        assert abs(s[f'pass@{k}'] - sum(want[k][sum(c)] for c in right) / 4) < 1e-12, (k, s, right)
+    assert set(s) >= {'pass@2', 'pass@4', 'pass@5'} and 'pass@3' not in s and 'pass@8' not in s
     assert s['mean@5'] == sum(sum(c) / 5 for c in right) / 4, (s, right)
     assert 0 < s['mean@5'] < s['pass@5'], f"the test needs a mix of right and wrong: {right}"
     evaluate(tiny(), TOK, task, examples[2:], '', '', n_samples=5, max_new_tokens=6, batch_size=3,

@@ -338,7 +338,7 @@ def test_sampled_evaluation_logs_pass_at_k_and_leaves_training_alone(tmp_path):
     assert 'on 5 problems' in k.stdout
     rows, plain = metrics(tmp_path / 'k'), metrics(tmp_path / 'greedy')
     for r, p in zip(rows, plain):
-        assert 0 <= r['eval/mean@4'] <= r['eval/pass@4'] <= 1 and 'eval/maj@4' in r, r
+        assert 0 <= r['eval/mean@4'] <= r['eval/pass@2'] <= r['eval/pass@4'] <= 1 and 'eval/maj@4' in r, r
         assert 0 <= r['eval/grpo_test_task/pass@1'] <= r['eval/grpo_test_task/pass@4'] <= 1, r
         assert r['eval/pass@1'] == p['eval/pass@1'], "greedy pass@1 is unchanged"
         assert {k: v for k, v in stable(r).items() if not k.startswith('eval/')} == \
