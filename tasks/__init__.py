@@ -44,7 +44,7 @@ import types
 REQUIRED = ('load', 'messages', 'grade')
 INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style',
                         'max_tool_calls')
-BUILTIN = ('gsm8k', 'gsm8k_tools', 'math', 'arith', 'arith_tools', 'chess', 'qa')
+BUILTIN = ('gsm8k', 'gsm8k_tools', 'math', 'arith', 'arith_tools', 'chess', 'qa', 'countdown')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
 
