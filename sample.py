@@ -581,9 +581,8 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     unbiased pass@1 estimate). A task with tools is evaluated through generate_with_tools, as it
     trains, with tools = tool_settings' value (None: the task's defaults). Writes one JSON row per
     problem to out_path when given (stop_strings: generate's). Returns the summary dict. first: the
-    index of examples[0] among
-    all problems evaluated (a rank's share under torchrun), so that a problem's samples do not
-    depend on how the problems were shared."""
+    index of examples[0] among all problems evaluated (a rank's share under torchrun), so that a
+    problem's samples do not depend on how the problems were shared."""
     import tasks
     answer = tasks.answer_fn(task)
     tools = tools or tool_settings(task)
