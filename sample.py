@@ -289,7 +289,7 @@ def stop_string_watch(tok, stop_strings, n):
                 piece[i] = tok.token_bytes(i)
             tail = tails[r] + piece[i]
             out.append(any(w in tail for w in wanted))
-            tails[r] = tail[len(tail) - keep:] if keep else b''
+            tails[r] = tail[-keep:] if keep else b''
         return torch.tensor(out, dtype=torch.bool, device=ids.device)
     return hits
 

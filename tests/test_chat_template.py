@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from tokenizers import (Regex, Tokenizer as HFTokenizer, decoders, models, normalizers,
                         pre_tokenizers, trainers)
 
@@ -109,6 +110,12 @@ def qwen_bpe(corpus, vocab_size):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)
     return tok
+
+
+@pytest.fixture(scope='module')
+def bpe_tok(trained, tmp_path_factory):
+    """The trained BPE as this project loads it."""
+    return load_tokenizer(snapshot(trained, tmp_path_factory.mktemp('bpe') / 'snap', QWEN25, False))
 
 
 @pytest.fixture(scope='module')
@@ -328,3 +335,22 @@ def test_chat_template_kwargs_reach_the_run_its_export_and_sample_py(trained, tm
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and 'chat_template_kwargs' in lines[0], p.stderr
     assert "expects dict (default {}), got bool False" in lines[0], lines
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.text(alphabet='ab \nhé日🤖<>/', min_size=1, max_size=40), st.data())
+def test_stop_strings_are_seen_at_the_token_that_completes_them(bpe_tok, text, data):
+    """The decode loop's stop-string watch over a trained BPE's multi-byte tokens (a string split
+    across tokens, a character split across them): a row stops at the first token after which its
+    bytes hold a stop string, and not before."""
+    import torch
+
+    from sample import stop_string_watch
+    ids = bpe_tok.encode(text)
+    start = data.draw(st.integers(0, len(text) - 1))
+    stops = [text[start:start + data.draw(st.integers(1, 4))], 'zz']
+    watch = stop_string_watch(bpe_tok, stops, 1)
+    seen = [bool(watch(torch.tensor([i]), None)[0]) for i in ids]
+    written = [b''.join(bpe_tok.token_bytes(i) for i in ids[:n + 1]) for n in range(len(ids))]
+    first = next(n for n, b in enumerate(written) if stops[0].encode() in b)
+    assert seen.index(True) == first, (text, stops, ids)
