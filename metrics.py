@@ -126,6 +126,87 @@ def rollout_metrics(r, zero_std, sc, comps, prompts, timing):
     return m
 
 
+# dense bf16 FLOP/s and HBM bytes/s by GPU name: the first entry whose name the device's contains
+DEVICE_PEAKS = [('H200', 989e12, 4.8e12), ('H100 PCIe', 756e12, 2.0e12), ('H100', 989e12, 3.35e12),
+                ('A100-SXM4-80GB', 312e12, 2.039e12), ('A100', 312e12, 1.555e12)]
+
+
+def device_peaks(device, flops=0.0, bandwidth=0.0):
+    """(peak FLOP/s, peak bytes/s) of device: the given ones where > 0, else DEVICE_PEAKS' for a
+    CUDA device it names; None for either that is unknown (a CPU, another GPU)."""
+    known = (None, None)
+    if torch.device(device).type == 'cuda':
+        name = torch.cuda.get_device_name(device)
+        known = next(((f, b) for n, f, b in DEVICE_PEAKS if n in name), known)
+    return flops or known[0], bandwidth or known[1]
+
+
+def update_flops(model, micro, share):
+    """Model FLOPs of one pass (forward and backward) over the micro-batches' rows (nanoGPT's and
+    PaLM's count: backward twice the forward, no recompute): 6 x the body's matmul weights per
+    position, 6 x the LM head's per scored token, 12 x layers x attention width per position
+    attended (causal: a position attends itself and those before; share: a group's prompt once,
+    its completions after it)."""
+    body, head = model.matmul_weights()
+    positions, scored, attended = update_positions(micro, share)
+    return 6 * body * positions + 6 * head * scored + 12 * model.config.n_layer * model.attention_width() * attended
+
+
+def update_positions(micro, share):
+    """(positions the model runs over, tokens the LM head scores, positions attended in all) in the
+    micro-batches as batch.py lays them out: a row is its prompt and its completion less the last
+    token (which predicts nothing), each position attending itself and those before it; share: a
+    group's prompt once, each completion after it seeing the prompt and itself."""
+    positions = scored = attended = 0
+    for mb in micro:
+        units = {}
+        for i, r in enumerate(mb):
+            units.setdefault(r['group'] if share else i, []).append(r)
+        for unit in units.values():
+            p, ks = len(unit[0]['prompt']), [len(r['ids']) - 1 for r in unit]
+            positions += p + sum(ks)
+            scored += sum(k + 1 for k in ks)
+            attended += p * (p + 1) // 2 + sum(k * p + k * (k + 1) // 2 for k in ks)
+    return positions, scored, attended
+
+
+def decode_bytes(sampler, comps, prompt_lens):
+    """The bytes a generation of these completions reads at least: at each decode step the
+    sampler's matmul weights once (the embedding reads only its rows), and at each generated token
+    its row's KV cache so far (prompt_lens: each completion's prompt length)."""
+    body, head = sampler.matmul_weights()
+    cfg = sampler.config
+    size = next(sampler.parameters()).element_size()
+    kv = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * size  # bytes a position holds
+    steps = max((len(c['ids']) for c in comps), default=0)
+    read = steps * (body + head) * size
+    for c, p in zip(comps, prompt_lens):
+        n = len(c['ids'])
+        read += kv * (n * p + n * (n - 1) // 2)  # token t reads p + t positions
+    return read
+
+
+def perf_metrics(model, sampler, timing, *, micro, share, passes, comps, prompt_lens, world, peaks):
+    """How hard the step drove the hardware: the update's model FLOP/s (this rank's micro-batches,
+    passes over them) and the generation's memory traffic per GPU (every rank's completions over
+    world), and with the device's peaks known, as shares of them: perf/update_mfu and
+    perf/gen_hbm_frac (a share far below 1 in generation: each decode step waits on the host
+    launching its kernels, not on memory)."""
+    m = {}
+    flops, bandwidth = peaks
+    if timing.get('update', 0) > 0 and micro:
+        rate = update_flops(model, micro, share) * passes / timing['update']
+        m['perf/update_tflops'] = rate / 1e12
+        if flops:
+            m['perf/update_mfu'] = rate / flops
+    if timing.get('gen', 0) > 0 and comps:
+        rate = decode_bytes(sampler, comps, prompt_lens) / world / timing['gen']
+        m['perf/gen_gb_s'] = rate / 1e9
+        if bandwidth:
+            m['perf/gen_hbm_frac'] = rate / bandwidth
+    return m
+
+
 def mix_metrics(batch, rewards, task):
     """mix_tasks: per task of the mixture (task, tasks.mixture's), the prompts the step drew (batch:
     its problems, rewards: their groups' rows) and their mean reward (left out for a task none was

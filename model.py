@@ -532,6 +532,18 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
+    def matmul_weights(self):
+        """(the blocks' matmul weights, the LM head's): what one position multiplies in the body and
+        one scored token in the head, a multiply-add each (the N of the FLOP counts; the embedding
+        is a lookup)."""
+        body = sum(p.numel() for n, p in self.named_parameters() if n.startswith('h.') and p.dim() == 2)
+        return body, self.config.vocab_size * self.config.n_embd
+
+    def attention_width(self):
+        """Query heads x head size: per attended position, a layer's scores and values cost 2 x 2 x
+        this FLOPs forward."""
+        return self.config.n_head * self.config.head_dim
+
 
 def from_scratch(cfg, dtype=torch.float32, device='cpu', seed=0):
     """Random init as nanoGPT: normal(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),

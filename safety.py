@@ -94,6 +94,8 @@ RANGES = {
                                     "token's, in [0, 1); 0.0 = off"),
     'stop_strings': (lambda v: all(isinstance(x, str) and x for x in v),
                      "strings that end a completion: a list of non-empty str"),
+    'peak_flops': (lambda v: v >= 0, "the device's peak FLOP/s, >= 0; 0 = by the GPU's name"),
+    'peak_bandwidth': (lambda v: v >= 0, "the device's peak memory bytes/s, >= 0; 0 = by the GPU's name"),
     'beta': (lambda v: v >= 0, "the KL penalty's weight, >= 0; 0 = no reference model"),
     'weight_decay': (lambda v: v >= 0, "AdamW's decay, >= 0"),
     'grad_clip': (lambda v: v >= 0, "the gradient norm's cap, >= 0; 0 = off"),

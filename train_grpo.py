@@ -226,6 +226,10 @@ compile_decode = False  # torch.compile the sampler's prefill and decode step (s
 decode_graphs = False  # fixed-shape decode steps, a CUDA graph each on a GPU (rollouts without tools)
 decode_check_every = 0  # decode steps between reads of how many rows still go; 0: 8 on CUDA, else 1
 grad_checkpoint = False  # recompute activations in backward (long completions)
+# the device's dense bf16 FLOP/s and memory bytes/s, for perf/update_mfu and perf/gen_hbm_frac; 0: by
+# the GPU's name (H100, H200, A100; none on a CPU)
+peak_flops = 0.0
+peak_bandwidth = 0.0
 lora_rank = 0  # LoRA adapter rank, base frozen (0 = off); 32 is a common start, with ~10x the lr
 lora_alpha = 64.0  # adapter scale = lora_alpha / lora_rank (peft's convention)
 lora_dropout = 0.0  # dropout on the adapters' input, in the gradient forward only
@@ -330,6 +334,7 @@ if deterministic or (deterministic is None and torch.device(device).type == 'cpu
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = False  # no NaN fill of each torch.empty
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+peaks = metrics.device_peaks(device, peak_flops, peak_bandwidth)  # (FLOP/s, bytes/s), None: unknown
 
 # ------------------------------------------------------------------------- data
 try:
@@ -948,6 +953,11 @@ def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, com
         m['dynamic/prompts'] = len(roll['batch'])
         m['dynamic/rounds'] = roll['rounds']
         m['dynamic/groups_short'] = P - len(groups['kept'])
+    real = [mb for j, mb in enumerate(lay['micro']) if j < lay['plan'][lay['mini_of'][j]]['real_end']]
+    prompt_lens = [len(roll['prompts'][c['prompt_idx']]) for c in roll['comps']]
+    m.update(metrics.perf_metrics(model, gen_model, timing, micro=real, share=lay['share'],
+                                  passes=num_iterations, comps=roll['comps'], prompt_lens=prompt_lens,
+                                  world=world, peaks=peaks))
     m.update(metrics.metrics_of(upd['first']))
     m['grad_norm'] = upd['grad_norm']
     if moved and not skipped:

@@ -98,3 +98,41 @@ def test_sampled_tokens_mark_what_the_policy_sampled():
             {'ids': [1, 2], 'tool_mask': [1, 1]}]
     assert sampled_tokens(rows, 'cpu').tolist() == [1, 0, 1, 1, 1, 0, 0]
     assert sampled_tokens(rows[1:2], 'cpu') is None
+
+
+def test_update_flops_count_what_the_layouts_run_and_attend():
+    """metrics.update_flops' positions, scored tokens and attended pairs: by hand, and as the
+    layouts lay them out (pack: each row its prompt and completion less the last token, causal;
+    pack_groups: the non-padding positions, and the pairs its mask lets attend)."""
+    from batch import pack
+    from metrics import update_flops, update_positions
+    from model import from_scratch
+    rows = layout(10, [6, 4], 2) + layout(3, [5], 1, group=1)
+    assert update_positions([rows], share=False) == (15 + 13 + 7, 15, 120 + 91 + 28)
+    assert update_positions([rows[:2], rows[2:]], share=True) == (18 + 7, 15, 156 + 28)
+    x, _ = pack(rows, pad_id=-1)
+    assert int((x != -1).sum()) - len(rows) == 35  # a row's last token is input to nothing
+    _, _, seg, _, _ = pack_groups(rows, pad_id=0)
+    assert int((seg >= 0).sum()) == 25
+    real = (seg >= 0)[:, :, None] & (seg >= 0)[:, None, :]
+    assert int((packed_mask(seg, 'sdpa')[:, 0] & real).sum()) == 184
+    cfg = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=300,
+                      max_seq_len=64, tie_word_embeddings=False)
+    model = from_scratch(cfg)
+    body = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 96)  # q/k/v, o, gate/up/down per layer
+    assert model.matmul_weights() == (body, 300 * 64) and model.attention_width() == 64
+    assert update_flops(model, [rows], False) == 6 * body * 35 + 6 * 300 * 64 * 15 + 12 * 2 * 64 * 239
+
+
+def test_decode_bytes_read_the_weights_each_step_and_each_rows_cache_so_far():
+    from metrics import decode_bytes
+    from model import KVCache, from_scratch
+    cfg = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=300,
+                      max_seq_len=64)
+    sampler = from_scratch(cfg, dtype=torch.bfloat16)
+    cache = KVCache(cfg, 1, 10, torch.bfloat16, 'cpu')
+    per_position = sum(t.numel() * t.element_size() for t in cache.k + cache.v) // 10
+    weights = sum(sampler.matmul_weights()) * 2
+    # 5 decode steps; token t of a row reads its prompt and t tokens: 3 x 4 + 3, 5 x 2 + 10
+    got = decode_bytes(sampler, [{'ids': [7] * 3}, {'ids': [7] * 5}], [4, 2])
+    assert got == 5 * weights + per_position * (15 + 20)

@@ -93,9 +93,13 @@ def test_grpo_raises_mean_reward(tmp_path):
 
 def test_metrics_keys_and_files(tmp_path):
     run(tmp_path, '--max_steps=2', '--eval_every=2', '--log_samples_every=1', '--save_every=1',
-        '--plot_every=2', '--export_hf=True')
+        '--plot_every=2', '--export_hf=True', '--peak_flops=1e12', '--peak_bandwidth=1e10')
     rows = metrics(tmp_path)
     assert [r['step'] for r in rows] == [0, 1, 2]
+    # the hardware's use against the peaks given (a CPU has none of its own)
+    r = rows[1]
+    assert 0 < r['perf/update_mfu'] == r['perf/update_tflops'] and 0 < r['perf/gen_hbm_frac'], r
+    assert math.isclose(r['perf/gen_hbm_frac'], r['perf/gen_gb_s'] / 10), r
     need = ['step', 'lr', 'reward/mean', 'reward/std', 'reward/digit_fraction/mean',
             'frac_zero_std', 'loss', 'pg_loss', 'kl', 'entropy', 'grad_norm', 'response_len/mean',
             'response_len/clip_frac', 'timing_s/gen', 'timing_s/reward', 'timing_s/ref',
