@@ -33,6 +33,8 @@ HACK_REWARD_RISE = 0.05  # reward up by this much while ...
 HACK_HELDOUT_DROP = 0.05  # ... held-out accuracy falls this much from its best: reward hacking
 ZERO_SPREAD_WARN = 0.9  # median share of zero-spread groups above this: most of the batch is idle
 CLIP_WARN = 0.2  # median share of clipped tokens above this: the policy moves too far per batch
+LAUNCH_BOUND = 0.1  # generation moving less than this share of the memory bandwidth it could ...
+GEN_MOST = 0.5  # ... while taking at least this share of the step: launch-bound decoding
 SEVERITIES = ['info', 'warning', 'error']
 
 
@@ -609,6 +611,32 @@ def detect_memory(run):
                       "vLLM, a lower gpu_memory_utilization")]
 
 
+def detect_launch_bound(run):
+    """Generation most of the step, yet far below the memory bandwidth decoding needs: each decode
+    step waits on the host (this trainer's perf/gen_hbm_frac). The first step (warm-up) is left
+    out."""
+    frac = finite(points(run, 'gen_hbm_frac'))[1:]
+    gen, step = dict(finite(points(run, 'time_gen'))), dict(finite(points(run, 'step_time')))
+    share = {s: gen[s] / step[s] for s, _ in frac if s in gen and step.get(s, 0) > 0}
+    steps = [s for s, v in frac if v < LAUNCH_BOUND and share.get(s, 0) >= GEN_MOST]
+    if len(steps) < 2:
+        return []
+    used = median([v for s, v in frac if s in steps])
+    return [found('generation_launch_bound', 'info', steps, series=['gen_hbm_frac', 'time_gen'],
+                  evidence=f"on steps {span_text(run, steps)} generation took "
+                           f"{median([share[s] for s in steps]):.0%} of the step (median) and moved "
+                           f"{used:.1%} of the memory traffic the device allows: decoding is "
+                           "memory-bound, so the GPU waited on something else",
+                  causes=['eager decoding: each decode step launches hundreds of small kernels '
+                          'from Python, and the GPU waits for the host to issue them',
+                          'a read back to the host every decode step (stop_strings, '
+                          'decode_check_every=1)',
+                          'a slow or shared CPU'],
+                  fix="decode_graphs=True replays each decode step as one CUDA graph "
+                      "(docs/performance.md), compile_decode=True fuses some of it; compare "
+                      "timing_s/gen")]
+
+
 def detect_reward_hacking(run):
     """Reward rising while held-out accuracy falls from its best."""
     held = finite(points(run, 'heldout'))
@@ -681,7 +709,7 @@ def detect_clipping(run):
 
 DETECTORS = [detect_flat_reward, detect_reward_fall, detect_zero_loss, detect_nonfinite,
              detect_kl_at_start, detect_spikes, detect_entropy_collapse, detect_reward_hacking,
-             detect_truncation, detect_memory, detect_clipping, detect_zero_spread,
+             detect_truncation, detect_memory, detect_launch_bound, detect_clipping, detect_zero_spread,
              detect_step_time]
 
 

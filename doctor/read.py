@@ -37,6 +37,7 @@ SERIES = {  # what every source is mapped onto
     'throughput': 'tokens per second per GPU',
     'mem_gb': 'peak device memory, GB',
     'mem_frac': 'device memory in use, share of the device',
+    'gen_hbm_frac': "generation's memory traffic, share of the device's bandwidth",
     'heldout': 'held-out accuracy (greedy pass@1, validation score; the mean over sources)',
 }
 PHASES = ['time_gen', 'time_reward', 'time_ref', 'time_old', 'time_values', 'time_adv',
@@ -56,7 +57,7 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'clip/low_frac': 'clip_low', 'clip/high_frac': 'clip_high', 'timing_s/step': 'step_time',
     'timing_s/gen': 'time_gen', 'timing_s/reward': 'time_reward', 'timing_s/ref': 'time_ref',
     'timing_s/old_logprob': 'time_old', 'timing_s/update': 'time_update',
-    'mem/peak_gb': 'mem_gb', 'eval/pass@1': 'heldout',
+    'mem/peak_gb': 'mem_gb', 'eval/pass@1': 'heldout', 'perf/gen_hbm_frac': 'gen_hbm_frac',
     'step': None, 'lr': None, 'kl_coef': None, 'pg_loss': None, 'reward/*': None, 'ratio/*': None,
     'kl_old_new': None, 'rows_trained': None, 'tokens_trained': None, 'packed': None,
     'micro_batches': None,

@@ -59,6 +59,7 @@ FAILURES = [
     ('ours_reward_hacking', 0, 'reward_hacking', 'warning', range(1, 17)),
     ('ours_lr_high', 0, 'reward_fell', 'warning', range(5, 17)),
     ('ours_lr_high', 0, 'few_groups_learn', 'warning', [6, 7, 9, 10, 11, 12, 13, 14, 15]),
+    ('ours_launch_bound', 0, 'generation_launch_bound', 'info', range(2, 9)),
 ]
 
 
