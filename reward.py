@@ -20,9 +20,12 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import re
+import time
 import types
+import urllib.request
 from fractions import Fraction
 
 # A number as people write it: optional sign, digits with optional thousands commas, optional
@@ -268,6 +271,67 @@ def trl_reward(completions, examples, fn='', conversational=True, messages=None,
 trl_reward.batched = True
 
 
+def openrlhf_reward(completions, examples, *, url='', fn='', label_key='answer', timeout=180.0, retries=5,
+                    query=None, prompt_text=None):
+    """OpenRLHF's reward protocol as it is, once for the step's completions: url (a reward server, or
+    a list that the completions are shared over, OpenRLHF's --remote_rm_url) is sent
+    {'query': [prompt + completion as the model saw them, special tokens included], 'prompts':
+    [prompt text], 'labels': [example[label_key]]} by POST and pays the reply's 'rewards'; or fn
+    ('path/to/file.py:reward_func' or 'module:function') is called as
+    reward_func(queries, prompts, labels) and pays its dict's 'rewards'. A request that fails is
+    tried again, retries times in all, a second apart; then the step's samples fail (counted in
+    reward/<name>/errors; a run whose every reward fails stops after zero_reward_patience steps).
+    query and prompt_text are per-sample facts from the training loop."""
+    labels = [ex.get(label_key) for ex in examples]
+    queries = query or completions
+    prompts = prompt_text or [''] * len(completions)
+    if fn:
+        out = _user_fn(fn, 'openrlhf_reward')(queries, prompts, labels)
+        return [float(v) for v in out['rewards']]
+    urls = [url] if isinstance(url, str) else list(url)
+    size = -(-len(completions) // len(urls))
+    rewards = []
+    for i, server in enumerate(urls):
+        part = slice(i * size, (i + 1) * size)
+        body = {'query': queries[part], 'prompts': prompts[part], 'labels': labels[part]}
+        rewards += [float(v) for v in _post_json(server, body, timeout, retries)['rewards']]
+    return rewards
+
+
+openrlhf_reward.batched = True
+
+
+def _post_json(url, body, timeout, retries):
+    """The JSON reply to a JSON POST, tried up to retries times a second apart."""
+    error = None
+    for attempt in range(max(retries, 1)):
+        if attempt:
+            time.sleep(1.0)
+        request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                         headers={'Content-Type': 'application/json'})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                return json.loads(reply.read())
+        except (OSError, ValueError) as e:  # refused, timed out, HTTP error, not JSON
+            error = e
+    raise RuntimeError(f"reward server {url}: {retries} tries failed, the last with "
+                       f"{type(error).__name__}: {error}")
+
+
+def _check_openrlhf(url='', fn='', **_):
+    """At start-up: one of url (http or https) and fn, and fn loads (nothing is sent or run)."""
+    if bool(url) == bool(fn):
+        raise ValueError("give url (a reward server) or fn (a reward_func), one of them")
+    if fn:
+        _user_fn(fn, 'openrlhf_reward')
+    for u in [url] if isinstance(url, str) else url:
+        if not str(u).startswith(('http://', 'https://')):
+            raise ValueError(f"url {u!r}: an http:// or https:// address")
+
+
+openrlhf_reward.check = _check_openrlhf
+
+
 @functools.lru_cache(maxsize=None)
 def _user_fn(spec, who):
     """The function spec ('module:function' or 'path/to/file.py:function') names, for reward
@@ -294,7 +358,8 @@ verl_score.check = lambda fn='', **_: _user_fn(fn, 'verl_score')
 trl_reward.check = lambda fn='', **_: _user_fn(fn, 'trl_reward')
 
 REWARD_FNS = {'correct': correctness_reward, 'format': format_reward, 'length': length_penalty,
-              'repetition': repetition_penalty, 'verl_score': verl_score, 'trl_reward': trl_reward}
+              'repetition': repetition_penalty, 'verl_score': verl_score, 'trl_reward': trl_reward,
+              'openrlhf_reward': openrlhf_reward}
 # reward_model.py's, imported on first use: it needs torch and hf.py
 MODEL_REWARDS = ('reward_model', 'judge')
 # per-sample facts, as train_grpo passes them
@@ -422,6 +487,12 @@ def resolve_rewards(entries, grade=None, device='cpu', dtype='float32', messages
         given = {k: v for k, v in run.items() if k in params}
         resolved.append({'name': name, 'weight': weight, 'kwargs': {**given, **kwargs}})
     return resolved
+
+
+def declared_facts(rewards):
+    """The per-sample facts the configured rewards name in their signatures (not through
+    **kwargs): what the training loop need work out only when some function asks ('query')."""
+    return set().union(*(_accepts(fn) or () for _, fn, _, _ in check_reward_config(rewards)))
 
 
 def _accepts(fn):

@@ -275,7 +275,7 @@ from hf import load_model  # noqa: E402
 from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
 from loss import adapt_entropy_coef, entropy_cut, off_policy_keep, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
-from reward import merge_scores, resolve_rewards, score  # noqa: E402
+from reward import declared_facts, merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
 from sample import fit_prompts, prompt_limit, tool_settings  # noqa: E402
 from sft import warm_start  # noqa: E402
@@ -307,6 +307,8 @@ try:
     reward_fns = resolve_rewards(reward_config, grade=task_mod.grade, device=device, dtype=dtype,
                                  messages=task_messages)
     reward_weights = torch.tensor([fn['weight'] for fn in reward_fns])  # advantage='gdpo'
+    # the texts the model saw (openrlhf_reward's query and prompts), decoded only when asked for
+    text_facts = {'query', 'prompt_text'} & declared_facts(reward_fns)
     task_tools, tool_style = tasks.tools_of(task_mod)  # (None, None): no tools
     task_answer = tasks.answer_fn(task_mod)  # what a void turn lacks (void_turn_filter)
     # the task's tools and how rollouts call them, one value (None: no tools)
@@ -668,6 +670,9 @@ def rollout(examples, first, step, timing):
     for c in comps:
         fact = {'n_tokens': sampled_count(c), 'truncated': c['truncated'],
                 'max_new_tokens': max_new_tokens}
+        if text_facts:  # special tokens as text, as OpenRLHF decodes them
+            seen = prompts[c['prompt_idx'] - first]
+            fact.update(query=tok.decode(seen + c['ids']), prompt_text=tok.decode(seen))
         if task_tools:
             fact['tool_calls'] = c['tool_calls']
             c['void'] = metrics.void_turn(c, tok, task_answer)  # void_turn_filter

@@ -4,6 +4,7 @@ import math
 import re
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -420,3 +421,73 @@ def test_a_reward_function_that_names_step_gets_it():
     out = score(['a', 'b'], [EX] * 2, [(annealed, 1.0), (batched, 1.0), (plain, 1.0)], step=4)
     assert out['per_fn'] == {'annealed': [0.6, 0.6], 'batched': [4.0, 4.0], 'plain': [1.0, 1.0]}
     assert seen == [4] and out['errors'] == {'annealed': 0, 'batched': 0, 'plain': 0}
+
+
+# --------------------------------------------------------------------------------------------------
+# OpenRLHF's reward protocol
+
+@contextmanager
+def reward_server(rule):
+    """An OpenRLHF-style reward server on localhost: POST {'query', 'prompts', 'labels'} ->
+    {'rewards': rule(query, prompt, label) each}. Yields (url, the bodies it got)."""
+    import http.server
+    got = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers['Content-Length'])))
+            got.append(body)
+            out = {'rewards': [rule(*x) for x in zip(body['query'], body['prompts'], body['labels'])],
+                   'scores': [], 'extra_logs': {}}
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header('Content-Type', 'application/json')
+            self.send_header('Content-Length', str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):  # quiet
+            pass
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f'http://127.0.0.1:{server.server_address[1]}/get_reward', got
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def right_answer(query, prompt, label):
+    return float(query.rstrip().endswith(str(label)))
+
+
+def test_openrlhf_reward_posts_queries_prompts_and_labels_and_shares_them_over_servers(tmp_path):
+    fn = REWARD_FNS['openrlhf_reward']
+    exs = [{'answer': str(n)} for n in range(5)]
+    comps = ['0', '7', '2', '3', 'x']
+    queries = [f'<|im_start|>user\nq{n}<|im_end|>\n<|im_start|>assistant\n{c}' for n, c in enumerate(comps)]
+    prompts = [q[:-len(c)] for q, c in zip(queries, comps)]
+    with reward_server(right_answer) as (a, got_a), reward_server(right_answer) as (b, got_b):
+        assert fn(comps, exs, url=a, query=queries, prompt_text=prompts) == [1.0, 0.0, 1.0, 1.0, 0.0]
+        assert got_a == [{'query': queries, 'prompts': prompts, 'labels': ['0', '1', '2', '3', '4']}]
+        assert fn(comps, exs, url=[a, b], query=queries, prompt_text=prompts) == [1.0, 0.0, 1.0, 1.0, 0.0]
+        assert [len(x['query']) for x in got_a[1:] + got_b] == [3, 2], "shared over the two servers"
+    # its reward_func file, as --remote_rm_url=path/to/reward_func.py takes it
+    (tmp_path / 'rf.py').write_text("import torch\n\ndef reward_func(queries, prompts, labels):\n"
+                                    "    return {'rewards': torch.tensor([float(len(q)) for q in queries])}\n")
+    assert fn(['ab', 'c'], exs[:2], fn=f"{tmp_path / 'rf.py'}:reward_func") == [2.0, 1.0]
+
+
+def test_a_dead_reward_server_fails_every_sample_after_its_retries():
+    with reward_server(right_answer) as (url, _):
+        pass  # shut down: nothing listens there now
+    t = time.time()
+    out = score(['1', '2'], [EX, EX], [('openrlhf_reward', 1.0, {'url': url, 'retries': 2, 'timeout': 5.0})])
+    assert out['all_failed'] and out['errors'] == {'openrlhf_reward': 2}, out
+    assert 'reward server' in out['error_msgs'][0] and '2 tries failed' in out['error_msgs'][0], out
+    assert 1.0 <= time.time() - t < 10, "one retry, a second apart"
+    for kwargs, says in [({}, 'one of them'), ({'url': url, 'fn': 'a:b'}, 'one of them'),
+                         ({'url': 'localhost:8000/get_reward'}, 'http://')]:
+        with pytest.raises(ValueError, match=says):
+            check_reward_config([('openrlhf_reward', 1.0, kwargs)])

@@ -310,3 +310,27 @@ def test_a_steps_compile_time_is_counted_and_shown():
          'timing_s/compile': s1 - s0, 'compile/graphs': g1 - g0}
     assert f"; compile {s1 - s0:.1f} for 1 graph)" in metrics.step_line(m)
     assert 'compile' not in metrics.step_line({**m, 'timing_s/compile': 0.0, 'compile/graphs': 0})
+
+
+def test_an_openrlhf_reward_server_scores_the_run_and_its_death_stops_it(tmp_path):
+    """openrlhf_reward against a reward server on localhost: it gets each completion with its
+    prompt as the model saw it (special tokens as text) and the example's answer as label, and its
+    rewards are the run's. A server that is not there fails every sample; after
+    zero_reward_patience steps the run stops, saying why."""
+    from test_reward import reward_server
+
+    def digits(query, prompt, label):
+        return sum(ch.isdigit() for ch in query[len(prompt):]) / 8
+    with reward_server(digits) as (url, got):
+        rewards = f"--rewards=[{{'name': 'openrlhf_reward', 'kwargs': {{'url': '{url}'}}}}]"
+        run(tmp_path / 'up', '--max_steps=1', rewards)
+    row = metrics(tmp_path / 'up')[1]
+    sent = [(q, p) for body in got for q, p in zip(body['query'], body['prompts'])]
+    assert len(sent) == 16 and all(q.startswith(p) and p.startswith('<|im_start|>user\n') for q, p in sent)
+    assert all(body['labels'][0].isdigit() for body in got), got[0]['labels']
+    want = sum(digits(q, p, None) for q, p in sent) / 16
+    assert math.isclose(row['reward/openrlhf_reward/mean'], want, rel_tol=1e-6), (row, want)
+    p = run(tmp_path / 'down', '--max_steps=5', '--zero_reward_patience=2', check=False,
+            *[rewards.replace("'}}]", "', 'retries': 1}}]")])
+    assert p.returncode == 3 and 'STOPPED' in p.stderr and 'reward server' in p.stderr, p.stderr[-3000:]
+    assert [r['step'] for r in metrics(tmp_path / 'down')] == [0, 1, 2]
