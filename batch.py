@@ -200,7 +200,7 @@ def sampled_tokens(rows, device):
 def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=True,
                mask_truncated=False):
     """The step's completions that enter the loss, as rows {'prompt', 'ids', 'adv', 'gen_logp',
-    'group'[, 'tool_mask']} (tool_mask: 1 for the tokens a tool's response inserted): those of the
+    'group', 'sample'[, 'tool_mask']} (tool_mask: 1 for the tokens a tool's response inserted): those of the
     kept `groups` (the step's prompt indices; row k of adv and zero_std is groups[k]'s, so dynamic
     sampling can drop groups) that this rank generated (`mine`: it holds their sampler log-probs),
     less truncated completions (mask_truncated) and empty ones. Returns (rows, n_tok, n_seq,
@@ -229,7 +229,7 @@ def train_rows(comps, adv, zero_std, prompts, mine, groups, *, filter_zero_std=T
         if c['prompt_idx'] in mine:
             row = {'prompt': prompts[c['prompt_idx']], 'ids': c['ids'],
                    'adv': float(adv[k, c['sample_idx']]), 'gen_logp': c['logprobs'],
-                   'group': c['prompt_idx']}
+                   'group': c['prompt_idx'], 'sample': c['sample_idx']}
             if 'tool_mask' in c:
                 row['tool_mask'] = c['tool_mask']
             rows.append(row)

@@ -226,7 +226,7 @@ def adapt_entropy_coef(coef, entropy, *, target, delta, lo, hi):
     return max(coef - delta, lo)
 
 
-LOSS_TYPES = ('grpo', 'gspo', 'cispo', 'sapo', 'vespo')
+LOSS_TYPES = ('grpo', 'gspo', 'cispo', 'sapo', 'vespo', 'clip_cov', 'kl_cov')
 TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask')
 
 
@@ -306,7 +306,7 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
                 beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
                 is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None,
                 sapo_tau=(1.0, 1.05), vespo_shape=(2.0, 3.0, 3.0, 2.0), pg_mask=None,
-                sampled=None):
+                sampled=None, cov_mask=None, kl_cov_coef=1.0):
     """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
     Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
     advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:
@@ -324,7 +324,12 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
       'vespo': -phi(w) * A * log pi, phi a detached weight per sequence (vespo_weights, shape
                vespo_shape) of the sequence's whole importance weight w: no clip, a smooth
                trust region (VESPO, arXiv 2602.10693; TRL's loss_type='vespo'). is_weight enters
-               w instead of multiplying the loss, as in TRL.
+               w instead of multiplying the loss, as in TRL;
+      'clip_cov': 'grpo' with the tokens cov_mask selects (cov_selection) passing no
+               policy gradient (Clip-Cov, arXiv 2505.22617);
+      'kl_cov': -A ratio, unclipped, plus kl_cov_coef |log ratio| on the tokens cov_mask selects
+               (KL-Cov, same paper; verl's loss_mode 'kl_cov'): the penalty acts once the policy
+               moves within the step (num_iterations or mini_batches > 1).
     clip_ratio_c > 1 (dual-clip, 'grpo'/'gspo'): where A < 0 the per-token loss is also capped at
     -A * clip_ratio_c, so a token whose ratio ran past clip_ratio_c passes no gradient (dual_clip).
     token_mask (top_entropy_quantile): 1 for the tokens the policy-gradient and entropy terms act
@@ -347,12 +352,17 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
     if loss_type == 'gspo':  # the sequence's mean log ratio, on every one of its tokens
         log_ratio = torch.repeat_interleave(sequence_log_ratio(log_ratio, lens, sampled), lens)
     ratio = torch.exp(log_ratio)
-    if loss_type in ('grpo', 'gspo'):
+    if loss_type in ('grpo', 'gspo', 'clip_cov'):
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
         clip_low = (ratio < 1 - eps_low) & (adv < 0)
         clip_high = (ratio > 1 + eps_high) & (adv > 0)
         if clip_ratio_c > 0:
             pg, clip_dual = dual_clip(pg, adv, clip_ratio_c)
+        if loss_type == 'clip_cov':
+            pg = pg * (1 - cov_mask)
+    elif loss_type == 'kl_cov':
+        pg = -adv * ratio + kl_cov_coef * log_ratio.abs() * cov_mask
+        clip_low = clip_high = torch.zeros_like(ratio, dtype=torch.bool)
     elif loss_type == 'cispo' and cispo_bounds == 'both':
         pg = -ratio.clamp(1 - eps_low, 1 + eps_high).detach() * adv * logp
         clip_low = ratio < 1 - eps_low
@@ -387,11 +397,27 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         tok_loss = tok_loss - entropy_coef * entropy
     stats = {'pg': pg.detach(), 'kl': kl.detach(), 'ratio': ratio.detach(), 'clip_low': clip_low,
              'clip_high': clip_high}
-    if clip_ratio_c > 0 and loss_type in ('grpo', 'gspo'):
+    if clip_ratio_c > 0 and loss_type in ('grpo', 'gspo', 'clip_cov'):
         stats['clip_dual'] = clip_dual
     if loss_type == 'vespo':
         stats['phi'] = phi
     return (tok_loss * w).sum(), stats
+
+
+def cov_selection(adv, logp, k, loss_type, *, bounds=(1.0, 5.0), u=None):
+    """The tokens Clip-Cov and KL-Cov act on (arXiv 2505.22617; verl's clip_cov and kl_cov), from
+    flat per-token advantages and log-probs: each token's covariance term
+    (A - mean A) (log pi - mean log pi), means over all the tokens given; 'kl_cov': the k with
+    the largest; 'clip_cov': k at random (the smallest of the uniforms u) of those with
+    bounds[0] < covariance < bounds[1]. Returns a bool mask (fewer than k where fewer qualify)."""
+    cov = (adv - adv.mean()) * (logp - logp.mean())
+    if loss_type == 'kl_cov':
+        score, n = -cov, cov.numel()
+    else:
+        inside = (cov > bounds[0]) & (cov < bounds[1])
+        score, n = torch.where(inside, u, math.inf), int(inside.sum())
+    picked = torch.topk(score, min(k, n), largest=False).indices
+    return torch.zeros_like(cov, dtype=torch.bool).index_fill_(0, picked, True)
 
 
 def dual_clip(pg, adv, c):

@@ -96,6 +96,9 @@ RANGES = {
                      "strings that end a completion: a list of non-empty str"),
     'peak_flops': (lambda v: v >= 0, "the device's peak FLOP/s, >= 0; 0 = by the GPU's name"),
     'peak_bandwidth': (lambda v: v >= 0, "the device's peak memory bytes/s, >= 0; 0 = by the GPU's name"),
+    'cov_ratio': (lambda v: 0 < v <= 1, "the share of the step's tokens Clip-Cov or KL-Cov picks, in (0, 1]"),
+    'clip_cov_bounds': (lambda v: len(v) == 2, "Clip-Cov's covariance range, (low, high)"),
+    'kl_cov_coef': (lambda v: v >= 0, "KL-Cov's penalty weight, >= 0"),
     'beta': (lambda v: v >= 0, "the KL penalty's weight, >= 0; 0 = no reference model"),
     'weight_decay': (lambda v: v >= 0, "AdamW's decay, >= 0"),
     'grad_clip': (lambda v: v >= 0, "the gradient norm's cap, >= 0; 0 = off"),
@@ -186,10 +189,15 @@ def bad_objective_knob(c):
     if c['clip_ratio_c'] != 0 and c['clip_ratio_c'] <= 1:
         return (f"--clip_ratio_c={c['clip_ratio_c']}: the dual clip's cap on the ratio of tokens "
                 "with A < 0 must be > 1 (verl uses 3.0); 0 = off")
-    if c['clip_ratio_c'] > 0 and c['loss_type'] in ('cispo', 'sapo', 'vespo'):
-        return ("--clip_ratio_c: the dual clip caps the PPO clip of 'grpo' and 'gspo'; CISPO "
-                "clips its weight instead (cispo_bounds), SAPO gates it (sapo_tau_pos/neg), VESPO "
-                "weighs the sequence (vespo_k_pos/neg, vespo_lambda_pos/neg)")
+    if c['clip_ratio_c'] > 0 and c['loss_type'] in ('cispo', 'sapo', 'vespo', 'kl_cov'):
+        return ("--clip_ratio_c: the dual clip caps the PPO clip of 'grpo', 'gspo' and 'clip_cov'; "
+                "CISPO clips its weight instead (cispo_bounds), SAPO gates it (sapo_tau_pos/neg), "
+                "VESPO weighs the sequence (vespo_k_pos/neg, vespo_lambda_pos/neg), KL-Cov has no "
+                "clip (kl_cov_coef)")
+    lo, hi = c['clip_cov_bounds']
+    if not lo < hi:
+        return (f"--clip_cov_bounds={c['clip_cov_bounds']}: the covariance range Clip-Cov draws from, "
+                "(low, high) with low < high (verl: (1.0, 5.0))")
     if c['loss_type'] == 'vespo' and c['tis'].startswith('sequence'):
         return (f"--tis={c['tis']!r}: VESPO takes the per-token weights into its sequence's "
                 "importance weight; use 'token_truncate' or 'token_mask', as TRL requires")

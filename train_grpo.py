@@ -92,7 +92,8 @@ adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
 # normaliser), 'seq_mean_token_sum' (sum over a sequence, mean over sequences: LUSPO)
 loss_agg = 'token_mean'
 # 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight), 'sapo'
-# (a soft gate on the token ratio instead of the clip), 'vespo' (a soft weight of the sequence's)
+# (a soft gate on the token ratio instead of the clip), 'vespo' (a soft weight of the sequence's),
+# 'clip_cov', 'kl_cov' (below)
 loss_type = 'grpo'
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high
@@ -107,6 +108,12 @@ vespo_k_pos = 2.0
 vespo_lambda_pos = 3.0
 vespo_k_neg = 3.0
 vespo_lambda_neg = 2.0
+# 'clip_cov': a random cov_ratio share of the step's tokens, of those whose covariance of advantage and
+# log-prob lies within clip_cov_bounds, pass no policy gradient; 'kl_cov': no clip, the cov_ratio share
+# with the largest covariance pay kl_cov_coef x |log ratio| (Clip-Cov, KL-Cov: arXiv 2505.22617, verl)
+cov_ratio = 2e-4
+clip_cov_bounds = (1.0, 5.0)
+kl_cov_coef = 1.0
 num_iterations = 1  # mu: optimizer steps per rollout batch (1 = on-policy: ratio 1, nothing clips)
 # PPO mini-batches: the step's groups dealt into this many disjoint sets, one optimizer step each
 # (per iteration), each normalised over its own rows; > 1: old log-probs are taken before the first
@@ -272,7 +279,7 @@ from checkpoint import reference_model, reference_path, resume_run, save_referen
 from checkpoint import save_export, save_run  # noqa: E402
 from data import indices_at  # noqa: E402
 from hf import load_model  # noqa: E402
-from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
+from loss import advantages, cov_selection, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
 from loss import adapt_entropy_coef, entropy_cut, off_policy_keep, token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import declared_facts, merge_scores, resolve_rewards, score  # noqa: E402
@@ -637,7 +644,7 @@ def reduce_across_ranks(values, op):
 P, G = batch_prompts, group_size
 # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over the
 # step by reinforce_pp, an advantage of their own)
-inert = not (beta or entropy_coef or adaptive_entropy or advantage == 'reinforce_pp')
+inert = not (beta or entropy_coef or adaptive_entropy or advantage == 'reinforce_pp' or loss_type == 'kl_cov')
 skip_zero_std = filter_zero_std and inert
 moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
 if fault_kill_opt_step:  # testing: SIGKILL right after this process's N-th GRPO optimizer step
@@ -781,9 +788,10 @@ def layout(groups):
     return {'share': share, 'micro': micro, 'plan': plan, 'mini_of': mini_of}
 
 
-def side_logprobs(lay, groups, roll, timing):
+def side_logprobs(lay, groups, roll, timing, step):
     """4. Without grad: the old log-probs (when the policy moves within the step), the entropy cut
-    (top_entropy_quantile < 1) and the reference's log-probs (beta > 0); and the sampler's."""
+    (top_entropy_quantile < 1) and the reference's log-probs (beta > 0); and the sampler's. Clip-Cov
+    and KL-Cov's tokens are chosen here too (step_cov_select)."""
     share, micro = lay['share'], lay['micro']
     t = time.time()
     with torch.no_grad():
@@ -793,6 +801,8 @@ def side_logprobs(lay, groups, roll, timing):
         cut = None
         if top_entropy_quantile < 1 and any(part['rows'] for part in lay['plan']):
             cut = step_entropy_cut(lay, groups, roll)
+        if loss_type in ('clip_cov', 'kl_cov'):
+            groups['cov_frac'] = step_cov_select(lay, groups, roll, step)
         timing['old_logprob'] = time.time() - t
         t = time.time()
         ref_lp = None
@@ -822,6 +832,40 @@ def step_entropy_cut(lay, groups, roll):
         passes += [(mb, k < n_real) for k, mb in enumerate(more)]
     ents = gather_tensor(sampled_entropies(lambda mb: logprobs(train_model, mb, share)[1], passes))
     return entropy_cut(ents, top_entropy_quantile)
+
+
+def step_cov_select(lay, groups, roll, step):
+    """loss_type 'clip_cov'/'kl_cov': the tokens loss.cov_selection picks over the step's sampled
+    tokens, every rank's and the zero-spread groups' (their advantage 0) too, from the sampler's
+    log-probs before the update, the same for every micro-batch, iteration and rank count (verl
+    picks in each micro-batch from the current log-probs); each trained row gets its own as
+    rw['cov_sel']. Clip-Cov's random draw is seeded by the run's seed, the step and the
+    completion. Returns the share of tokens picked."""
+    plan = lay['plan']
+    rows = [rw for j, mb in enumerate(lay['micro']) if j < plan[lay['mini_of'][j]]['real_end'] for rw in mb]
+    if skip_zero_std:
+        rows += zero_std_rows(groups['trainable'], groups['adv'], groups['zero_std'], roll['prompts'],
+                              roll['owned'], groups['kept'], mask_truncated=mask_truncated)
+    if not rows:
+        return 0.0
+    acts = [sampled_tokens([rw], 'cpu') for rw in rows]  # None: every token was sampled
+    picks = [torch.ones(len(rw['ids']), dtype=torch.bool) if a is None else a.bool() for rw, a in zip(rows, acts)]
+    adv = torch.cat([torch.full((int(p.sum()),), rw['adv']) for rw, p in zip(rows, picks)])
+    logp = torch.cat([torch.tensor(rw['gen_logp'])[p] for rw, p in zip(rows, picks)])
+    u = torch.cat([torch.rand(int(p.sum()), generator=torch.Generator().manual_seed(
+        hash((seed, step, rw['group'], rw['sample'])) % 2**62)) for rw, p in zip(rows, picks)])
+    counts = gather_tensor(torch.tensor([len(adv)])).tolist()
+    adv, logp, u = gather_tensor(adv), gather_tensor(logp), gather_tensor(u)
+    chosen = cov_selection(adv, logp, max(1, int(cov_ratio * len(adv))), loss_type,
+                           bounds=clip_cov_bounds, u=u)
+    mine = chosen[sum(counts[:rank]):sum(counts[:rank + 1])].float()
+    at = 0
+    for rw, p in zip(rows, picks):
+        sel = torch.zeros(len(rw['ids']))
+        sel[p] = mine[at:at + int(p.sum())]
+        rw['cov_sel'] = sel
+        at += int(p.sum())
+    return chosen.float().mean().item()
 
 
 def schedule(step, lr_scale, entropy_state):
@@ -868,13 +912,16 @@ def micro_loss(mb, j, part, side, share, now):
     keep = None  # top_entropy_quantile: the tokens at or above the step's entropy cut
     if side['cut'] is not None:
         keep = (ent.detach() >= side['cut']).float()
+    cov = None  # clip_cov/kl_cov: the tokens step_cov_select picked (padding rows: none)
+    if loss_type in ('clip_cov', 'kl_cov'):
+        cov = torch.cat([rw.get('cov_sel', torch.zeros(len(rw['ids']))) for rw in mb]).to(logp.device)
     loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                            loss_type=loss_type, ref_logp=ref, beta=now['beta'],
                            kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
                            entropy_coef=now['entropy_coef'], is_weight=isw[0] if isw else None,
                            clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep,
                            sapo_tau=(sapo_tau_pos, sapo_tau_neg), pg_mask=unmasked,
-                           sampled=sampled,
+                           sampled=sampled, cov_mask=cov, kl_cov_coef=kl_cov_coef,
                            vespo_shape=(vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg))
     if unmasked is not None:
         st['masked'] = unmasked == 0
@@ -972,6 +1019,8 @@ def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, com
               'packed': int(lay['share']), 'micro_batches': len(lay['micro'])})
     if cut is not None:
         m['entropy_cut'] = cut
+    if 'cov_frac' in groups:  # clip_cov/kl_cov: the share of the step's tokens picked
+        m['cov/selected_frac'] = groups['cov_frac']
     if adaptive_entropy:  # the coefficient this step applied; the next step's from its entropy
         m['entropy_coef'] = now['entropy_coef']
     return m
@@ -1091,7 +1140,7 @@ while step < max_steps:
     groups = train_groups(roll)
     lay = layout(groups)
     # 4. old (when the policy moves within the step) and reference (beta > 0) log-probs, no grad
-    side = side_logprobs(lay, groups, roll, timing)
+    side = side_logprobs(lay, groups, roll, timing, step)
     mark("old/ref log-probs computed")
     # 5. policy-gradient update; none when no row can move the policy or every reward failed
     t = time.time()

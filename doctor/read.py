@@ -66,7 +66,7 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'timing_s/compile': None, 'compile/graphs': None,
     'eval/*': None, 'warn/*': None, 'guard/*': None, 'dynamic/*': None, 'tis/*': None,
     'off_policy/*': None, 'vespo/*': None, 'data/*': None, 'entropy_coef': None,
-    'entropy_cut': None, 'clip/*': None, 'mix/*': None,
+    'entropy_cut': None, 'clip/*': None, 'mix/*': None, 'cov/*': None,
 }
 # TRL's GRPOTrainer (trl/trainer/grpo_trainer.py), as the Trainer's log_history keeps it. 0.14-0.16:
 # completion_length, rewards/<fn>, clip_ratio (0.16); 0.17: completions/*, rewards/<fn>/{mean,std},

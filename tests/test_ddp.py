@@ -140,16 +140,19 @@ def test_mini_batches_and_entropy_cut_on_two_ranks_match_one_process(tmp_path):
     """mini_batches=2 x num_iterations=2: each mini-batch holds a group of each rank (dealt round
     robin); its optimizer step all-reduces its own gradient; the clip statistics are summed over
     the ranks. top_entropy_quantile: the entropy cut is taken over both ranks' tokens, the
-    zero-spread groups' too (a coin-flip reward: filter_zero_std skips some on one rank only)."""
+    zero-spread groups' too (a coin-flip reward: filter_zero_std skips some on one rank only);
+    so are Clip-Cov's tokens (each rank marks its own from the draw over all of them)."""
     args = ['--mini_batches=2', '--num_iterations=2', '--top_entropy_quantile=0.5', '--group_size=2',
-            "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]"]
+            "--rewards=[{'name': 'grpo_test_rewards:first_char_even'}]", '--loss_type=clip_cov',
+            '--cov_ratio=0.3', '--clip_cov_bounds=(-9.0, 9.0)']
     one, two = tmp_path / 'one', tmp_path / 'two'
     run(one, 0, *args)
     run(two, 2, *args)
     assert_same_run(one, two, 'DDP with 2 mini-batches, 2 ranks')
     assert any(0 < r['frac_zero_std'] < 1 for r in metrics(one)[1:]), metrics(one)[1:]
     for a, b in zip(metrics(one)[1:], metrics(two)[1:]):
-        for k in ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new', 'entropy_cut'):
+        for k in ('clip/low_frac', 'clip/high_frac', 'ratio/mean', 'kl_old_new', 'entropy_cut',
+                  'cov/selected_frac'):
             assert (k in a) == (k in b), (a['step'], k)  # a step of equal rewards logs none
             assert math.isclose(a.get(k, 0), b.get(k, 0), rel_tol=1e-4, abs_tol=1e-6), \
                 (a['step'], k, a.get(k), b.get(k))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from batch import micro_batches
-from loss import (adapt_entropy_coef, advantages, entropy_cut, gdpo_advantages, group_advantages,
+from loss import (adapt_entropy_coef, advantages, cov_selection, entropy_cut, gdpo_advantages, group_advantages,
                   kl_estimate, off_policy_keep, policy_loss, reverse_cumsum, segment_sum,
                   tis_weights, token_weights, zero_spread)
 
@@ -63,6 +63,37 @@ def test_clipping_both_sides():
     logp = logp.clone().requires_grad_(True)
     policy_loss(logp, old, adv, w, torch.ones(4, dtype=torch.long), **CLIP)[0].backward()
     assert torch.allclose(logp.grad, torch.tensor([0.0, 1.5, -0.5, 0.0])), logp.grad
+
+
+def test_cov_selection_picks_by_the_covariance_of_advantage_and_log_prob():
+    """A [1, 1, -1, -1], log pi [0, -2, -1, -4] (mean -1.75): covariances 1.75, -0.25, -0.75, 2.25.
+    KL-Cov takes the largest; Clip-Cov draws (the smallest uniforms) from those inside its bounds."""
+    adv, logp = torch.tensor([1.0, 1.0, -1.0, -1.0]), torch.tensor([0.0, -2.0, -1.0, -4.0])
+    assert cov_selection(adv, logp, 1, 'kl_cov').tolist() == [False, False, False, True]
+    assert cov_selection(adv, logp, 2, 'kl_cov').tolist() == [True, False, False, True]
+    u = torch.tensor([0.9, 0.1, 0.5, 0.2])
+    assert cov_selection(adv, logp, 1, 'clip_cov', bounds=(0.0, 3.0), u=u).tolist() == [False, False, False, True]
+    # only 1.75 lies inside (1, 2): fewer than asked for
+    assert cov_selection(adv, logp, 2, 'clip_cov', bounds=(1.0, 2.0), u=u).tolist() == [True, False, False, False]
+
+
+def test_clip_cov_stops_the_picked_tokens_gradient_and_kl_cov_penalises_their_move():
+    """Ratios 1.5 and 0.5 (A = +1, -1), the first token picked. Clip-Cov: the PPO loss, the picked
+    token's gradient 0. KL-Cov: -A r unclipped, plus coef |log r| on the picked token."""
+    old = torch.zeros(2)
+    adv, w, lens = torch.tensor([1.0, -1.0]), torch.ones(2), torch.ones(2, dtype=torch.long)
+    picked = torch.tensor([1.0, 0.0])
+    logp = torch.log(torch.tensor([1.5, 0.5])).requires_grad_(True)
+    loss, st = policy_loss(logp, old, adv, w, lens, loss_type='clip_cov', cov_mask=picked, **CLIP)
+    loss.backward()
+    assert torch.allclose(st['pg'], torch.tensor([0.0, 0.8])) and torch.allclose(logp.grad, torch.zeros(2))
+    logp.grad = None
+    loss, st = policy_loss(logp, old, adv, w, lens, loss_type='kl_cov', cov_mask=picked, kl_cov_coef=2.0,
+                           **CLIP)
+    loss.backward()
+    assert torch.allclose(st['pg'], torch.tensor([-1.5 + 2 * math.log(1.5), 0.5]))
+    # d/dlogp: -A r + 2 |logp| -> -1.5 + 2 (the picked); +0.5 (A = -1, r = 0.5, unclipped)
+    assert torch.allclose(logp.grad, torch.tensor([0.5, 0.5])), logp.grad
 
 
 def test_on_policy_gradient_is_minus_advantage():

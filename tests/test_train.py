@@ -153,6 +153,8 @@ FILTER_NEUTRAL = {
                   '--tis_cap=1.01', '--loss_type=cispo', '--loss_agg=token_sum'],
     'dynamic_sampling': ['--max_steps=2', '--dynamic_sampling=2', '--batch_prompts=4',
                          '--loss_agg=seq_sum_const', '--scale_rewards=batch'],
+    # Clip-Cov picks among every sampled token of the step, the skipped groups' too
+    'clip_cov': ['--max_steps=1', '--loss_type=clip_cov', '--cov_ratio=0.3', '--clip_cov_bounds=(-9.0, 9.0)'],
 }
 
 
@@ -275,7 +277,7 @@ def test_objective_variants_train(tmp_path):
     """The new objective knobs reach the loss: REINFORCE++-baseline trains on every row (its equal
     groups have an advantage), the dual clip logs its fraction, k3_is gives a KL, both TIS bounds
     and CISPO's two bounds run, as do the two summed aggregations, SAPO's gate and VESPO's weight
-    (with per-token TIS and the off-policy mask)."""
+    (with per-token TIS and the off-policy mask), and KL-Cov (with GDPO)."""
     # seed 1: step 2 has groups with no reward spread, which REINFORCE++ must still train
     args = ['--max_steps=2', '--num_iterations=2', '--lr=3e-2', '--seed=1']
     run_together([tmp_path / 'a', *args, '--advantage=reinforce_pp', '--clip_ratio_c=1.5',
@@ -295,7 +297,8 @@ def test_objective_variants_train(tmp_path):
            "{'name': 'grpo_test_rewards:first_char_even', 'weight': 0.5}]")
     vespo = [*args, '--loss_type=vespo', '--tis=token_mask', '--tis_min=0.5', '--off_policy_mask=1e-3']
     run_together([tmp_path / 'd', *sapo, '--off_policy_mask=1e-3'], [tmp_path / 'e', *sapo],
-                 [tmp_path / 'f', '--max_steps=2', '--advantage=gdpo', two, '--dynamic_sampling=1'],
+                 [tmp_path / 'f', '--max_steps=2', '--advantage=gdpo', two, '--dynamic_sampling=1',
+                  '--loss_type=kl_cov', '--num_iterations=2', '--cov_ratio=0.1'],
                  [tmp_path / 'g', *vespo])
     c, e = metrics(tmp_path / 'd')[2], metrics(tmp_path / 'e')[2]
     g = metrics(tmp_path / 'g')[2]
@@ -312,6 +315,7 @@ def test_objective_variants_train(tmp_path):
         assert not load(str(tmp_path / d))['unknown'], (d, load(str(tmp_path / d))['unknown'])
     f = metrics(tmp_path / 'f')[2]
     assert math.isfinite(f['loss']) and f['grad_norm'] > 0 and f['rows_trained'] > 0, f
+    assert 0.09 < f['cov/selected_frac'] <= 0.1, f  # KL-Cov: a tenth of the step's tokens
     p = run(tmp_path / 'c', '--advantage=maxrl', '--scale_rewards=none', check=False)
     assert p.returncode == 2 and '--scale_rewards' in p.stderr, p.stderr
 
