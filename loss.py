@@ -41,7 +41,7 @@ def scaled(x, rewards, scale, eps):
     return x
 
 
-ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk', 'gdpo', 'opo')
+ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'passk', 'gdpo', 'opo')
 
 
 def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None, per_fn=None,
@@ -54,6 +54,8 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None,
         completion's value counts once per token (lens (P, G): its length), unbiased variance,
         (x - mean) / sqrt(var + 1e-8) (REINFORCE++-baseline; verl 'reinforce_plus_plus_baseline').
         A group of equal rewards gets -mean / std, not 0;
+    'reinforce': the rewards whitened over the step's completion tokens as 'reinforce_pp', with no
+        group baseline first (REINFORCE++; verl 'reinforce_plus_plus', OpenRLHF 'reinforce');
     'maxrl': (r - group mean) / group mean, 0 where the mean is <= 0 (MaxRL; prime-rl max_rl);
     'passk': only the group's best completion gets an advantage, r_max - r_second_max, scaled as
         `scale` says (pass@k training; verl 'grpo_passk');
@@ -74,6 +76,8 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None,
         adv = (rewards - mean) * (G / (G - 1))
     elif estimator == 'reinforce_pp':
         adv = whiten(rewards - mean, lens)
+    elif estimator == 'reinforce':
+        adv = whiten(rewards, lens)
     elif estimator == 'maxrl':
         adv = torch.where(mean > 0, (rewards - mean) / mean.clamp(min=1e-30), 0.0)
     elif estimator == 'passk':
@@ -82,7 +86,7 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None,
         adv = rewards - (lens * rewards).sum(1, keepdim=True) / lens.sum(1, keepdim=True).clamp(min=1)
     else:
         raise ValueError(f"advantage={estimator!r}: expected one of {ADVANTAGES}")
-    if estimator != 'reinforce_pp':  # all-equal groups: exactly 0
+    if estimator not in ('reinforce_pp', 'reinforce'):  # all-equal groups: exactly 0
         adv = torch.where(zero, 0.0, adv)
     return adv, zero.squeeze(1)
 

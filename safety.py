@@ -219,7 +219,7 @@ def bad_objective_knob(c):
     if c['ref_sync_every'] and c['lora_rank']:
         return (f"--ref_sync_every={c['ref_sync_every']}: with LoRA the reference is the base "
                 "weights (the adapters off); moving it would mean merging the adapters into them")
-    own_scale = ('rloo', 'reinforce_pp', 'maxrl', 'gdpo', 'opo')
+    own_scale = ('rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'gdpo', 'opo')
     if c['advantage'] in own_scale and c['scale_rewards'] != 'group':
         return (f"--scale_rewards={c['scale_rewards']!r}: advantage={c['advantage']!r} has its own "
                 "scale; scale_rewards applies to 'grpo' and 'passk' only")

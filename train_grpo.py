@@ -82,9 +82,10 @@ min_p = 0.0  # 0.0 = off: tokens less likely than min_p x the most likely one ar
 stop_strings = []
 # GRPO objective (loss.py)
 # 'grpo' (r - group mean, scaled), 'rloo' (leave-one-out), 'reinforce_pp' (REINFORCE++-baseline:
-# then whitened over the step), 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin),
-# 'gdpo' (each reward function normalised in its group, then weighted, summed, normalised), 'opo'
-# (r - the group's length-weighted mean reward)
+# then whitened over the step), 'reinforce' (REINFORCE++: r whitened over the step, no baseline),
+# 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin), 'gdpo' (each reward function
+# normalised in its group, then weighted, summed, normalised), 'opo' (r - the group's
+# length-weighted mean reward)
 advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
@@ -643,8 +644,9 @@ def reduce_across_ranks(values, op):
 # ------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
 # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over the
-# step by reinforce_pp, an advantage of their own)
-inert = not (beta or entropy_coef or adaptive_entropy or advantage == 'reinforce_pp' or loss_type == 'kl_cov')
+# step by reinforce_pp or reinforce, an advantage of their own; with kl_cov, its penalty)
+inert = not (beta or entropy_coef or adaptive_entropy or advantage in ('reinforce_pp', 'reinforce')
+             or loss_type == 'kl_cov')
 skip_zero_std = filter_zero_std and inert
 moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
 if fault_kill_opt_step:  # testing: SIGKILL right after this process's N-th GRPO optimizer step
@@ -742,7 +744,7 @@ def train_groups(roll):
     spread), and the rows to train on: the step's, and with mini_batches > 1 each mini-batch's
     (disjoint sets of groups, each with its own rows, loss normalisers and optimizer step)."""
     kept = keep_groups(roll['zero_std'], P) if dynamic_sampling else list(range(P))
-    # completion lengths in sampled tokens (reinforce_pp whitens over them, opo weighs by them)
+    # completion lengths in sampled tokens (reinforce_pp and reinforce whiten over them, opo weighs by them)
     lens = torch.tensor([sampled_count(c) for c in roll['comps']]).view(-1, G)[kept]
     adv, zero_std = advantages(roll['rewards'][kept], advantage, scale_rewards, adv_eps, lens=lens,
                                per_fn=roll['per_fn'][kept], weights=reward_weights)

@@ -761,6 +761,16 @@ def test_reinforce_pp_whitens_over_tokens():
     assert zero.tolist() == [False, True]
 
 
+def test_reinforce_whitens_the_rewards_over_tokens_with_no_baseline():
+    """Rewards [1, 0] and [0, 0] with lengths [1, 3] and [2, 2]: over the 8 tokens mean 1/8,
+    unbiased variance ((7/8)^2 + 7 (1/8)^2) / 7 = 1/8: advantages 7/8 and -1/8 times sqrt(8)."""
+    r, lens = torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[1, 3], [2, 2]])
+    adv, zero = advantages(r, 'reinforce', lens=lens)
+    s8 = math.sqrt(8)
+    assert torch.allclose(adv, torch.tensor([[7 / 8, -1 / 8], [-1 / 8, -1 / 8]]) * s8, atol=1e-6), adv
+    assert zero.tolist() == [False, True]
+
+
 def test_opo_subtracts_the_length_weighted_mean_reward():
     """Rewards [1, 0, 0, 1] with lengths [1, 3, 2, 2]: baseline (1 + 2) / 8 = 3/8, so 5/8, -3/8,
     -3/8, 5/8 (the plain mean, 1/2, would give +-1/2); an equal group gets 0."""
@@ -785,7 +795,7 @@ def test_zero_spread_is_every_estimators_zero_std():
     counts the groups with a spread this way): the flags each estimator returns."""
     r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.5, 0.5, 0.5 + 1e-3]])
     assert zero_spread(r).tolist() == [True, False, False]
-    for estimator in ('grpo', 'rloo', 'reinforce_pp', 'maxrl', 'passk', 'opo'):
+    for estimator in ('grpo', 'rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'passk', 'opo'):
         _, zero = advantages(r, estimator, lens=torch.ones_like(r))
         assert torch.equal(zero, zero_spread(r)), estimator
 
@@ -796,8 +806,10 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
           'advantage': 'grpo', 'scale_rewards': 'group', 'top_entropy_quantile': 1.0,
           'adaptive_entropy': False, 'entropy_coef_min': 0.0, 'entropy_coef_max': 1.0,
           'ref_sync_every': 0, 'beta': 0.0, 'lora_rank': 0, 'ref_sync_reset_optimizer': False,
-          'tis': ''}
+          'tis': '', 'clip_cov_bounds': (1.0, 5.0)}
     assert bad_objective_knob(ok) is None
+    assert 'low < high' in bad_objective_knob({**ok, 'clip_cov_bounds': (5.0, 1.0)})
+    assert 'KL-Cov' in bad_objective_knob({**ok, 'clip_ratio_c': 3.0, 'loss_type': 'kl_cov'})
     assert 'beta = 0' in bad_objective_knob({**ok, 'ref_sync_every': 10})
     assert 'moves none' in bad_objective_knob({**ok, 'ref_sync_reset_optimizer': True})
     assert bad_objective_knob({**ok, 'ref_sync_every': 10, 'beta': 0.01}) is None
