@@ -280,8 +280,9 @@ from checkpoint import reference_model, reference_path, resume_run, save_referen
 from checkpoint import save_export, save_run  # noqa: E402
 from data import indices_at  # noqa: E402
 from hf import load_model  # noqa: E402
-from loss import advantages, cov_selection, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
-from loss import adapt_entropy_coef, entropy_cut, off_policy_keep, token_weights  # noqa: E402
+from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
+from loss import adapt_entropy_coef, cov_selection, entropy_cut, off_policy_keep  # noqa: E402
+from loss import token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
 from reward import declared_facts, merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
@@ -666,8 +667,9 @@ def rollout(examples, first, step, timing):
     t = time.time()
     show_progress = master and (step == 0 or verbose)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    stop_strings=stop_strings, seed=seed * 100_003 + step, prompt_index=mine, compile=compile_decode,
-                    on_step=heartbeat, graphs=decode_graphs, check_every=decode_check_every)
+                    stop_strings=stop_strings, seed=seed * 100_003 + step, prompt_index=mine,
+                    compile=compile_decode, on_step=heartbeat, graphs=decode_graphs,
+                    check_every=decode_check_every)
     my_prompts = [prompts[i - first] for i in mine]
     comps = sample_batch(gen_model, tok, my_prompts, G, max_new_tokens, tools=tooling,
                          progress=show_progress, **sampling)
@@ -744,7 +746,7 @@ def train_groups(roll):
     spread), and the rows to train on: the step's, and with mini_batches > 1 each mini-batch's
     (disjoint sets of groups, each with its own rows, loss normalisers and optimizer step)."""
     kept = keep_groups(roll['zero_std'], P) if dynamic_sampling else list(range(P))
-    # completion lengths in sampled tokens (reinforce_pp and reinforce whiten over them, opo weighs by them)
+    # completion lengths in sampled tokens (reinforce_pp, reinforce and opo weigh by them)
     lens = torch.tensor([sampled_count(c) for c in roll['comps']]).view(-1, G)[kept]
     adv, zero_std = advantages(roll['rewards'][kept], advantage, scale_rewards, adv_eps, lens=lens,
                                per_fn=roll['per_fn'][kept], weights=reward_weights)
@@ -788,6 +790,11 @@ def layout(groups):
         mini_of += [len(plan) - 1] * len(mbs)
         micro += mbs
     return {'share': share, 'micro': micro, 'plan': plan, 'mini_of': mini_of}
+
+
+def real_micro(lay):
+    """The layout's micro-batches less the padding passes torchrun needs (pad_micro_batches)."""
+    return [mb for j, mb in enumerate(lay['micro']) if j < lay['plan'][lay['mini_of'][j]]['real_end']]
 
 
 def side_logprobs(lay, groups, roll, timing, step):
@@ -843,15 +850,15 @@ def step_cov_select(lay, groups, roll, step):
     picks in each micro-batch from the current log-probs); each trained row gets its own as
     rw['cov_sel']. Clip-Cov's random draw is seeded by the run's seed, the step and the
     completion. Returns the share of tokens picked."""
-    plan = lay['plan']
-    rows = [rw for j, mb in enumerate(lay['micro']) if j < plan[lay['mini_of'][j]]['real_end'] for rw in mb]
+    rows = [rw for mb in real_micro(lay) for rw in mb]
     if skip_zero_std:
         rows += zero_std_rows(groups['trainable'], groups['adv'], groups['zero_std'], roll['prompts'],
                               roll['owned'], groups['kept'], mask_truncated=mask_truncated)
     if not rows:
         return 0.0
     acts = [sampled_tokens([rw], 'cpu') for rw in rows]  # None: every token was sampled
-    picks = [torch.ones(len(rw['ids']), dtype=torch.bool) if a is None else a.bool() for rw, a in zip(rows, acts)]
+    picks = [torch.ones(len(rw['ids']), dtype=torch.bool) if a is None else a.bool()
+             for rw, a in zip(rows, acts)]
     adv = torch.cat([torch.full((int(p.sum()),), rw['adv']) for rw, p in zip(rows, picks)])
     logp = torch.cat([torch.tensor(rw['gen_logp'])[p] for rw, p in zip(rows, picks)])
     u = torch.cat([torch.rand(int(p.sum()), generator=torch.Generator().manual_seed(
@@ -916,7 +923,8 @@ def micro_loss(mb, j, part, side, share, now):
         keep = (ent.detach() >= side['cut']).float()
     cov = None  # clip_cov/kl_cov: the tokens step_cov_select picked (padding rows: none)
     if loss_type in ('clip_cov', 'kl_cov'):
-        cov = torch.cat([rw.get('cov_sel', torch.zeros(len(rw['ids']))) for rw in mb]).to(logp.device)
+        cov = torch.cat([rw.get('cov_sel', torch.zeros(len(rw['ids']))) for rw in mb])
+        cov = cov.to(logp.device)
     loss, st = policy_loss(logp, old, A, w, lens, eps_low=eps_low, eps_high=eps_high,
                            loss_type=loss_type, ref_logp=ref, beta=now['beta'],
                            kl_estimator=kl_estimator, kl_clamp=kl_clamp, entropy=ent,
@@ -1007,9 +1015,8 @@ def step_metrics(step, roll, groups, lay, cut, upd, *, now, timing, skipped, com
         m['dynamic/prompts'] = len(roll['batch'])
         m['dynamic/rounds'] = roll['rounds']
         m['dynamic/groups_short'] = P - len(groups['kept'])
-    real = [mb for j, mb in enumerate(lay['micro']) if j < lay['plan'][lay['mini_of'][j]]['real_end']]
     prompt_lens = [len(roll['prompts'][c['prompt_idx']]) for c in roll['comps']]
-    m.update(metrics.perf_metrics(model, gen_model, timing, micro=real, share=lay['share'],
+    m.update(metrics.perf_metrics(model, gen_model, timing, micro=real_micro(lay), share=lay['share'],
                                   passes=num_iterations, comps=roll['comps'], prompt_lens=prompt_lens,
                                   world=world, peaks=peaks))
     m.update(metrics.metrics_of(upd['first']))

@@ -60,7 +60,36 @@ def answer(completion):
 
 
 def solution(example):
-    return f"<answer> {example['solution']} </answer>" if example.get('solution') else None
+    """The warm start's target: the problem's own expression, or for a row read from data_dir, one
+    found by search (solve)."""
+    expr = example.get('solution') or solve(tuple(example['nums']), example['target'])
+    if expr is None:
+        raise ValueError(f"countdown: no equation reaches {example['target']} from {example['nums']}")
+    return f"<answer> {expr} </answer>"
+
+
+@lru_cache(maxsize=None)
+def solve(nums, target):
+    """An expression of the numbers (a tuple), each used once, + - * / and exact fractions, equal to
+    target, or None: every way of combining two values into one, depth first (4 numbers: about
+    9,000 leaves)."""
+    def search(terms):
+        if len(terms) == 1:
+            return terms[0][1] if terms[0][0] == target else None
+        for i, (a, ea) in enumerate(terms):
+            for j, (b, eb) in enumerate(terms):
+                if i == j:
+                    continue
+                rest = [t for k, t in enumerate(terms) if k not in (i, j)]
+                for value, expr in ((a + b, f"({ea} + {eb})"), (a - b, f"({ea} - {eb})"),
+                                    (a * b, f"({ea} * {eb})"), (a / b if b else None, f"({ea} / {eb})")):
+                    if value is not None:
+                        found = search(rest + [(value, expr)])
+                        if found:
+                            return found
+        return None
+    found = search([(Fraction(x), str(x)) for x in nums])
+    return found[1:-1] if found and len(nums) > 1 else found
 
 
 def metrics(completions, examples):

@@ -72,7 +72,11 @@ def test_tinyzero_rows_load_from_data_dir(tmp_path):
         (tmp_path / f'{split}.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
     got = CD.load('test', data_dir=str(tmp_path))
     assert [(p['nums'], p['target']) for p in got] == [([44, 19, 35], 98), ([3, 3, 8, 8], 24)]
-    assert CD.grade('<answer>44+19+35</answer>', got[0]) and CD.solution(got[0]) is None
+    assert CD.grade('<answer>44+19+35</answer>', got[0])
+    # a row brings no solution: the warm start's is found by search, and grades as right
+    assert all(CD.grade(CD.solution(p), p) for p in got)
+    with pytest.raises(ValueError, match='no equation reaches 1000'):
+        CD.solution({'nums': [1, 2, 3], 'target': 1000})
     (tmp_path / 'test.jsonl').write_text('{"target": 5}\n')
     with pytest.raises(ValueError, match=r"test\.jsonl:1: malformed countdown test row"):
         CD.load('test', data_dir=str(tmp_path))
