@@ -178,10 +178,10 @@ def decode_bytes(sampler, comps, prompt_lens):
     cfg = sampler.config
     size = next(sampler.parameters()).element_size()
     kv = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * size  # bytes a position holds
-    steps = max((len(c['ids']) for c in comps), default=0)
+    steps = max((sampled_count(c) for c in comps), default=0)  # a tool's answer is not decoded
     read = steps * (body + head) * size
     for c, p in zip(comps, prompt_lens):
-        n = len(c['ids'])
+        n = sampled_count(c)
         read += kv * (n * p + n * (n - 1) // 2)  # token t reads p + t positions
     return read
 
