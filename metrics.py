@@ -149,7 +149,8 @@ def update_flops(model, micro, share):
     its completions after it)."""
     body, head = model.matmul_weights()
     positions, scored, attended = update_positions(micro, share)
-    return 6 * body * positions + 6 * head * scored + 12 * model.config.n_layer * model.attention_width() * attended
+    attention = 12 * model.config.n_layer * model.attention_width()
+    return 6 * body * positions + 6 * head * scored + attention * attended
 
 
 def update_positions(micro, share):
