@@ -230,7 +230,7 @@ def adapt_entropy_coef(coef, entropy, *, target, delta, lo, hi):
     return max(coef - delta, lo)
 
 
-LOSS_TYPES = ('grpo', 'gspo', 'cispo', 'sapo', 'vespo', 'clip_cov', 'kl_cov')
+LOSS_TYPES = ('grpo', 'gspo', 'cispo', 'sapo', 'vespo', 'clip_cov', 'kl_cov', 'gmpo')
 TIS_MODES = ('token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask')
 
 
@@ -331,6 +331,9 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
                w instead of multiplying the loss, as in TRL;
       'clip_cov': 'grpo' with the tokens cov_mask selects (cov_selection) passing no
                policy gradient (Clip-Cov, arXiv 2505.22617);
+      'gmpo':  -A times the sequence's geometric-mean ratio, exp of the mean over its tokens of
+               each token's log ratio clipped to [-eps_low, eps_high] on the side A pushes it (the
+               bounds are in log space here; GMPO, arXiv 2507.20673; verl's loss_mode 'geo_mean');
       'kl_cov': -A ratio, unclipped, plus kl_cov_coef |log ratio| on the tokens cov_mask selects
                (KL-Cov, same paper; verl's loss_mode 'kl_cov'): the penalty acts once the policy
                moves within the step (num_iterations or mini_batches > 1).
@@ -367,6 +370,13 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
     elif loss_type == 'kl_cov':
         pg = -adv * ratio + kl_cov_coef * log_ratio.abs() * cov_mask
         clip_low = clip_high = torch.zeros_like(ratio, dtype=torch.bool)
+    elif loss_type == 'gmpo':
+        sign = torch.sign(adv)  # the clip keeps each token from moving further the way A pushes it
+        clipped = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-eps_low, eps_high))
+        ratio = torch.exp(torch.repeat_interleave(sequence_log_ratio(clipped, lens, sampled), lens))
+        pg = -adv * ratio
+        clip_low = (log_ratio < -eps_low) & (adv < 0)
+        clip_high = (log_ratio > eps_high) & (adv > 0)
     elif loss_type == 'cispo' and cispo_bounds == 'both':
         pg = -ratio.clamp(1 - eps_low, 1 + eps_high).detach() * adv * logp
         clip_low = ratio < 1 - eps_low

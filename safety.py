@@ -189,11 +189,11 @@ def bad_objective_knob(c):
     if c['clip_ratio_c'] != 0 and c['clip_ratio_c'] <= 1:
         return (f"--clip_ratio_c={c['clip_ratio_c']}: the dual clip's cap on the ratio of tokens "
                 "with A < 0 must be > 1 (verl uses 3.0); 0 = off")
-    if c['clip_ratio_c'] > 0 and c['loss_type'] in ('cispo', 'sapo', 'vespo', 'kl_cov'):
+    if c['clip_ratio_c'] > 0 and c['loss_type'] in ('cispo', 'sapo', 'vespo', 'kl_cov', 'gmpo'):
         return ("--clip_ratio_c: the dual clip caps the PPO clip of 'grpo', 'gspo' and 'clip_cov'; "
                 "CISPO clips its weight instead (cispo_bounds), SAPO gates it (sapo_tau_pos/neg), "
                 "VESPO weighs the sequence (vespo_k_pos/neg, vespo_lambda_pos/neg), KL-Cov has no "
-                "clip (kl_cov_coef)")
+                "clip (kl_cov_coef), GMPO clips log ratios (eps_low/eps_high)")
     lo, hi = c['clip_cov_bounds']
     if not lo < hi:
         return (f"--clip_cov_bounds={c['clip_cov_bounds']}: the covariance range Clip-Cov draws from, "

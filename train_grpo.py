@@ -94,7 +94,7 @@ adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
 loss_agg = 'token_mean'
 # 'grpo' (token ratio, PPO clip), 'gspo' (sequence ratio), 'cispo' (clipped IS weight), 'sapo'
 # (a soft gate on the token ratio instead of the clip), 'vespo' (a soft weight of the sequence's),
-# 'clip_cov', 'kl_cov' (below)
+# 'clip_cov', 'kl_cov' (below), 'gmpo' (the sequence's geometric-mean ratio, eps in log space)
 loss_type = 'grpo'
 eps_low = 0.2  # PPO clip below: ratio >= 1 - eps_low
 eps_high = 0.28  # PPO clip above (clip-higher, DAPO): ratio <= 1 + eps_high

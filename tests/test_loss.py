@@ -96,6 +96,22 @@ def test_clip_cov_stops_the_picked_tokens_gradient_and_kl_cov_penalises_their_mo
     assert torch.allclose(logp.grad, torch.tensor([0.5, 0.5])), logp.grad
 
 
+def test_gmpo_takes_the_geometric_mean_of_the_clipped_token_ratios():
+    """One sequence, A = +1, log ratios 0.5 and -0.1, bounds 0.2: the first clipped to 0.2 (A > 0
+    pushes it up), the mean 0.05, so each token's loss is -e^0.05 and only the unclipped token
+    passes a gradient, -e^0.05 (2 tokens x 1/2). A = -1 clips the other side: -0.1 stays, 0.5 stays
+    (moving it up is what A < 0 pays against)."""
+    lr = torch.tensor([0.5, -0.1], requires_grad=True)
+    kw = dict(lens=torch.tensor([2]), eps_low=0.2, eps_high=0.2, loss_type='gmpo')
+    loss, st = policy_loss(lr, torch.zeros(2), torch.tensor([1.0, 1.0]), torch.ones(2), **kw)
+    loss.backward()
+    e = math.exp(0.05)
+    assert torch.allclose(st['pg'], torch.tensor([-e, -e])) and torch.allclose(lr.grad, torch.tensor([0.0, -e]))
+    assert st['clip_high'].tolist() == [True, False]
+    loss, st = policy_loss(lr, torch.zeros(2), torch.tensor([-1.0, -1.0]), torch.ones(2), **kw)
+    assert torch.allclose(st['pg'], torch.tensor([math.exp(0.2)] * 2)), st['pg']  # mean of 0.5, -0.1
+
+
 def test_on_policy_gradient_is_minus_advantage():
     """num_iterations = 1: ratio is 1, the loss is sum(-A w) and d loss / d logp = -A w."""
     logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
