@@ -824,6 +824,13 @@ def side_logprobs(lay, groups, roll, timing, step):
     return {'old': old_lp, 'ref': ref_lp, 'gen': gen_lp, 'cut': cut}
 
 
+def skipped_rows(groups, roll):
+    """This rank's rows of the zero-spread groups filter_zero_std leaves out of the update: the
+    step-wide cuts (entropy, covariance) count their tokens all the same."""
+    return zero_std_rows(groups['trainable'], groups['adv'], groups['zero_std'], roll['prompts'],
+                         roll['owned'], groups['kept'], mask_truncated=mask_truncated)
+
+
 def step_entropy_cut(lay, groups, roll):
     """top_entropy_quantile < 1: the entropy cut over the step's sampled tokens (not those a tool
     inserted), before the update, the zero-spread groups' too: filter_zero_std must not move it
@@ -831,10 +838,7 @@ def step_entropy_cut(lay, groups, roll):
     share, plan = lay['share'], lay['plan']
     passes = [(mb, j < plan[lay['mini_of'][j]]['real_end']) for j, mb in enumerate(lay['micro'])]
     if skip_zero_std:
-        left_out = zero_std_rows(groups['trainable'], groups['adv'], groups['zero_std'],
-                                 roll['prompts'], roll['owned'], groups['kept'],
-                                 mask_truncated=mask_truncated)
-        more = micro_batches(left_out, micro_batch_size, share, micro_batch_tokens)
+        more = micro_batches(skipped_rows(groups, roll), micro_batch_size, share, micro_batch_tokens)
         n_real = len(more)
         if ddp:
             more = pad_micro_batches(more, tok.pad_id, device)
@@ -850,10 +854,7 @@ def step_cov_select(lay, groups, roll, step):
     picks in each micro-batch from the current log-probs); each trained row gets its own as
     rw['cov_sel']. Clip-Cov's random draw is seeded by the run's seed, the step and the
     completion. Returns the share of tokens picked."""
-    rows = [rw for mb in real_micro(lay) for rw in mb]
-    if skip_zero_std:
-        rows += zero_std_rows(groups['trainable'], groups['adv'], groups['zero_std'], roll['prompts'],
-                              roll['owned'], groups['kept'], mask_truncated=mask_truncated)
+    rows = [rw for mb in real_micro(lay) for rw in mb] + (skipped_rows(groups, roll) if skip_zero_std else [])
     if not rows:
         return 0.0
     acts = [sampled_tokens([rw], 'cpu') for rw in rows]  # None: every token was sampled
