@@ -41,7 +41,7 @@ def scaled(x, rewards, scale, eps):
     return x
 
 
-ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'passk', 'gdpo', 'opo')
+ADVANTAGES = ('grpo', 'rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'passk', 'gdpo', 'opo', 'none')
 
 
 def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None, per_fn=None,
@@ -62,7 +62,9 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None,
     'gdpo': from each reward function's own values, per_fn (P, G, K), and their weights (K,):
         gdpo_advantages;
     'opo': r minus the group's length-weighted mean reward, sum(lens * r) / sum(lens), not scaled
-        (OPO's optimal baseline for a sequence-level reward; verl 'opo').
+        (OPO's optimal baseline for a sequence-level reward; verl 'opo');
+    'none': 0 for every completion: the rewards are scored and logged but train nothing (on-policy
+        distillation from a teacher alone, policy_loss's teacher_logp).
     zero_std marks the groups whose G rewards are all equal, whatever the estimator ('gdpo': those
     where every function's are)."""
     if estimator == 'grpo':
@@ -84,6 +86,8 @@ def advantages(rewards, estimator='grpo', scale='group', eps=1e-4, *, lens=None,
         adv = passk_advantages(rewards, scale, eps)
     elif estimator == 'opo':
         adv = rewards - (lens * rewards).sum(1, keepdim=True) / lens.sum(1, keepdim=True).clamp(min=1)
+    elif estimator == 'none':
+        adv = torch.zeros_like(rewards)
     else:
         raise ValueError(f"advantage={estimator!r}: expected one of {ADVANTAGES}")
     if estimator not in ('reinforce_pp', 'reinforce'):  # all-equal groups: exactly 0
@@ -310,7 +314,7 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
                 beta=0.0, kl_estimator='k3', kl_clamp=10.0, entropy=None, entropy_coef=0.0,
                 is_weight=None, clip_ratio_c=0.0, cispo_bounds='high', token_mask=None,
                 sapo_tau=(1.0, 1.05), vespo_shape=(2.0, 3.0, 3.0, 2.0), pg_mask=None,
-                sampled=None, cov_mask=None, kl_cov_coef=1.0):
+                sampled=None, cov_mask=None, kl_cov_coef=1.0, teacher_logp=None, teacher_coef=1.0):
     """Policy-gradient surrogate + beta * KL - entropy_coef * entropy, aggregated with weights w.
     Inputs are flat per-token tensors of sequences with lengths lens; adv is each sequence's
     advantage repeated over its tokens. loss_type, with ratio = pi / pi_old:
@@ -347,8 +351,15 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
     token, as TRL does, not the KL/entropy terms; so does pg_mask (0/1, off_policy_keep).
     sampled (0/1, tool rollouts): the tokens the sampler drew, over which 'gspo' and 'vespo' take
     a sequence's ratio.
+    teacher_logp (on-policy distillation): a teacher's log-probs of the same tokens; each token's
+    advantage gains teacher_coef (log pi_teacher - log pi_old), minus that token's reverse KL
+    estimate to the teacher, detached, per token with no sum to the sequence's end (discount 0, as
+    Thinking Machines' on-policy distillation and prime-rl's 'opd' take it).
     Returns (loss, stats): per-token tensors for metrics (pg, kl, ratio, clip_low, clip_high; phi,
-    VESPO's weight)."""
+    VESPO's weight; teacher_kl, log pi_old - log pi_teacher)."""
+    if teacher_logp is not None:
+        teacher_kl = (old_logp - teacher_logp).detach()
+        adv = adv - teacher_coef * teacher_kl
     log_ratio = logp - old_logp
     if ref_logp is None:
         kl = torch.zeros_like(logp)
@@ -415,6 +426,8 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         stats['clip_dual'] = clip_dual
     if loss_type == 'vespo':
         stats['phi'] = phi
+    if teacher_logp is not None:
+        stats['teacher_kl'] = teacher_kl
     return (tok_loss * w).sum(), stats
 
 

@@ -306,8 +306,10 @@ def reward_spread(sc, G):
 # moved). Every key is there from the start, so every rank all-reduces the same list
 # (reduce_metrics).
 
-def rollout_sums(tis=False, masked=False, vespo=False):
+def rollout_sums(tis=False, masked=False, vespo=False, teacher=False):
     keys = ['loss', 'pg_loss', 'kl', 'entropy', 'logprob/mean', 'logprob_gen_vs_train']
+    if teacher:  # on-policy distillation
+        keys += ['teacher/reverse_kl']
     if tis:
         keys += ['tis/weight_mean', 'tis/capped_frac']
     if masked:  # off_policy_mask > 0
@@ -334,7 +336,8 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
     over the tokens trained on of the KL to the reference, entropy, log-prob, |sampler - trainer|
     log-prob and, with tis, the importance weight and the share of tokens whose ratio was above the
     cap (is_weight: tis_weights' pair), with off_policy_mask the share of tokens whose completion
-    it masked, and with VESPO its weight's mean. Means divide by n_tokens, the step's trained
+    it masked, with VESPO its weight's mean, with a teacher the per-token estimate of the reverse KL
+    to it, log pi - log pi_teacher (k1). Means divide by n_tokens, the step's trained
     tokens over every rank. sampled (0/1, rollouts with tools): the tokens that count; tool
     responses do not."""
     s = acc['sum']
@@ -348,6 +351,8 @@ def add_rollout(acc, loss, st, w, logp, entropy, *, gen_logp, is_weight, n_token
         per_token.append(('off_policy/masked_frac', st['masked'].float()))
     if 'phi' in st:
         per_token.append(('vespo/phi_mean', st['phi']))
+    if 'teacher_kl' in st:
+        per_token.append(('teacher/reverse_kl', st['teacher_kl']))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled
@@ -370,6 +375,8 @@ def add_moved(acc, st, logp, old_logp, n_tokens, sampled=None):
         per_token.append(('off_policy/masked_frac', st['masked'].float()))
     if 'phi' in st:
         per_token.append(('vespo/phi_mean', st['phi']))
+    if 'teacher_kl' in st:
+        per_token.append(('teacher/reverse_kl', st['teacher_kl']))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled
@@ -402,6 +409,9 @@ def step_line(m):
     timing = (f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} "
               f"rew {m['timing_s/reward']:.1f} ref {m['timing_s/ref']:.1f} "
               f"old {m['timing_s/old_logprob']:.1f} upd {m['timing_s/update']:.1f}")
+    if 'timing_s/teacher' in m:  # on-policy distillation: the teacher's pass and its KL
+        timing += f" tch {m['timing_s/teacher']:.1f}"
+        clip += f"tkl {m['teacher/reverse_kl']:.4f} | "
     if m.get('compile/graphs'):  # of those, torch.compile building graphs (first steps, new shapes)
         n = m['compile/graphs']
         timing += f"; compile {m['timing_s/compile']:.1f} for {n} graph{'s' * (n != 1)}"

@@ -100,6 +100,7 @@ RANGES = {
     'clip_cov_bounds': (lambda v: len(v) == 2, "Clip-Cov's covariance range, (low, high)"),
     'kl_cov_coef': (lambda v: v >= 0, "KL-Cov's penalty weight, >= 0"),
     'beta': (lambda v: v >= 0, "the KL penalty's weight, >= 0; 0 = no reference model"),
+    'teacher_coef': (lambda v: v >= 0, "the weight of the teacher's per-token signal, >= 0"),
     'weight_decay': (lambda v: v >= 0, "AdamW's decay, >= 0"),
     'grad_clip': (lambda v: v >= 0, "the gradient norm's cap, >= 0; 0 = off"),
     'adam_betas': (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
@@ -219,6 +220,9 @@ def bad_objective_knob(c):
     if c['ref_sync_every'] and c['lora_rank']:
         return (f"--ref_sync_every={c['ref_sync_every']}: with LoRA the reference is the base "
                 "weights (the adapters off); moving it would mean merging the adapters into them")
+    if c['advantage'] == 'none' and not c['teacher']:
+        return ("--advantage='none': the rewards would train nothing; it is for on-policy distillation "
+                "from a teacher alone (set --teacher)")
     own_scale = ('rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'gdpo', 'opo')
     if c['advantage'] in own_scale and c['scale_rewards'] != 'group':
         return (f"--scale_rewards={c['scale_rewards']!r}: advantage={c['advantage']!r} has its own "
@@ -347,8 +351,9 @@ def guard(guards, m, sc, texts, *, skipped, nan_patience, kl_max=None):
         if guards['nan_streak'] >= nan_patience:
             decision = ('rollback', f"{guards['nan_streak']} non-finite steps in a row")
     if sc['all_failed']:
-        print(f"guard: every reward call failed at step {step}; no update applied. "
-              f"errors: {sc['error_msgs'][:3]}", flush=True)
+        done = 'no update applied' if skipped else "the update went on (advantage='none': rewards train nothing)"
+        print(f"guard: every reward call failed at step {step}; {done}. errors: {sc['error_msgs'][:3]}",
+              flush=True)
     if kl_max is not None and m['kl'] > kl_max:
         trend = [round(k, 4) for k in guards['kl_hist']]
         decision = ('kl', f"KL {m['kl']:.4f} > kl_max={kl_max} "

@@ -283,6 +283,23 @@ def set_chat_template_kwargs(tok, kwargs, knob='chat_template_kwargs'):
     return tok
 
 
+def vocabulary_mismatch(a, b):
+    """Where two tokenizers' ids stop meaning the same text, in words (None: every id is the same
+    bytes or the same special token in both): a teacher scores the policy's ids as its own. The
+    split rules and templates may differ; the ids may not (Qwen2.5's 0.5B and 7B tokenizers
+    agree, their models' padded vocabularies aside)."""
+    if a.vocab_size != b.vocab_size:
+        return f"{a.vocab_size} ids against {b.vocab_size}"
+    if a.special != b.special:
+        diff = sorted(set(a.special.items()) ^ set(b.special.items()), key=lambda kv: kv[1])
+        return f"special tokens differ, first at id {diff[0][1]} ({diff[0][0]!r})"
+    if a.enc._mergeable_ranks != b.enc._mergeable_ranks:
+        ids_a, ids_b = ({i: t for t, i in x.enc._mergeable_ranks.items()} for x in (a, b))
+        bad = min(i for i in ids_a.keys() | ids_b.keys() if ids_a.get(i) != ids_b.get(i))
+        return f"id {bad} is {ids_a.get(bad)!r} in one and {ids_b.get(bad)!r} in the other"
+    return None
+
+
 def _chat_template(path, files):
     """(compiled template or None, its file, its variables) as transformers finds them:
     chat_template.jinja, else tokenizer_config.json's 'chat_template' (a list of named templates:

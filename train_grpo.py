@@ -85,7 +85,7 @@ stop_strings = []
 # then whitened over the step), 'reinforce' (REINFORCE++: r whitened over the step, no baseline),
 # 'maxrl' ((r - mean) / mean), 'passk' (only the best, its margin), 'gdpo' (each reward function
 # normalised in its group, then weighted, summed, normalised), 'opo' (r - the group's
-# length-weighted mean reward)
+# length-weighted mean reward), 'none' (0: rewards are logged, a teacher alone trains)
 advantage = 'grpo'
 scale_rewards = 'group'  # advantage = (r - group mean) / 'group' std, 'batch' std or 'none'
 adv_eps = 1e-4  # keeps the division finite for groups with tiny spread
@@ -130,6 +130,11 @@ kl_warmup_steps = 0  # beta ramps linearly from 0 over this many steps
 ref_sync_every = 0
 ref_sync_alpha = 1.0
 ref_sync_reset_optimizer = False  # each move also resets AdamW's moments and step count (ProRL)
+# on-policy distillation: a frozen teacher (HF snapshot dir or hub id, the policy's tokenizer ids)
+# scores the sampled tokens; each token's advantage gains teacher_coef * (log p_teacher - log p_policy),
+# minus its reverse KL to the teacher ('' = off). advantage='none': the teacher is the only signal
+teacher = ''
+teacher_coef = 1.0
 filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 without KL/entropy)
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 # a prompt whose group's mean reward reaches this is not drawn again (0 = off): 1.0 with the 0/1
@@ -288,7 +293,7 @@ from reward import declared_facts, merge_scores, resolve_rewards, score  # noqa:
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
 from sample import fit_prompts, prompt_limit, tool_settings  # noqa: E402
 from sft import warm_start  # noqa: E402
-from tokenizer import set_chat_template, set_chat_template_kwargs  # noqa: E402
+from tokenizer import set_chat_template, set_chat_template_kwargs, vocabulary_mismatch  # noqa: E402
 
 # ------------------------------------------------------------------------- checks and setup
 error = safety.bad_knob(config) or lora.bad_knob(config)  # a typo fails here, not in the loop
@@ -621,6 +626,27 @@ def sync_reference(step):
         save_reference(out_dir, step, ref_model)
 
 
+# ------------------------------------------------------------------------- teacher (on-policy distillation)
+teacher_model = None  # frozen, in the compute dtype, whole on every rank; scores each step's completions
+if teacher:
+    try:
+        teacher_model, teacher_tok = load_model(teacher, ptdtype, device, seed, **shape)
+    except (ValueError, OSError) as e:
+        die(f"--teacher={teacher!r}: {e}")
+    mismatch = vocabulary_mismatch(tok, teacher_tok)
+    if mismatch:
+        die(f"--teacher={teacher!r}: its tokenizer's ids are not the policy's ({mismatch}); a teacher "
+            "scores the policy's tokens as its own, so it needs the same tokenizer", 2)
+    longest = prompt_limit(max_prompt_len, model.config.max_seq_len, max_new_tokens) + max_new_tokens
+    if teacher_model.config.max_seq_len < longest:
+        die(f"--teacher={teacher!r}: it takes {teacher_model.config.max_seq_len} positions and a "
+            f"training row may be {longest} long; set --max_prompt_len to at most "
+            f"{teacher_model.config.max_seq_len - max_new_tokens}", 2)
+    teacher_model.requires_grad_(False).eval()
+    teacher_model.packed_attention = packed_attention
+    print(f"teacher: {teacher}, {teacher_model.num_params() / 1e6:.1f}M parameters")
+
+
 if state is None:
     row = {'step': 0}
     if eval_every > 0:
@@ -645,9 +671,9 @@ def reduce_across_ranks(values, op):
 # ------------------------------------------------------------------------- GRPO
 P, G = batch_prompts, group_size
 # groups of equal rewards have a gradient only through a KL or entropy term (or, whitened over the
-# step by reinforce_pp or reinforce, an advantage of their own; with kl_cov, its penalty)
+# step by reinforce_pp or reinforce, an advantage of their own; with kl_cov, its penalty; a teacher's)
 inert = not (beta or entropy_coef or adaptive_entropy or advantage in ('reinforce_pp', 'reinforce')
-             or loss_type == 'kl_cov')
+             or loss_type == 'kl_cov' or (teacher and teacher_coef))
 skip_zero_std = filter_zero_std and inert
 moved = num_iterations > 1 or mini_batches > 1  # the policy moves within the step
 if fault_kill_opt_step:  # testing: SIGKILL right after this process's N-th GRPO optimizer step
@@ -799,8 +825,8 @@ def real_micro(lay):
 
 def side_logprobs(lay, groups, roll, timing, step):
     """4. Without grad: the old log-probs (when the policy moves within the step), the entropy cut
-    (top_entropy_quantile < 1) and the reference's log-probs (beta > 0); and the sampler's. Clip-Cov
-    and KL-Cov's tokens are chosen here too (step_cov_select)."""
+    (top_entropy_quantile < 1), the reference's log-probs (beta > 0), the teacher's (teacher); and
+    the sampler's. Clip-Cov and KL-Cov's tokens are chosen here too (step_cov_select)."""
     share, micro = lay['share'], lay['micro']
     t = time.time()
     with torch.no_grad():
@@ -818,10 +844,15 @@ def side_logprobs(lay, groups, roll, timing, step):
         if ref_model is not None:
             with lora.disabled(model):  # LoRA: the reference is the base; a no-op otherwise
                 ref_lp = [logprobs(ref_model, mb, share)[0].float() for mb in micro]
-    timing['ref'] = time.time() - t
+        timing['ref'] = time.time() - t
+        t = time.time()
+        teacher_lp = None
+        if teacher_model is not None:
+            teacher_lp = [logprobs(teacher_model, mb, share)[0].float() for mb in micro]
+            timing['teacher'] = time.time() - t
     # the sampler's log-probs of the same tokens
     gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]
-    return {'old': old_lp, 'ref': ref_lp, 'gen': gen_lp, 'cut': cut}
+    return {'old': old_lp, 'ref': ref_lp, 'teacher': teacher_lp, 'gen': gen_lp, 'cut': cut}
 
 
 def skipped_rows(groups, roll):
@@ -933,6 +964,8 @@ def micro_loss(mb, j, part, side, share, now):
                            clip_ratio_c=clip_ratio_c, cispo_bounds=cispo_bounds, token_mask=keep,
                            sapo_tau=(sapo_tau_pos, sapo_tau_neg), pg_mask=unmasked,
                            sampled=sampled, cov_mask=cov, kl_cov_coef=kl_cov_coef,
+                           teacher_logp=None if side['teacher'] is None else side['teacher'][j],
+                           teacher_coef=teacher_coef,
                            vespo_shape=(vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg))
     if unmasked is not None:
         st['masked'] = unmasked == 0
@@ -952,7 +985,7 @@ def update(lay, side, now, n_tokens, *, skipped, nan_loss):
         g['lr'] = now['lr']
     micro, plan = lay['micro'], lay['plan']
     first = metrics.rollout_sums(tis=bool(tis), masked=off_policy_mask > 0,
-                                 vespo=loss_type == 'vespo')
+                                 vespo=loss_type == 'vespo', teacher=teacher_model is not None)
     last = metrics.moved_sums(dual=clip_ratio_c > 0, masked=off_policy_mask > 0,
                               vespo=loss_type == 'vespo')
     grad_norm, finite = 0.0, True
@@ -1075,7 +1108,7 @@ def report(step, m, roll, guards, rollbacks, skipped):
                                       sc['total'], tok=tok, task=task_mod)
     log_metrics(m, samples=samples)
     print(metrics.step_line(m), flush=True)
-    if guards['zero_streak'] >= zero_reward_patience:
+    if guards['zero_streak'] >= zero_reward_patience and advantage != 'none':  # 'none': rewards train nothing
         safety.stop(safety.zero_reward_report(guards, sc, zero_reward_patience), master)
     return action
 
@@ -1156,7 +1189,7 @@ while step < max_steps:
     t = time.time()
     now = schedule(step, lr_scale, entropy_state)
     nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
-    skipped = not any(part['rows'] for part in lay['plan']) or roll['sc']['all_failed']
+    skipped = not any(part['rows'] for part in lay['plan']) or (roll['sc']['all_failed'] and advantage != 'none')
     upd = update(lay, side, now, groups['trained'][1], skipped=skipped, nan_loss=nan_loss)
     timing['update'] = time.time() - t
     mark("update done")

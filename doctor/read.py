@@ -31,7 +31,8 @@ SERIES = {  # what every source is mapped onto
     'clip_low': 'share clipped below', 'clip_high': 'share clipped above',
     'step_time': 'seconds per step (the sum of its phases when only they are logged)',
     'time_gen': 'generation', 'time_reward': 'reward', 'time_ref': 'reference log-probs',
-    'time_old': 'old log-probs', 'time_values': 'critic values',
+    'time_old': 'old log-probs', 'time_teacher': "a distillation teacher's log-probs",
+    'time_values': 'critic values',
     'time_adv': 'advantages (with the reward, in verl before 0.4)', 'time_update': 'update',
     'time_critic': 'critic update', 'time_eval': 'validation', 'time_save': 'checkpoint',
     'throughput': 'tokens per second per GPU',
@@ -40,7 +41,7 @@ SERIES = {  # what every source is mapped onto
     'gen_hbm_frac': "generation's memory traffic, share of the device's bandwidth",
     'heldout': 'held-out accuracy (greedy pass@1, validation score; the mean over sources)',
 }
-PHASES = ['time_gen', 'time_reward', 'time_ref', 'time_old', 'time_values', 'time_adv',
+PHASES = ['time_gen', 'time_reward', 'time_ref', 'time_old', 'time_teacher', 'time_values', 'time_adv',
           'time_update', 'time_critic', 'time_eval', 'time_save']  # seconds per step in each
 OUTSIDE_WORK = ['time_eval', 'time_save']  # inside verl's step time, slow by design: left out
 MEAN_OVER_NAMES = {'heldout'}  # several names of one row for it (one per data source): their mean
@@ -57,7 +58,8 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'clip/low_frac': 'clip_low', 'clip/high_frac': 'clip_high', 'timing_s/step': 'step_time',
     'timing_s/gen': 'time_gen', 'timing_s/reward': 'time_reward', 'timing_s/ref': 'time_ref',
     'timing_s/old_logprob': 'time_old', 'timing_s/update': 'time_update',
-    'mem/peak_gb': 'mem_gb', 'eval/pass@1': 'heldout', 'perf/gen_hbm_frac': 'gen_hbm_frac',
+    'timing_s/teacher': 'time_teacher', 'mem/peak_gb': 'mem_gb', 'eval/pass@1': 'heldout',
+    'perf/gen_hbm_frac': 'gen_hbm_frac',
     'step': None, 'lr': None, 'kl_coef': None, 'pg_loss': None, 'reward/*': None, 'ratio/*': None,
     'kl_old_new': None, 'rows_trained': None, 'tokens_trained': None, 'packed': None,
     'micro_batches': None,
@@ -66,7 +68,7 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'timing_s/compile': None, 'compile/graphs': None,
     'eval/*': None, 'warn/*': None, 'guard/*': None, 'dynamic/*': None, 'tis/*': None,
     'off_policy/*': None, 'vespo/*': None, 'data/*': None, 'entropy_coef': None,
-    'entropy_cut': None, 'clip/*': None, 'mix/*': None, 'cov/*': None,
+    'entropy_cut': None, 'clip/*': None, 'mix/*': None, 'cov/*': None, 'teacher/*': None,
 }
 # TRL's GRPOTrainer (trl/trainer/grpo_trainer.py), as the Trainer's log_history keeps it. 0.14-0.16:
 # completion_length, rewards/<fn>, clip_ratio (0.16); 0.17: completions/*, rewards/<fn>/{mean,std},

@@ -123,6 +123,33 @@ def test_on_policy_gradient_is_minus_advantage():
     assert torch.allclose(logp.grad, -adv * w)
 
 
+@pytest.mark.parametrize('loss_type', ['grpo', 'gspo', 'cispo'])
+def test_teacher_adds_minus_its_per_token_reverse_kl_to_the_advantage(loss_type):
+    """On-policy distillation: each token's advantage gains coef (log p_teacher - log p_old), detached,
+    that token's alone (no sum to the sequence's end, unlike the k1 KL penalty); off-policy too."""
+    torch.manual_seed(0)
+    lens = torch.tensor([3, 2])
+    old = -torch.rand(5) * 3
+    logp = (old + 0.1 * torch.randn(5)).requires_grad_()
+    teacher = -torch.rand(5) * 3
+    adv = torch.repeat_interleave(torch.tensor([0.5, -1.0]), lens)
+    w = torch.full((5,), 0.2)
+    loss, st = policy_loss(logp, old, adv, w, lens, **CLIP, loss_type=loss_type, teacher_logp=teacher,
+                           teacher_coef=0.3)
+    (grad,) = torch.autograd.grad(loss, logp)
+    want, _ = policy_loss(logp, old, adv + 0.3 * (teacher - old), w, lens, **CLIP, loss_type=loss_type)
+    (want_grad,) = torch.autograd.grad(want, logp)
+    assert torch.allclose(loss, want) and torch.allclose(grad, want_grad)
+    assert torch.allclose(st['teacher_kl'], old - teacher)
+    assert not st['teacher_kl'].requires_grad
+    # on-policy with advantage 'none': d loss / d logp = -coef (log p_teacher - log p) w
+    on = logp.detach().clone().requires_grad_()
+    loss, _ = policy_loss(on, on.detach(), torch.zeros(5), w, lens, **CLIP, teacher_logp=teacher,
+                          teacher_coef=0.3)
+    loss.backward()
+    assert torch.allclose(on.grad, -0.3 * (teacher - on.detach()) * w)
+
+
 def test_kl_estimators():
     logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
     assert torch.allclose(kl_estimate(logp, ref, 'k1'), torch.tensor([0.5, -1.0]))
@@ -811,9 +838,10 @@ def test_zero_spread_is_every_estimators_zero_std():
     counts the groups with a spread this way): the flags each estimator returns."""
     r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.5, 0.5, 0.5 + 1e-3]])
     assert zero_spread(r).tolist() == [True, False, False]
-    for estimator in ('grpo', 'rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'passk', 'opo'):
+    for estimator in ('grpo', 'rloo', 'reinforce_pp', 'reinforce', 'maxrl', 'passk', 'opo', 'none'):
         _, zero = advantages(r, estimator, lens=torch.ones_like(r))
         assert torch.equal(zero, zero_spread(r)), estimator
+    assert torch.equal(advantages(r, 'none')[0], torch.zeros_like(r))  # a teacher alone trains
 
 
 def test_objective_knobs_that_do_not_fit_together_are_refused():
@@ -845,6 +873,8 @@ def test_objective_knobs_that_do_not_fit_together_are_refused():
                                                        'scale_rewards': 'none'})
     assert bad_objective_knob({**ok, 'advantage': 'passk', 'scale_rewards': 'none'}) is None
     assert '--top_entropy_quantile=1.5' in bad_objective_knob({**ok, 'top_entropy_quantile': 1.5})
+    assert '--teacher' in bad_objective_knob({**ok, 'advantage': 'none', 'teacher': ''})
+    assert bad_objective_knob({**ok, 'advantage': 'none', 'teacher': 'Qwen/Qwen2.5-7B-Instruct'}) is None
     assert 'min <= max' in bad_objective_knob({**ok, 'adaptive_entropy': True,
                                                'entropy_coef_min': 0.5, 'entropy_coef_max': 0.1})
 

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import (Regex, Tokenizer as HFTokenizer, decoders, models, normalizers,
                         pre_tokenizers, trainers)
 
-from tokenizer import QWEN2_PATTERN, TokenizerError, byte_tokenizer, load_tokenizer
+from tokenizer import QWEN2_PATTERN, TokenizerError, byte_tokenizer, load_tokenizer, vocabulary_mismatch
 
 GSM8K = Path(__file__).resolve().parents[1].parent / 'shared' / 'gsm8k' / 'train.jsonl'
 SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
@@ -101,6 +101,30 @@ def test_ordinary_encode_does_not_parse_specials(tmp_path):
     assert tok.special['<|im_end|>'] not in ids, (
         "user text must not be able to inject a special token")
     assert tok.encode_with_special("<|im_end|>") == [tok.special['<|im_end|>']]
+
+
+def test_vocabulary_mismatch_names_the_first_id_that_differs(tmp_path):
+    """A teacher must read the policy's ids as its own: the same bytes or special token for every id
+    (split rules aside: GPT-2's regex and Qwen2's over one trained vocabulary agree)."""
+    hf, d = train_bpe(tmp_path, qwen_style=True)
+    tok = load_tokenizer(str(d))
+    assert vocabulary_mismatch(tok, load_tokenizer(str(d))) is None
+    assert vocabulary_mismatch(byte_tokenizer(), byte_tokenizer()) is None
+    assert vocabulary_mismatch(tok, byte_tokenizer()) == f"{tok.vocab_size} ids against 260"
+    spec = json.loads((d / 'tokenizer.json').read_text())
+    vocab = spec['model']['vocab']
+    a, b = sorted(vocab, key=vocab.get)[10:12]  # two single bytes' ids swapped
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    swapped = tmp_path / 'swapped'
+    swapped.mkdir()
+    (swapped / 'tokenizer.json').write_text(json.dumps(spec))
+    got = vocabulary_mismatch(tok, load_tokenizer(str(swapped)))
+    assert got is not None and got.startswith('id 10 is '), got
+    renamed = json.loads((d / 'tokenizer.json').read_text())
+    renamed['added_tokens'][-1]['content'] = '<|renamed|>'
+    (swapped / 'tokenizer.json').write_text(json.dumps(renamed))
+    got = vocabulary_mismatch(tok, load_tokenizer(str(swapped)))
+    assert got is not None and got.startswith('special tokens differ, first at id '), got
 
 
 def test_vocab_merges_files(tmp_path):
