@@ -132,9 +132,13 @@ ref_sync_alpha = 1.0
 ref_sync_reset_optimizer = False  # each move also resets AdamW's moments and step count (ProRL)
 # on-policy distillation: a frozen teacher (HF snapshot dir or hub id, the policy's tokenizer ids)
 # scores the sampled tokens; each token's advantage gains teacher_coef * (log p_teacher - log p_policy),
-# minus its reverse KL to the teacher ('' = off). advantage='none': the teacher is the only signal
+# minus its reverse KL to the teacher ('' = off). 'self': the policy as it sampled, shown the problem's
+# reference solution (the task's solution()) in a system turn before the prompt (self-distillation,
+# SDFT; prime-rl's opsd). advantage='none': the teacher is the only signal
 teacher = ''
 teacher_coef = 1.0
+# teacher='self': that system turn; {demonstration} is the solution (prime-rl's wording)
+teacher_hint = 'Here is an example of an expert response:\n<demonstration>\n{demonstration}\n</demonstration>'
 filter_zero_std = True  # skip groups of equal rewards (their gradient is 0 without KL/entropy)
 dynamic_sampling = 0  # DAPO: up to N more rounds of prompts until P groups have a reward spread
 # a prompt whose group's mean reward reaches this is not drawn again (0 = off): 1.0 with the 0/1
@@ -422,6 +426,29 @@ def fitting(examples, budget, what, task=None):  # those whose prompt leaves bud
 
 
 train_set = fitting(train_set, max_new_tokens, 'train')
+
+
+def hint_ids(example):  # teacher='self': the system turn that shows the policy the problem's solution
+    text = teacher_hint.format(demonstration=task_mod.solution(example))
+    return tok.render_chat([{'role': 'system', 'content': text}], add_generation_prompt=False)
+
+
+if teacher == 'self':  # the problems whose solution, prompt and completion fit the model
+    if not callable(getattr(task_mod, 'solution', None)):
+        also = ' (or a task mix_tasks mixes in)' if mixed_in else ''
+        die(f"--teacher='self': task {task!r}{also} has no solution() to show the policy", 2)
+    try:
+        hinted = [len(hint_ids(ex)) + len(p) for ex, p in zip(train_set, prompts_for(train_set))]
+    except (KeyError, IndexError, ValueError) as e:
+        die(f"--teacher_hint={teacher_hint!r}: {e!r}; it takes one field, {{demonstration}}", 2)
+    room = model.config.max_seq_len - max_new_tokens
+    if not any(n <= room for n in hinted):
+        die(f"--teacher='self': no problem's prompt and solution leave max_new_tokens={max_new_tokens} of "
+            f"the model's {model.config.max_seq_len} positions (the shortest takes {min(hinted)})", 2)
+    if max(hinted) > room:
+        print(f"teacher='self': left out {sum(n > room for n in hinted)} of {len(train_set)} problems whose "
+              f"prompt and solution leave fewer than max_new_tokens={max_new_tokens} positions")
+        train_set = [ex for ex, n in zip(train_set, hinted) if n <= room]
 if mixed_in:
     print(f"train: {metrics.mix_line(train_set, task_mod)}")
 if epochs > 0:  # the run's length in passes over the training set
@@ -628,7 +655,9 @@ def sync_reference(step):
 
 # ------------------------------------------------------------------------- teacher (on-policy distillation)
 teacher_model = None  # frozen, in the compute dtype, whole on every rank; scores each step's completions
-if teacher:
+
+
+if teacher and teacher != 'self':
     try:
         teacher_model, teacher_tok = load_model(teacher, ptdtype, device, seed, **shape)
     except (ValueError, OSError) as e:
@@ -847,8 +876,13 @@ def side_logprobs(lay, groups, roll, timing, step):
         timing['ref'] = time.time() - t
         t = time.time()
         teacher_lp = None
-        if teacher_model is not None:
+        if teacher == 'self':  # the policy as it sampled, each row's prompt after its solution
+            hints = {g: hint_ids(roll['batch'][g]) for g in {rw['group'] for mb in micro for rw in mb} if g >= 0}
+            teacher_lp = [logprobs(train_model, [{**rw, 'prompt': hints.get(rw['group'], []) + rw['prompt']}
+                                                 for rw in mb], share)[0].float() for mb in micro]
+        elif teacher:
             teacher_lp = [logprobs(teacher_model, mb, share)[0].float() for mb in micro]
+        if teacher:
             timing['teacher'] = time.time() - t
     # the sampler's log-probs of the same tokens
     gen_lp = [torch.tensor([x for rw in mb for x in rw['gen_logp']], device=device) for mb in micro]
@@ -985,7 +1019,7 @@ def update(lay, side, now, n_tokens, *, skipped, nan_loss):
         g['lr'] = now['lr']
     micro, plan = lay['micro'], lay['plan']
     first = metrics.rollout_sums(tis=bool(tis), masked=off_policy_mask > 0,
-                                 vespo=loss_type == 'vespo', teacher=teacher_model is not None)
+                                 vespo=loss_type == 'vespo', teacher=bool(teacher))
     last = metrics.moved_sums(dual=clip_ratio_c > 0, masked=off_policy_mask > 0,
                               vespo=loss_type == 'vespo')
     grad_norm, finite = 0.0, True

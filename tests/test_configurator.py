@@ -193,7 +193,8 @@ def test_every_training_config_passes_the_knob_checks_and_values_out_of_range_ar
            'dtype': 'fp8', 'device': 'gpu', 'deterministic': 'yes', 'eps_low': -0.1,
            'kl_max': -1.0, 'zero_reward_patience': 0, 'eval_batch_size': 0, 'loss_agg': 'mean',
            'share_prompt': 'maybe', 'min_p': 1.0, 'micro_batch_tokens': -1, 'export_best': 'pass@1',
-           'lr_schedule': 'cos', 'export_best_mode': 'lowest', 'epochs': -1.0, 'stop_strings': ['']}
+           'lr_schedule': 'cos', 'export_best_mode': 'lowest', 'epochs': -1.0, 'stop_strings': [''],
+           'teacher_coef': -1.0}
     for key, value in bad.items():
         error = safety.bad_knob({**base, key: value})
         assert error is not None and error.startswith(f"--{key}={value!r}:"), (key, error)

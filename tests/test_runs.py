@@ -281,14 +281,20 @@ def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch
 def test_a_completion_budget_below_one_token_is_a_knob_error(tmp_path):
     """--max_new_tokens=0 would warm up, then train on empty completions with every warning firing:
     one line and exit 2 before anything is spent, like --group_size=1; so for the other counts that
-    must be positive, and a negative --eval_max_new_tokens (0 means max_new_tokens)."""
-    for knob in ('--max_new_tokens=0', '--max_new_tokens=-3', '--eval_max_new_tokens=-1',
-                 '--batch_prompts=0', '--micro_batch_size=0', '--num_iterations=0'):
-        p = run(tmp_path, knob, check=False)
-        assert p.returncode == 2, (knob, p.stdout[-2000:], p.stderr[-2000:])
-        err = p.stderr.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith('error: ' + knob), (knob, p.stderr)
-        assert not (tmp_path / 'metrics.jsonl').exists(), knob
+    must be positive, and a negative --eval_max_new_tokens (0 means max_new_tokens): the same check
+    (safety.bad_knob) in-process for those."""
+    import safety
+    from configurator import configure
+    from test_gsm8k_tools import train_grpo_globals
+    p = run(tmp_path, '--max_new_tokens=0', check=False)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and err[0].startswith('error: --max_new_tokens=0'), p.stderr
+    assert not (tmp_path / 'metrics.jsonl').exists()
+    base = configure(train_grpo_globals(), [])
+    for key, value in (('max_new_tokens', -3), ('eval_max_new_tokens', -1), ('batch_prompts', 0),
+                       ('micro_batch_size', 0), ('num_iterations', 0)):
+        error = safety.bad_knob({**base, key: value})
+        assert error is not None and error.startswith(f'--{key}={value}:'), (key, error)
 
 
 def test_a_steps_compile_time_is_counted_and_shown():

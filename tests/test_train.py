@@ -325,7 +325,8 @@ def test_a_teacher_scores_the_completions_and_trains_the_policy_toward_it(tmp_pa
     as it was, to the bit (its KL 0: its log-probs line up with the policy's token for token);
     another teacher's reverse KL is logged and, with advantage='none', trains every row alone (no
     group skipped for its equal rewards, no update or run stopped by rewards that all fail, which
-    train nothing). A teacher whose tokenizer ids differ is refused."""
+    train nothing). A teacher whose tokenizer ids differ is refused. teacher='self' scores with the
+    policy shown the solution (a task without solution() is refused)."""
     from hf import load_model, save_pretrained
     net, byte_tok = load_model('scratch', torch.float32, 'cpu', 7, n_layer=1, n_head=2, n_kv_head=1,
                                n_embd=32, max_seq_len=160)
@@ -344,9 +345,19 @@ def test_a_teacher_scores_the_completions_and_trains_the_policy_toward_it(tmp_pa
                                [tmp_path / 'c', '--max_steps=2', f"--teacher={tmp_path / 'teacher'}",
                                 '--advantage=none', '--teacher_coef=0.5', '--zero_reward_patience=1',
                                 "--rewards=[{'name': 'grpo_test_rewards:always_raise'}]"],
+                               [tmp_path / 'e', *args, '--teacher=self', '--advantage=none', '--max_seq_len=192'],
+                               [tmp_path / 'f', '--teacher=self', "--mix_tasks=['tests/grpo_test_task.py']"],
                                [tmp_path / 'd', *args, f'--teacher={other}'], check=False)
-    assert [p.returncode for p in ran] == [0, 0, 0], [p.stdout[-2000:] for p in ran]
+    *ran, no_solution = ran
+    assert [p.returncode for p in ran] == [0, 0, 0, 0], [p.stdout[-2000:] for p in ran]
     assert refused.returncode == 2 and "its tokenizer's ids are not the policy's" in refused.stderr, refused.stderr
+    assert no_solution.returncode == 2 and 'has no solution()' in no_solution.stderr, no_solution.stderr
+    # 'self': the policy itself, shown each problem's solution first, so not quite the policy: a KL
+    # that is not 0 (b's is 0 to the bit); the problems whose prompt and solution leave no room for
+    # a completion are left out, and said so
+    assert 'problems whose prompt and solution leave fewer than' in ran[3].stdout, ran[3].stdout[-2000:]
+    (e,) = metrics(tmp_path / 'e')[1:]
+    assert e['teacher/reverse_kl'] != 0 and e['rows_trained'] == 16 and e['grad_norm'] > 0, e
     (a,), (b,), c = (metrics(tmp_path / x)[1:] for x in 'abc')
     assert b.pop('teacher/reverse_kl') == 0.0 and b.pop('timing_s/teacher') >= 0
     assert stable(a) == stable(b) and a['grad_norm'] > 0
