@@ -269,7 +269,7 @@ def warn(guards, m, *, skipped, max_new_tokens, kl_warn=None, micro=(1, 0, 1)):
     measured); micro: (micro_batch_size, micro_batch_tokens, ranks)."""
     n_tok = m['tokens_trained']
     warns = []
-    if m['frac_zero_std'] == 1.0:
+    if m['frac_zero_std'] == 1.0 and 'teacher/reverse_kl' not in m:  # a teacher trains tied groups too
         warns.append(('all_zero_std', "every group got identical rewards: all advantages are "
                       "zero, so the loss is zero by construction; raise temperature or group_size, "
                       "check the reward"))

@@ -669,7 +669,10 @@ def detect_reward_hacking(run):
 
 
 def detect_zero_spread(run):
-    """Most groups with tied rewards: most of each batch teaches nothing."""
+    """Most groups with tied rewards: most of each batch teaches nothing (unless a distillation
+    teacher's per-token signal trains them)."""
+    if any(v != 0 for _, v in finite(points(run, 'teacher_kl'))):
+        return []
     pts = [(s, v) for s, v in finite(points(run, 'zero_std_frac')) if v < 1]
     if len(pts) < MIN_FLAT_STEPS:
         return []  # steps with every group tied are the flat-reward and zero-loss findings' case

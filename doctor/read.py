@@ -21,6 +21,7 @@ SERIES = {  # what every source is mapped onto
     'reward_std': 'reward std over the step\'s completions',
     'reward_max': 'highest reward of the step', 'reward_min': 'lowest reward of the step',
     'zero_std_frac': 'share of groups whose rewards all tie (no signal)',
+    'teacher_kl': "per-token KL to an on-policy distillation teacher (its signal trains tied groups)",
     'loss': 'the optimized loss',
     'grad_norm': 'gradient norm before clipping',
     'kl': 'KL to the reference model',
@@ -68,7 +69,7 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'timing_s/compile': None, 'compile/graphs': None,
     'eval/*': None, 'warn/*': None, 'guard/*': None, 'dynamic/*': None, 'tis/*': None,
     'off_policy/*': None, 'vespo/*': None, 'data/*': None, 'entropy_coef': None,
-    'entropy_cut': None, 'clip/*': None, 'mix/*': None, 'cov/*': None, 'teacher/*': None,
+    'entropy_cut': None, 'clip/*': None, 'mix/*': None, 'cov/*': None, 'teacher/reverse_kl': 'teacher_kl',
 }
 # TRL's GRPOTrainer (trl/trainer/grpo_trainer.py), as the Trainer's log_history keeps it. 0.14-0.16:
 # completion_length, rewards/<fn>, clip_ratio (0.16); 0.17: completions/*, rewards/<fn>/{mean,std},

@@ -160,6 +160,18 @@ def test_an_entropy_of_exactly_0_is_no_measurement(tmp_path):
     assert doctor.detect.detect_entropy_collapse(doctor.load(str(tmp_path))) == []
 
 
+def test_tied_groups_that_learn_from_a_teacher_are_not_called_idle(tmp_path):
+    """A distillation run (teacher/reverse_kl logged, not 0) trains its tied groups through the
+    teacher: the few_groups_learn warning of the lr-too-high run stays silent on the same rows."""
+    rows = [json.loads(line) for line in open(os.path.join(FIX, 'ours_lr_high', 'metrics.jsonl'))]
+    for r in rows:
+        r['teacher/reverse_kl'] = 0.3
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    run = doctor.load(str(tmp_path))
+    assert not run['unknown'] and doctor.detect.detect_zero_spread(run) == []
+    assert doctor.detect.detect_zero_spread(run_of('ours_lr_high'))
+
+
 def test_a_recovering_reward_is_not_called_a_dead_service(tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(FIX, 'ours_healthy', 'metrics.jsonl'))]
     for r in rows:
