@@ -375,8 +375,6 @@ def add_moved(acc, st, logp, old_logp, n_tokens, sampled=None):
         per_token.append(('off_policy/masked_frac', st['masked'].float()))
     if 'phi' in st:
         per_token.append(('vespo/phi_mean', st['phi']))
-    if 'teacher_kl' in st:
-        per_token.append(('teacher/reverse_kl', st['teacher_kl']))
     for k, v in per_token:
         if sampled is not None:
             v = v * sampled

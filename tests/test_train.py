@@ -344,6 +344,7 @@ def test_a_teacher_scores_the_completions_and_trains_the_policy_toward_it(tmp_pa
     *ran, refused = run_together([tmp_path / 'a', *args], [tmp_path / 'b', *args, '--teacher=scratch'],
                                [tmp_path / 'c', '--max_steps=2', f"--teacher={tmp_path / 'teacher'}",
                                 '--advantage=none', '--teacher_coef=0.5', '--zero_reward_patience=1',
+                                '--num_iterations=2',
                                 "--rewards=[{'name': 'grpo_test_rewards:always_raise'}]"],
                                [tmp_path / 'e', *args, '--teacher=self', '--advantage=none', '--max_seq_len=192'],
                                [tmp_path / 'f', '--teacher=self', "--mix_tasks=['tests/grpo_test_task.py']"],
