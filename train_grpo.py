@@ -655,8 +655,6 @@ def sync_reference(step):
 
 # ------------------------------------------------------------------------- teacher (on-policy distillation)
 teacher_model = None  # frozen, in the compute dtype, whole on every rank; scores each step's completions
-
-
 if teacher and teacher != 'self':
     try:
         teacher_model, teacher_tok = load_model(teacher, ptdtype, device, seed, **shape)
@@ -876,10 +874,10 @@ def side_logprobs(lay, groups, roll, timing, step):
         timing['ref'] = time.time() - t
         t = time.time()
         teacher_lp = None
-        if teacher == 'self':  # the policy as it sampled, each row's prompt after its solution
+        if teacher == 'self':  # the policy as it sampled, each row's prompt after its solution's turn
             hints = {g: hint_ids(roll['batch'][g]) for g in {rw['group'] for mb in micro for rw in mb} if g >= 0}
-            teacher_lp = [logprobs(train_model, [{**rw, 'prompt': hints.get(rw['group'], []) + rw['prompt']}
-                                                 for rw in mb], share)[0].float() for mb in micro]
+            hinted = [[{**rw, 'prompt': hints.get(rw['group'], []) + rw['prompt']} for rw in mb] for mb in micro]
+            teacher_lp = [logprobs(train_model, mb, share)[0].float() for mb in hinted]
         elif teacher:
             teacher_lp = [logprobs(teacher_model, mb, share)[0].float() for mb in micro]
         if teacher:
