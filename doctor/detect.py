@@ -33,6 +33,8 @@ HACK_REWARD_RISE = 0.05  # reward up by this much while ...
 HACK_HELDOUT_DROP = 0.05  # ... held-out accuracy falls this much from its best: reward hacking
 ZERO_SPREAD_WARN = 0.9  # median share of zero-spread groups above this: most of the batch is idle
 CLIP_WARN = 0.2  # median share of clipped tokens above this: the policy moves too far per batch
+TEACHER_KL_RISE = 3.0  # KL to a distillation teacher this many times its first step's ...
+TEACHER_KL_FLOOR = 0.05  # ... and this much above it: the policy is moving away from its teacher
 LAUNCH_BOUND = 0.1  # generation moving less than this share of the memory bandwidth it could ...
 GEN_MOST = 0.5  # ... while taking at least this share of the step: launch-bound decoding
 SEVERITIES = ['info', 'warning', 'error']
@@ -564,6 +566,34 @@ def detect_entropy_collapse(run):
                       "stops")]
 
 
+def detect_teacher_kl_rise(run):
+    """On-policy distillation moving the policy away from its teacher: the per-token KL to it,
+    measured before each update, well above the first step's (before the policy moved)."""
+    pts = finite(points(run, 'teacher_kl'))
+    if len(pts) < 3:
+        return []
+    s0, first = pts[0]
+    bar = max(TEACHER_KL_RISE * first, first + TEACHER_KL_FLOOR)
+    steps = [s for s, v in pts[1:] if v > bar]
+    if len(steps) < 2:
+        return []
+    peak_s, peak = max(pts, key=lambda p: p[1])
+    ev = (f"KL to the teacher {g(first)} at step {s0}, {g(peak)} at step {peak_s}, {g(pts[-1][1])} at the "
+          f"end; above {g(bar)} on steps {span_text(run, steps)}")
+    rew = finite(points(run, 'reward'))
+    if rew:
+        ev += f"; reward {g(rew[0][1])} -> {g(rew[-1][1])}"
+    return [found('teacher_kl_rose', 'warning', steps, series=['teacher_kl', 'reward'], evidence=ev,
+                  causes=['the learning rate is too high: each update moves the policy further than '
+                          "the teacher's per-token signal pulls it back",
+                          "the reward advantage pulls elsewhere than the teacher (a reward the teacher "
+                          "does not share)",
+                          'several updates per batch (num_iterations, mini_batches) carry the policy '
+                          'far from the one the teacher scored'],
+                  fix="lower lr (a distillation run takes no more than GRPO's), advantage='none' to "
+                      "see whether the reward pulls away, or a larger teacher_coef")]
+
+
 def detect_truncation(run):
     """Completions hitting the length limit."""
     pts = finite(points(run, 'trunc_frac'))
@@ -711,9 +741,9 @@ def detect_clipping(run):
 
 
 DETECTORS = [detect_flat_reward, detect_reward_fall, detect_zero_loss, detect_nonfinite,
-             detect_kl_at_start, detect_spikes, detect_entropy_collapse, detect_reward_hacking,
-             detect_truncation, detect_memory, detect_launch_bound, detect_clipping, detect_zero_spread,
-             detect_step_time]
+             detect_kl_at_start, detect_spikes, detect_entropy_collapse, detect_teacher_kl_rise,
+             detect_reward_hacking, detect_truncation, detect_memory, detect_launch_bound, detect_clipping,
+             detect_zero_spread, detect_step_time]
 
 
 def diagnose(run):
