@@ -170,6 +170,8 @@ PRIME_RL = {
     'train/agg/all/*/is_truncated/mean': 'trunc_frac', 'loss/mean': 'loss',
     'entropy/all/mean': 'entropy', 'optim/grad_norm': 'grad_norm', 'time/step': 'step_time',
     'perf/peak_memory': 'mem_gb', 'perf/throughput': 'throughput',
+    # opd/opsd (on-policy distillation): ref_kl is log p_teacher - log p_policy, minus our teacher/reverse_kl
+    'ref_kl/mean': ('teacher_kl', -1.0),
     'train/*/all/*': None, 'train/*/effective/*': None, 'eval/*': None, 'progress/*': None,
     'time/*': None, 'perf/*': None,
     'optim/*': None, 'off_policy/*': None, 'batch/*': None, 'loss/*': None, 'entropy/*': None,

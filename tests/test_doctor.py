@@ -676,23 +676,25 @@ def test_a_wandb_csv_of_openrlhf_reads_its_names_as_openrlhf_means_them(tmp_path
 def test_a_prime_rl_wandb_history_is_read(tmp_path):
     """prime-rl's W&B names (built by hand from orchestrator/metrics.py and trainer/rl/train.py at
     559b447): the orchestrator's train/agg/all/<agent>/... rollout statistics and the trainer's
-    loss/mean, entropy/all/mean, optim/grad_norm, perf/peak_memory; its reward dying at step 6 is
-    found; every name is known."""
+    loss/mean, entropy/all/mean, optim/grad_norm, perf/peak_memory, on-policy distillation's
+    ref_kl/mean; its reward dying at step 6 is found; every name is known."""
     agent = 'train/agg/all/default'
     header = ['_step', f'{agent}/reward/mean', f'{agent}/reward/max', f'{agent}/reward/min',
               f'{agent}/num_output_tokens/mean', f'{agent}/is_truncated/mean', f'{agent}/solved_all',
               'train/gsm8k/all/default/reward/mean', 'progress/total_tokens', 'time/step', 'loss/mean',
               'entropy/all/mean', 'optim/grad_norm', 'optim/lr', 'perf/peak_memory',
-              'mismatch_kl/all/mean', 'off_policy/mean']
+              'mismatch_kl/all/mean', 'off_policy/mean', 'ref_kl/mean', 'ref_kl/max']
     rows = [','.join(header)]
     for step in range(1, 13):
         r = 0.4 + 0.02 * step if step < 6 else 0.0
         rows.append(','.join(str(v) for v in (step, r, r and 1.0, 0.0, 300, 0.05, 0.1, r, 1000 * step, 30.0,
-                                              0.01, 0.5, 0.2, 1e-6, 40.0, 1e-3, 0.0)))
+                                              0.01, 0.5, 0.2, 1e-6, 40.0, 1e-3, 0.0, -0.01 * step, 0.5)))
     (tmp_path / 'prime.csv').write_text('\n'.join(rows) + '\n')
     run = run_of(str(tmp_path / 'prime.csv'))
     assert not run['unknown'], run['unknown']
     assert run['series']['reward'][3] == pytest.approx(0.46) and run['series']['mem_gb'][2] == 40.0
+    # opd's ref_kl (log p_teacher - log p_policy, loss.py's ref_kl_loss_fn) read as our KL to the teacher
+    assert run['series']['teacher_kl'][4] == pytest.approx(0.04)
     assert {'loss', 'entropy', 'grad_norm', 'resp_len', 'trunc_frac', 'step_time'} <= set(run['series'])
     assert findings(str(tmp_path / 'prime.csv'))['reward_collapse']['steps'] == list(range(6, 13))
 
