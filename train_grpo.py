@@ -336,9 +336,11 @@ try:
         raise ValueError(f"{knob} rollouts without tools only; task {task!r} calls tools")
 except ValueError as e:
     die(str(e), 2)
-if sft_steps > 0 and not callable(getattr(task_mod, 'solution', None)):
-    also = ' (or a task mix_tasks mixes in)' if mixed_in else ''
-    die(f"--sft_steps={sft_steps}: task {task!r}{also} has no solution() to warm start on", 2)
+for knob, on, use in ((f'--sft_steps={sft_steps}', sft_steps > 0, 'warm start on'),
+                      ("--teacher='self'", teacher == 'self', 'show the policy')):  # both need solution()
+    if on and not callable(getattr(task_mod, 'solution', None)):
+        also = ' (or a task mix_tasks mixes in)' if mixed_in else ''
+        die(f"{knob}: task {task!r}{also} has no solution() to {use}", 2)
 rank, world, device = setup(device, batch_prompts, fsdp)
 ddp = world > 1 or rank > 0
 master = rank == 0  # the one rank that prints, logs, plots and writes
@@ -434,9 +436,6 @@ def hint_ids(example):  # teacher='self': the system turn that shows the policy 
 
 
 if teacher == 'self':  # the problems whose solution, prompt and completion fit the model
-    if not callable(getattr(task_mod, 'solution', None)):
-        also = ' (or a task mix_tasks mixes in)' if mixed_in else ''
-        die(f"--teacher='self': task {task!r}{also} has no solution() to show the policy", 2)
     try:
         hinted = [len(hint_ids(ex)) + len(p) for ex, p in zip(train_set, prompts_for(train_set))]
     except (KeyError, IndexError, ValueError) as e:

@@ -680,7 +680,7 @@ def median(xs, default):
 
 
 def test_kill_at_random_instants(tmp_path):
-    """12 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that
+    """9 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that
     on a fast machine or a slow one they spread over start-up, generation and the update, and
     checkpoint writing: every checkpoint on disk loads, no restart resumes from an older checkpoint
     than the last, and the finished run has every step once.
@@ -698,7 +698,7 @@ def test_kill_at_random_instants(tmp_path):
     step_s = []
     write_s = []
     positions = []  # (where, newest checkpoint before the run, newest after its kill)
-    kills = 12
+    kills = 9
     for i in range(kills):
         before = newest_ckpt(tmp_path)[0]
         proc = start(tmp_path, *args)
