@@ -590,8 +590,8 @@ def detect_teacher_kl_rise(run):
                           "does not share)",
                           'several updates per batch (num_iterations, mini_batches) carry the policy '
                           'far from the one the teacher scored'],
-                  fix="lower lr (a distillation run takes no more than GRPO's), advantage='none' to "
-                      "see whether the reward pulls away, or a larger teacher_coef")]
+                  fix="lower lr (the offline demo distils at GRPO's 2e-4 and broke at 5e-3), "
+                      "advantage='none' to see whether the reward pulls away, or a larger teacher_coef")]
 
 
 def detect_truncation(run):
