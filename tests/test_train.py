@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -335,10 +336,7 @@ def test_a_teacher_scores_the_completions_and_trains_the_policy_toward_it(tmp_pa
     save_pretrained(net, byte_tok, tmp_path / 'teacher')
     spec = json.loads((tmp_path / 'teacher' / 'tokenizer.json').read_text())
     spec['added_tokens'][0]['content'] = '<|eot|>'
-    other = tmp_path / 'other_tokenizer'
-    other.mkdir()
-    for f in (tmp_path / 'teacher').iterdir():
-        other.joinpath(f.name).write_bytes(f.read_bytes())
+    other = shutil.copytree(tmp_path / 'teacher', tmp_path / 'other_tokenizer')
     (other / 'tokenizer.json').write_text(json.dumps(spec))
     args = ['--max_steps=1', '--filter_zero_std=False']
     *ran, refused = run_together([tmp_path / 'a', *args], [tmp_path / 'b', *args, '--teacher=scratch'],
