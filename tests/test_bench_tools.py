@@ -2,8 +2,8 @@
 every row, and the last line printed is the JSON record with its keys."""
 import json
 import os
-import subprocess
 import sys
+import warm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ('bench', 'ours_s', 'reprefill_s', 'speedup', 'prefill_tokens_ours',
@@ -11,7 +11,7 @@ KEYS = ('bench', 'ours_s', 'reprefill_s', 'speedup', 'prefill_tokens_ours',
 
 
 def test_bench_tools_runs_and_both_sides_write_the_same_ids():
-    p = subprocess.run([sys.executable, 'bench/bench_tools.py', '--n_layer=1', '--n_embd=32',
+    p = warm.run([sys.executable, 'bench/bench_tools.py', '--n_layer=1', '--n_embd=32',
                         '--prompts=2', '--group_size=2', '--max_new_tokens=150',
                         '--prompt_len=8', '--reps=1', '--threads=1', '--device=cpu'],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)

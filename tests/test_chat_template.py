@@ -13,6 +13,7 @@ from tokenizers import (Regex, Tokenizer as HFTokenizer, decoders, models, norma
 
 from tokenizer import (CHATML, QWEN2_PATTERN, TokenizerError, byte_tokenizer, load_tokenizer,
                        set_chat_template)
+import warm
 
 transformers = pytest.importorskip('transformers')
 
@@ -300,7 +301,6 @@ def test_chat_template_kwargs_reach_the_run_its_export_and_sample_py(trained, tm
     """--chat_template_kwargs reaches every render of a run (its prompts and evals), its
     config.json and its hf export's run record, so sample.py --init_from=OUT/hf renders as the run
     did; a non-dict is one line naming the knob and a non-zero exit."""
-    import subprocess
     import sys
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -321,7 +321,7 @@ def test_chat_template_kwargs_reach_the_run_its_export_and_sample_py(trained, tm
         cmd = [sys.executable, str(ROOT / 'sample.py'), f'--init_from={out / "hf"}',
                '--device=cpu', '--dtype=float32', '--prompt=What is 2+2?', '--max_new_tokens=2',
                f'--out_dir={tmp_path / "eval"}', *args]
-        return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
+        return warm.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
                               timeout=300)
     p = sample_py()
     assert p.returncode == 0 and '--- sample 0' in p.stdout, p.stderr[-2000:]

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import tasks
 import tasks.chess as C
 from hf import load_model
 from sample import encode_prompts
+import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 START = chess.STARTING_FEN
@@ -350,7 +350,7 @@ def test_grpo_on_gpt2_starts_at_kl_zero_and_ratio_one(rookworld_snapshot, tmp_pa
             '--micro_batch_size=8', '--max_new_tokens=8', '--eval_every=1', '--eval_examples=4',
             '--max_steps=1', '--device=cpu', '--dtype=float32', '--plot_every=0',
             '--export_hf=False', '--watchdog_s=0', f'--out_dir={tmp_path}']
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *argv],
+    p = warm.run([sys.executable, str(ROOT / 'train_grpo.py'), *argv],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from configurator import configure, save_config
+import warm
 
 
 def defaults():
@@ -164,13 +165,11 @@ def test_unknown_key_names_the_closest_known_ones(argv, needle, capsys):
 def test_scripts_answer_help(tmp_path):
     """train_grpo.py and sample.py --help: exit 0, every knob with its default and comment."""
     import os
-    import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for script, knobs in [('train_grpo.py', ["--group_size=8", "--beta=0.0", "--seed=1337"]),
                           ('sample.py', ["--split='test'", "--n_samples=1"])]:
-        p = subprocess.run([sys.executable, script, '--help'], cwd=root, capture_output=True, text=True,
-                           timeout=120)
+        p = warm.run([sys.executable, script, '--help'], cwd=root, timeout=120)
         assert p.returncode == 0, p.stderr
         lines = p.stdout.splitlines()
         for knob in knobs:

@@ -14,6 +14,7 @@ import pytest
 import tasks
 from test_tasks import run_task, sample_py
 from test_train import ROOT, metrics
+import warm
 
 MATH = ROOT.parent / 'shared' / 'math'  # beside the clone, as CI lays it out
 needs_data = pytest.mark.skipif(not (MATH / 'test.jsonl').exists(),
@@ -256,7 +257,7 @@ def test_math_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
            f'--data_dir={MATH}', f'--out_dir={tmp_path / "out"}', '--max_steps=1',
            '--batch_prompts=2', '--group_size=2', '--max_new_tokens=8', '--eval_examples=2',
            '--eval_every=1', '--device=cpu', '--dtype=float32', '--save_every=1']
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = warm.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert 'task: math, 5584 train / 2 eval problems' in p.stdout, p.stdout[-2000:]
     rows = metrics(tmp_path / 'out')

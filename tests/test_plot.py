@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import plot
+import warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAN_STEP = 17
@@ -123,13 +124,13 @@ def test_failed_save_leaves_previous_png_and_no_temp_file(tmp_path, monkeypatch)
 def test_cli_redraws_curves_in_run_dir(tmp_path):
     run_dir = str(tmp_path / 'run_b')
     write_run(run_dir)
-    res = subprocess.run([sys.executable, os.path.join(REPO, 'plot.py'), run_dir],
+    res = warm.run([sys.executable, os.path.join(REPO, 'plot.py'), run_dir],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert '40 rows, 1 bad lines skipped, 1 duplicate steps replaced' in res.stdout, res.stdout
     png_size(os.path.join(run_dir, 'curves.png'))
     for missing in (tmp_path / 'nowhere', tmp_path / 'run_b' / 'metrics.jsonl' / 'x'):
-        res = subprocess.run([sys.executable, os.path.join(REPO, 'plot.py'), str(missing)],
+        res = warm.run([sys.executable, os.path.join(REPO, 'plot.py'), str(missing)],
                              capture_output=True, text=True)
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert res.stderr.startswith(f'plot.py: {missing}: '), res.stderr

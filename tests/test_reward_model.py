@@ -5,7 +5,6 @@ model's score, and one-line start-up errors for bad input."""
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import reward_model as RM
 from reward import check_reward_config, resolve_rewards, score
 from test_chat_template import QWEN25 as QWEN25_TEMPLATE
 from tokenizer import byte_tokenizer
+import warm
 
 transformers = pytest.importorskip('transformers')
 
@@ -290,7 +290,7 @@ def test_grpo_rewarded_by_a_reward_model_raises_its_score(tmp_path):
         f"--rewards=[{{'name': 'reward_model', 'kwargs': {{'path': '{rm}', 'batch_size': 64}}}}]",
         f'--out_dir={tmp_path / "run"}', '--max_steps=8', '--lr=3e-2', '--group_size=8',
         '--batch_prompts=8', '--micro_batch_size=64', '--max_new_tokens=8', '--save_every=100']
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
+    p = warm.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, env=env())
     assert p.returncode == 0, (
         f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -371,7 +371,7 @@ def test_train_grpo_exits_2_naming_the_file(rm_dir):
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
         f"--rewards=[{{'name': 'reward_model', 'kwargs': {{'path': '{rm_dir}'}}}}]",
         f'--out_dir={rm_dir}/run']
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
+    p = warm.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, env=env())
     assert p.returncode == 2, f'exit {p.returncode}: {p.stderr[-1000:]}'
     lines = p.stderr.strip().splitlines()
@@ -434,7 +434,7 @@ def test_train_grpo_warns_when_a_judge_ties_every_group(tmp_path):
     args = [a for a in TINY if not a.startswith('--rewards=')] + [
         f"--rewards=[{{'name': 'judge', 'kwargs': {{'path': '{judge}', 'yes': 'Y', 'no': 'N'}}}}]",
         f'--out_dir={tmp_path / "run"}', '--max_steps=2']
-    p = subprocess.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
+    p = warm.run([sys.executable, str(ROOT / 'train_grpo.py'), *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, env=env())
     assert p.returncode == 0, (
         f"train_grpo.py exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")

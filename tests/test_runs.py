@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from test_train import ROOT, command, env, metrics, run, run_together
+import warm
 
 
 def sample_py(*args):
     cmd = [sys.executable, str(ROOT / 'sample.py'), '--device=cpu', '--dtype=float32', *args]
-    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    p = warm.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         return p, None
     return p, json.loads(p.stdout.strip().splitlines()[-1])

@@ -4,7 +4,6 @@ run's export reproduces the run's last eval/pass@1; a broken task fails at start
 import contextlib
 import json
 import string
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 import tasks
 import test_train
 from test_train import ROOT, TINY, env, metrics, run
+import warm
 
 
 @contextlib.contextmanager
@@ -98,7 +98,7 @@ def test_task_missing_a_name_stops_at_start_up_in_one_line(tmp_path):
 
 
 def sample_py(*args):
-    p = subprocess.run([sys.executable, str(ROOT / 'sample.py'), *args], cwd=ROOT, env=env(),
+    p = warm.run([sys.executable, str(ROOT / 'sample.py'), *args], cwd=ROOT, env=env(),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     return p, json.loads(p.stdout.strip().splitlines()[-1])
@@ -330,7 +330,7 @@ def test_a_mixture_trains_each_task_with_its_own_grade_and_evaluates_each(tmp_pa
     samples = [json.loads(line) for line in (tmp_path / 'samples.jsonl').read_text().splitlines()]
     assert len(samples) == 8 and {s['task'] for s in samples} <= {'arith', 'grpo_test_task'}
     # sample.py on the export evaluates both held-out sets as the run did
-    e = subprocess.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'hf'}",
+    e = warm.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'hf'}",
                         f"--out_dir={tmp_path / 'eval'}"], cwd=ROOT, env=env(), capture_output=True,
                        text=True, timeout=120)
     assert e.returncode == 0, e.stderr[-2000:]
@@ -339,7 +339,7 @@ def test_a_mixture_trains_each_task_with_its_own_grade_and_evaluates_each(tmp_pa
         rows[2]['eval/pass@1'], rows[2]['eval/grpo_test_task/pass@1']), (summary, rows[2])
     assert (tmp_path / 'eval' / 'eval_grpo_test_task.jsonl').exists()
     # a set that cannot load stops it before anything is evaluated: one line, exit 2
-    e = subprocess.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'hf'}", "--eval_tasks=['qa']",
+    e = warm.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'hf'}", "--eval_tasks=['qa']",
                         f"--out_dir={tmp_path / 'eval2'}"], cwd=ROOT, env=env(), capture_output=True,
                        text=True, timeout=120)
     assert e.returncode == 2 and 'eval_tasks' in e.stderr and '--data_dir=DIR' in e.stderr, e.stderr
@@ -458,7 +458,7 @@ def test_qa_trains_on_a_users_jsonl_and_sample_py_reproduces_its_eval(tmp_path):
     run_task(tmp_path / 'run', '--task=qa', f'--data_dir={data}', '--max_steps=1', '--eval_every=1',
              '--export_hf=True', '--rewards=None', '--max_seq_len=256', '--eval_examples=6')
     last = metrics(tmp_path / 'run')[-1]
-    p = subprocess.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'run' / 'hf'}",
+    p = warm.run([sys.executable, 'sample.py', f"--init_from={tmp_path / 'run' / 'hf'}",
                         f"--out_dir={tmp_path / 'eval'}"], cwd=ROOT, env=env(), capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -14,6 +14,7 @@ import sample
 import tasks
 import sandbox
 import tool_calls
+import warm
 from loss import policy_loss, token_weights
 from model import KVCache, ModelConfig, from_scratch
 from sample import generate_with_tools
@@ -379,14 +380,12 @@ def test_a_rows_samples_do_not_depend_on_the_rest_of_the_batch():
 def test_sample_py_prompts_a_task_with_tools_through_the_tool_path(tmp_path):
     """`python sample.py --task=... --prompt=...` samples as the task trains: through
     generate_with_tools when the task has tools (the header counts calls), plain generate else."""
-    import subprocess
     import sys
     root = Path(__file__).resolve().parents[1]
     for task, with_tools in (('arith_tools', True), ('arith', False)):
-        out = subprocess.run([sys.executable, str(root / 'sample.py'), '--init_from=scratch',
-                              f'--task={task}', '--prompt=Liz has 80 books and sells 7.',
-                              '--max_new_tokens=8', f'--out_dir={tmp_path}'],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        out = warm.run([sys.executable, str(root / 'sample.py'), '--init_from=scratch',
+                        f'--task={task}', '--prompt=Liz has 80 books and sells 7.',
+                        '--max_new_tokens=8', f'--out_dir={tmp_path}'], timeout=120, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
         assert ('tool calls)' in out.stdout) is with_tools, out.stdout
 

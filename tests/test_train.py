@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import warm
+
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / 'shared' / 'gsm8k'
 # a tiny model and a tiny step: these tests are about the loop's behaviour, not its speed
@@ -40,8 +42,7 @@ def command(out_dir, *args):
 
 
 def run(out_dir, *args, timeout=120, check=True):
-    p = subprocess.run(command(out_dir, *args), cwd=ROOT, env=env(), capture_output=True, text=True,
-                       timeout=timeout)
+    p = warm.run(command(out_dir, *args), cwd=ROOT, env=env(), timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"train_grpo.py exited {p.returncode}\n--- stdout\n{p.stdout[-3000:]}"
                              f"\n--- stderr\n{p.stderr[-3000:]}")
@@ -376,7 +377,7 @@ def test_distillation_brings_the_reverse_kl_to_the_teacher_down():
     the teacher alone (advantage='none'; the task's reward stays 0, which stops no such run) more
     than halves its reverse KL in 80 steps (0.74 -> 0.31 on the CPU; lr 0 keeps it at 0.75, the
     advantage's sign flipped drives it to 3.8)."""
-    p = subprocess.run([sys.executable, str(ROOT / 'bench' / 'distill_cpu.py'), '--steps=80'], cwd=ROOT,
+    p = warm.run([sys.executable, str(ROOT / 'bench' / 'distill_cpu.py'), '--steps=80'], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     kl = json.loads(p.stdout.splitlines()[-1])['reverse_kl_by_window']
@@ -960,7 +961,7 @@ def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
            f'--data_dir={GSM8K}', f'--out_dir={tmp_path / "out"}', '--max_steps=2',
            '--batch_prompts=2', '--group_size=2', '--max_new_tokens=8', '--eval_examples=2',
            '--eval_every=2', '--device=cpu', '--dtype=float32', '--save_every=2']
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = warm.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = metrics(tmp_path / 'out')
     assert [r['step'] for r in rows] == [0, 1, 2] and 'eval/pass@1' in rows[-1]
@@ -972,13 +973,13 @@ def test_arith_probe_reads_an_arith_export(tmp_path):
     run(tmp_path / 'a', '--export_hf=True', '--max_steps=0', '--sft_steps=2',
         '--arith_difficulty=starter', '--arith_count_on=0.5', '--arith_slips=1.0')
     probe = [sys.executable, str(ROOT / 'scripts' / 'arith_probe.py')]
-    p = subprocess.run([*probe, str(tmp_path / 'a' / 'hf')], capture_output=True, text=True,
+    p = warm.run([*probe, str(tmp_path / 'a' / 'hf')], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert set(got) == {'greedy_pass@1', 'forced_count_pass@1', 'sampled_count_share',
                         'sampled_count_right'}
     assert all(0.0 <= v <= 1.0 for v in got.values())
-    p = subprocess.run([*probe, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    p = warm.run([*probe, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1
     assert p.stderr.strip().startswith('error:') and len(p.stderr.strip().splitlines()) == 1
