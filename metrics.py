@@ -436,7 +436,7 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
             own = task.task_of(ex) if mixed else task
             row = {'step': step, 'prompt': tok.decode(prompts[c['prompt_idx']]), 'completion': text,
                    'answer': tasks.answer_fn(own)(text), 'reference': ex.get('answer'),
-                   'correct': bool(task.grade(text, ex)), 'reward': totals[i]}
+                   'correct': bool(tasks.grade(task, text, ex, c.get('state'))), 'reward': totals[i]}
             if mixed:
                 row['task'] = task.task_name(ex)
             f.write(json.dumps(row) + '\n')

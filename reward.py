@@ -432,7 +432,12 @@ def check_reward_config(rewards):
 
 def grade_reward(grade):
     """The 'correct' reward of a task: `correct` when grade(completion, example) holds, else
-    `incorrect`."""
+    `incorrect`. A grade that takes the rollout's `state` (tasks.rollout_states) is given it."""
+    if 'state' in inspect.signature(grade).parameters:
+        def correct(completion, example, correct=1.0, incorrect=0.0, state=None):
+            return correct if grade(completion, example, state=state) else incorrect
+        return correct
+
     def correct(completion, example, correct=1.0, incorrect=0.0):
         return correct if grade(completion, example) else incorrect
     return correct

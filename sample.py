@@ -308,16 +308,20 @@ def tool_settings(task, max_tool_calls=None, tool_timeout=5.0, tool_delay_steps=
 
 
 def sample_batch(model, tok, prompts, group_size, max_new_tokens, *, tools=None, graphs=False,
-                 check_every=0, progress=False, **sampling):
+                 check_every=0, progress=False, states=None, **sampling):
     """The one way to roll out: group_size completions of each prompt through generate, or, given
-    tools (tool_settings' value), through generate_with_tools. graphs, check_every and progress are
-    generate's: a rollout with tools pauses rows for their calls in a loop of its own."""
+    tools (tool_settings' value), through generate_with_tools (with states, its rollouts' states:
+    tasks.rollout_states). graphs, check_every and progress are generate's: a rollout with tools
+    pauses rows for their calls in a loop of its own."""
+    if states is not None and tools is None:
+        raise ValueError("rollout states are for the tools of a task's rollouts; this rollout has none")
     if tools is None:
         return generate(model, tok, prompts, group_size, max_new_tokens, graphs=graphs,
                         check_every=check_every, progress=progress, **sampling)
     if graphs or sampling.pop('stop_strings', None):
         raise ValueError(f"{'graphs=True' if graphs else 'stop_strings'}: rollouts without tools only")
-    return generate_with_tools(model, tok, prompts, group_size, max_new_tokens, **tools, **sampling)
+    return generate_with_tools(model, tok, prompts, group_size, max_new_tokens, **tools, states=states,
+                               **sampling)
 
 
 @dataclass
@@ -401,7 +405,7 @@ def wait_for(futures, on_step):
 def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *, tools,
                         tool_style='fenced', max_tool_calls=4, tool_timeout=5.0, temperature=1.0,
                         top_k=0, top_p=1.0, min_p=0.0, seed=0, stop_ids=None, prompt_index=None,
-                        tool_delay_steps=1, compact=True, compile=False, on_step=None):
+                        tool_delay_steps=1, compact=True, compile=False, on_step=None, states=None):
     """generate() for rollouts that call tools (tools: {name: function}, tool_calls.py). A row whose
     turn closes a call pauses: tool_style 'fenced', at the closing fence of a ```name block
     starting a line; 'hermes' and 'json', at the stop token ending a turn of calls. Its calls run
@@ -420,7 +424,9 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     response that does not fit ends the row (truncated); a call past max_tool_calls is not run and
     ends the row (turn_limit). Each row draws its k-th sampled token with step k of its own seed. A
     paused row stays in the decode batch, fed no token; finished rows are dropped from it when a
-    quarter of it has finished (compact, as in generate())."""
+    quarter of it has finished (compact, as in generate()). states: None, or one per row (prompt
+    i's g-th completion is row i * group_size + g), the rollout's state that tools taking `state`
+    are given (tool_calls.takes_state) and that comes back as each completion's 'state'."""
     import concurrent.futures
 
     import tool_calls
@@ -456,7 +462,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
             if len(row.calls) + len(parsed) > max_tool_calls:
                 row.done = row.turn_limit = True
             else:
-                futures = tool_calls.start_calls(parsed, tools, tool_timeout, pool)
+                state = None if states is None else states[r]
+                futures = tool_calls.start_calls(parsed, tools, tool_timeout, pool, state=state)
                 paused[r] = (token, futures, step + tool_delay_steps)
         elif token in stop_set:
             row.done = row.finished = True
@@ -537,6 +544,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
                             text=tok.decode(text_ids), logprobs=row.logprobs, tool_mask=row.mask,
                             tool_calls=row.calls, tool_wait_s=waited, finished=row.finished,
                             truncated=not row.finished, turn_limit=row.turn_limit))
+        if states is not None:
+            results[-1]['state'] = states[r]
     return results
 
 
@@ -587,9 +596,10 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     answer = tasks.answer_fn(task)
     tools = tools or tool_settings(task)
 
-    def sample(chunk_prompts, n, **kw):
-        return sample_batch(model, tok, chunk_prompts, n, max_new_tokens, tools=tools,
-                            compile=compile, stop_strings=stop_strings, **kw)
+    def sample(chunk, n, **kw):
+        return sample_batch(model, tok, [prompts[i] for i in chunk], n, max_new_tokens, tools=tools,
+                            compile=compile, stop_strings=stop_strings,
+                            states=tasks.rollout_states(task, [examples[i] for i in chunk], n), **kw)
 
     was_training = model.training
     model.eval()
@@ -597,18 +607,17 @@ def evaluate(model, tok, task, examples, system_prompt=None, instruction=None, *
     rows, t0 = [], time.time()
     for start in range(0, len(examples), batch_size):
         chunk = range(start, min(start + batch_size, len(examples)))
-        chunk_prompts = [prompts[i] for i in chunk]
         index = range(first + chunk.start, first + chunk.stop)
-        greedy = sample(chunk_prompts, 1, temperature=0.0, prompt_index=index)
+        greedy = sample(chunk, 1, temperature=0.0, prompt_index=index)
         sampled = []
         if n_samples > 1:
-            sampled = sample(chunk_prompts, n_samples, temperature=temperature, top_k=top_k,
+            sampled = sample(chunk, n_samples, temperature=temperature, top_k=top_k,
                              top_p=top_p, min_p=min_p, seed=seed, prompt_index=index)
         for j, i in enumerate(chunk):
             ex = examples[i]
             comps = [greedy[j]] + sampled[j * n_samples:(j + 1) * n_samples]
             answers = [answer(c['text']) for c in comps]
-            correct = [bool(task.grade(c['text'], ex)) for c in comps]
+            correct = [bool(tasks.grade(task, c['text'], ex, c.get('state'))) for c in comps]
             rows.append(dict(question=ex.get('question'), reference=ex.get('answer'),
                              completions=[c['text'] for c in comps], answers=answers,
                              correct=correct, truncated=[c['truncated'] for c in comps]))
@@ -827,6 +836,10 @@ if __name__ == '__main__':
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     model.eval()
+    if prompt and getattr(task_mod, 'rollout_state', None):
+        print(f"error: --prompt: task {task!r} makes each rollout's state from one of its problems "
+              "(rollout_state); a free prompt has none: evaluate on its problems instead", file=sys.stderr)
+        sys.exit(2)
     if prompt:
         import tool_calls
         # the task's tools, called as in training

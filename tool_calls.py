@@ -101,8 +101,8 @@ def json_schema(fn):
     """The tool description a chat template shows the model, from fn's type hints and Google-style
     docstring, as transformers.utils.get_json_schema writes it: {'type': 'function', 'function':
     {'name', 'description', 'parameters': {'type': 'object', 'properties', 'required'}, 'return'}}.
-    Keyword-only parameters are left out: they are the tool's settings (python's timeout), which
-    run_call passes and the model never sets."""
+    Keyword-only parameters are left out: they are the tool's settings (python's timeout, a
+    rollout's state), which run_call passes and the model never sets."""
     name = getattr(fn, '__name__', 'operation')
     doc = inspect.getdoc(fn)
     if not doc:
@@ -271,16 +271,26 @@ def _call_into(fn, kwargs, box):
         box['raised'] = e
 
 
-def run_call(call, tools, timeout):
+def takes_state(fn):
+    """Whether tool fn has a keyword-only `state` parameter: it is given its rollout's state (the
+    task's rollout_state(example)), which the model neither sees nor sets."""
+    try:
+        p = inspect.signature(fn).parameters.get('state')
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind is p.KEYWORD_ONLY
+
+
+def run_call(call, tools, timeout, state=None):
     """Run one parsed call: {'name', 'arguments', 'output', 'error', 'seconds'}. error is None, or
     'parse' (unreadable call or arguments), 'unknown' (no such tool), 'raised' (the tool raised;
     output 'error: ValueError: ...') or 'timeout'. output is what the model reads, str()-ed and
     cut to sandbox.MAX_OUTPUT_CHARS. Never raises, and returns within timeout (+ TIMEOUT_SLACK_S for a
     tool with a keyword-only timeout, which gets the limit and keeps it: python kills its
-    processes). A tool that raises TimeoutError is a 'timeout' with its message as the output
-    (python's holds what the program printed). The tool runs in a thread of its own, and a thread
-    cannot be killed: a tool that overruns is abandoned, still running, and its thread ends when
-    the tool returns."""
+    processes), and state to a tool with a keyword-only state (takes_state). A tool that raises
+    TimeoutError is a 'timeout' with its message as the output (python's holds what the program
+    printed). The tool runs in a thread of its own, and a thread cannot be killed: a tool that
+    overruns is abandoned, still running, and its thread ends when the tool returns."""
     start = time.monotonic()
     name, arguments = call.get('name', ''), call.get('arguments', {})
     if call.get('error'):
@@ -313,6 +323,8 @@ def run_call(call, tools, timeout):
     kwargs, wait = dict(arguments), timeout
     if 'timeout' in settings:
         kwargs['timeout'], wait = timeout, timeout + TIMEOUT_SLACK_S
+    if 'state' in settings:
+        kwargs['state'] = state
     box = {}
     worker = threading.Thread(target=_call_into, args=(fn, kwargs, box), name=f'tool {name}',
                               daemon=True)
@@ -332,10 +344,24 @@ def run_call(call, tools, timeout):
     return _result(name, arguments, message, 'raised', start)
 
 
-def start_calls(calls, tools, timeout, pool):
+def start_calls(calls, tools, timeout, pool, state=None):
     """Start every call on pool (a concurrent.futures executor): one future per call, each
-    resolving to run_call's dict."""
-    return [pool.submit(run_call, call, tools, timeout) for call in calls]
+    resolving to run_call's dict. The calls run at once, unless one of them goes to a tool that
+    takes the rollout's state: then one after another, in the order written (a call that timed out
+    is abandoned, still running, as run_call says, and the next one starts)."""
+    if not any(takes_state(tools.get(c.get('name'))) for c in calls):
+        return [pool.submit(run_call, call, tools, timeout) for call in calls]
+    futures = []
+    for call in calls:
+        futures.append(pool.submit(_run_after, futures[-1] if futures else None, call, tools, timeout,
+                                   state))
+    return futures
+
+
+def _run_after(previous, call, tools, timeout, state):
+    if previous is not None:
+        previous.result()
+    return run_call(call, tools, timeout, state)
 
 
 def tool_messages(results):

@@ -723,7 +723,8 @@ def rollout(examples, first, step, timing):
                     compile=compile_decode, on_step=heartbeat, graphs=decode_graphs,
                     check_every=decode_check_every)
     my_prompts = [prompts[i - first] for i in mine]
-    comps = sample_batch(gen_model, tok, my_prompts, G, max_new_tokens, tools=tooling,
+    states = tasks.rollout_states(task_mod, [examples[i - first] for i in mine], G)  # a task's own
+    comps = sample_batch(gen_model, tok, my_prompts, G, max_new_tokens, tools=tooling, states=states,
                          progress=show_progress, **sampling)
     timing['gen'] = timing.get('gen', 0.0) + time.time() - t
     t = time.time()
@@ -737,7 +738,7 @@ def rollout(examples, first, step, timing):
             seen = prompts[c['prompt_idx'] - first]
             fact.update(query=tok.decode(seen + c['ids']), prompt_text=tok.decode(seen))
         if task_tools:
-            fact['tool_calls'] = c['tool_calls']
+            fact.update(tool_calls=c['tool_calls'], state=c.get('state'))
             c['void'] = metrics.void_turn(c, tok, task_answer)  # void_turn_filter
         extra.append(fact)
     sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra,

@@ -26,6 +26,10 @@ Optional:
                                     or 'json' (a turn that is one {"name", "parameters"} object,
                                     Llama 3.1+); hermes and json answers are the chat template's
     max_tool_calls = 4              calls per completion, unless the config sets max_tool_calls
+    rollout_state(example) -> object
+        a fresh state for each completion (TRL's environment_factory, verifiers' StatefulToolEnv):
+        tools with a keyword-only `state` parameter get their rollout's (hidden from the model),
+        and grade(completion, example, state) and rewards declaring `state` get it at the end
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
 None) are its knobs: config files and --key=value set them as they set train_grpo.py's own
 (tasks/arith.py: arith_difficulty, ...).
@@ -43,7 +47,7 @@ import types
 
 REQUIRED = ('load', 'messages', 'grade')
 INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style',
-                        'max_tool_calls')
+                        'max_tool_calls', 'rollout_state')
 BUILTIN = ('gsm8k', 'gsm8k_tools', 'math', 'arith', 'arith_tools', 'chess', 'qa', 'countdown')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
@@ -83,7 +87,40 @@ def resolve(spec):
         if not callable(getattr(task, name, None)):
             raise ValueError(f"task {spec!r} has no {name}(): a task defines "
                              f"{', '.join(REQUIRED)} (tasks/__init__.py)")
+    check_state(task, spec)
     return task
+
+
+def check_state(task, spec):
+    """rollout_state and the tools that take it come together: each without the other is refused."""
+    make = getattr(task, 'rollout_state', None)
+    if make is None and not getattr(task, 'tools', None):
+        return
+    import tool_calls
+    tools, _ = tools_of(task)
+    stateful = [name for name, fn in (tools or {}).items() if tool_calls.takes_state(fn)]
+    if make is not None and not callable(make):
+        raise ValueError(f"task {spec!r}: rollout_state must be a function of an example")
+    if make is not None and not stateful:
+        raise ValueError(f"task {spec!r} defines rollout_state(), but none of its tools takes `state` "
+                         "(a keyword-only parameter) to be given it")
+    if stateful and make is None:
+        raise ValueError(f"task {spec!r}: tool {stateful[0]!r} takes `state`, but the task defines no "
+                         "rollout_state(example) to make one per rollout")
+
+
+def rollout_states(task, examples, group_size):
+    """A new state for each of the group_size completions of each example (the task's
+    rollout_state), in the order the sampler lays rows out; None for a task without."""
+    make = getattr(task, 'rollout_state', None)
+    return None if make is None else [make(ex) for ex in examples for _ in range(group_size)]
+
+
+def grade(task, completion, example, state=None):
+    """task.grade(completion, example), with its rollout's state when its grade takes one."""
+    if 'state' in inspect.signature(task.grade).parameters:
+        return task.grade(completion, example, state=state)
+    return task.grade(completion, example)
 
 
 def knobs(task):

@@ -2,8 +2,11 @@
 the KV cache after each inserted tool response equals a fresh forward of the same ids; a row's
 samples do not depend on how long its tools took; budgets and call limits; inserted tokens carry no
 weight in the loss."""
+import json
 import math
 import random
+import re
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import tool_calls
 import warm
 from loss import policy_loss, token_weights
 from model import KVCache, ModelConfig, from_scratch
+from reward import resolve_rewards, score
 from sample import generate_with_tools
 from tokenizer import byte_tokenizer
 
@@ -465,3 +469,129 @@ def test_a_compiled_tool_rollout_samples_as_eager():
     called = [sum(c['tool_mask']) > 0 for c in eager]
     assert any(called) and not all(called), "every row alike: the test checks nothing"
     assert sum(c['finished'] for c in eager) >= 2, "no row finished early: nothing compacted"
+
+
+# --------------------------------------------------------------------------- a state per rollout
+
+def guess_task(tmp_path):
+    """The task docs/tools.md prints under "A state per rollout", as printed, from its file."""
+    doc = (Path(__file__).resolve().parents[1] / 'docs' / 'tools.md').read_text()
+    section = doc[doc.index('## A state per rollout'):]
+    code = section.split('```python\n')[1].split('\n```\n')[0]
+    (tmp_path / 'guess_task.py').write_text(code + '\n')
+    return tmp_path / 'guess_task.py'
+
+
+def test_each_rollout_has_its_own_state_which_grading_sees(tmp_path, monkeypatch):
+    """The docs' guessing game, evaluated on a model scripted to guess 30, then 20: each of the
+    3 x 3 completions keeps a state of its own across its two calls (both counted, the rows'
+    states apart), grade() reads it (pass@1 counts the problems whose number was guessed, whatever
+    the text says), and a completion's 'state' is the one its tools were given."""
+    task = tasks.resolve(str(guess_task(tmp_path)))
+    problems = [{'question': 'Find it.', 'answer': a} for a in ('20', '30', '10')]
+    start = len(sample.encode_prompts(TOK, task, problems[:1])[0]) - 1  # every prompt's length
+    # 'lower' and 'right' are the same length: the second call lands at one position in every row
+    answer = '\n' + tool_calls.response_text([{'output': 'lower'}], 'fenced')
+    script = TOK.encode("```guess\n30\n```" + answer + "```guess\n20\n```")
+    model = Scripted({start + k: t for k, t in enumerate(script)}, strength=60.0)
+    seen = []
+    real = sample.generate_with_tools
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        seen.extend(out)
+        return out
+
+    monkeypatch.setattr(sample, 'generate_with_tools', spy)
+    summary = sample.evaluate(model, TOK, task, problems, max_new_tokens=60, n_samples=2,
+                              temperature=1.0, progress=False)
+    assert len(seen) == 3 + 6 and summary['n'] == 3
+    states = [c['state'] for c in seen]
+    assert len({id(s) for s in states}) == len(states), "two completions shared a state"
+    for c in seen:
+        s, text = c['state'], TOK.decode(c['ids'])
+        assert s['secret'] == int(problems[c['prompt_idx']]['answer']), (s, c['prompt_idx'])
+        assert s['guesses'] == len(c['tool_calls']) == 2, (s, text)
+        assert s['found'] == (s['secret'] in (20, 30)), (s, text)
+    assert summary['pass@1'] == 2 / 3 and summary['pass@2'] == 2 / 3, summary
+    # the 'correct' reward pays the same grade, given each completion's state as training gives it
+    fns = resolve_rewards([{'name': 'correct'}], grade=task.grade)
+    sc = score([c['text'] for c in seen], [problems[c['prompt_idx']] for c in seen], fns,
+               extra_kwargs=[{'state': c['state']} for c in seen])
+    assert sc['total'] == [float(c['state']['found']) for c in seen] and 0 < sum(sc['total']) < 9
+
+
+def test_calls_to_a_stateful_tool_run_in_the_order_written():
+    """Three calls in one turn: to a tool taking the rollout's state, one after another in order
+    (each sleeps less than the one before, so at once they would finish backwards); to a tool
+    without, at once. The model cannot set the state itself."""
+    import concurrent.futures
+
+    def note(n: str, *, state) -> str:
+        """Note n.
+
+        Args:
+            n: a number
+        """
+        time.sleep(0.1 * (4 - int(n)))
+        state.append(int(n))
+        return str(len(state))
+
+    def nap(n: str) -> str:
+        """Sleep.
+
+        Args:
+            n: a number
+        """
+        time.sleep(0.1 * (4 - int(n)))
+        return n
+
+    tools = {'note': note, 'nap': nap}
+    state = []
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        calls = [{'name': 'note', 'arguments': {'n': str(n)}} for n in (1, 2, 3)]
+        got = [f.result()['output'] for f in tool_calls.start_calls(calls, tools, 5.0, pool, state=state)]
+        assert state == [1, 2, 3] and got == ['1', '2', '3'], (state, got)
+        t = time.monotonic()
+        calls = [{'name': 'nap', 'arguments': {'n': str(n)}} for n in (1, 2, 3)]
+        got = [f.result()['output'] for f in tool_calls.start_calls(calls, tools, 5.0, pool, state=state)]
+        assert got == ['1', '2', '3'] and time.monotonic() - t < 0.5  # 0.3 s at once, 0.6 in turn
+    forged = tool_calls.run_call({'name': 'note', 'arguments': {'n': '1', 'state': []}}, tools, 5.0,
+                                 state=state)
+    assert forged['error'] == 'raised' and "unexpected keyword argument 'state'" in forged['output']
+    assert 'state' not in json.dumps(tool_calls.json_schema(note))
+
+
+@pytest.mark.parametrize('cut, message', [
+    ('def rollout_state(', "defines rollout_state(), but none of its tools takes `state`"),
+    ('def guess(', "tool 'guess' takes `state`, but the task defines no rollout_state"),
+])
+def test_a_state_without_its_other_half_is_refused(tmp_path, cut, message):
+    code = guess_task(tmp_path).read_text()
+    if cut == 'def guess(':  # the tool keeps its state parameter, rollout_state goes
+        code = code.replace('def rollout_state(', 'def unused_state(')
+    else:  # rollout_state stays, the tool loses its state parameter
+        code = code.replace('def guess(number: str, *, state) -> str:', 'def guess(number: str) -> str:')
+    (tmp_path / 'half.py').write_text(code)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tasks.resolve(str(tmp_path / 'half.py'))
+
+
+def test_a_run_trains_on_rewards_read_from_rollout_states(tmp_path, monkeypatch):
+    """train_grpo.py on the docs' guessing game with its default rewards ('correct' through a grade
+    that takes the state, fewer_guesses indexing it: a state missing anywhere raises there): two
+    steps and an evaluation, no reward error; sample.py refuses a free --prompt for it."""
+    import test_train
+    tiny = [a for a in test_train.TINY if not a.startswith(('--task=', '--arith_', '--rewards=',
+                                                            '--max_new_tokens='))]
+    monkeypatch.setattr(test_train, 'TINY', tiny)
+    out = tmp_path / 'run'
+    test_train.run(out, f'--task={guess_task(tmp_path)}', '--max_new_tokens=24', '--max_steps=2',
+                   '--eval_every=2', '--eval_examples=4', '--export_hf=True', '--rewards=None')
+    rows = test_train.metrics(out)
+    for r in rows[1:]:
+        assert r['reward/correct/errors'] == 0 and r['reward/fewer_guesses/errors'] == 0, r
+    assert 'eval/pass@1' in rows[-1]
+    p = warm.run([sys.executable, 'sample.py', f"--init_from={out / 'hf'}", '--prompt=Find it.'],
+                 cwd=Path(__file__).resolve().parents[1], env=test_train.env(), timeout=120)
+    assert p.returncode == 2 and 'a free prompt has none' in p.stderr, p.stderr
