@@ -1,6 +1,7 @@
 """
 The tools a model may call, with no torch: the calculator (arithmetic on a syntax tree walked by
-hand, nothing evaluated) and python (a program run in a sandboxed fresh interpreter).
+hand, nothing evaluated), python (a program run in a sandboxed fresh interpreter) and
+python_repl (the same, after the rollout's earlier programs run again quietly: a REPL).
 DEFAULT_TOOLS names them for tasks; tool_calls.py finds, runs and answers the calls.
 
 The python tool runs each program in a fresh interpreter under these guards:
@@ -93,6 +94,7 @@ How this differs from the projects it was compared with (source read at the comm
 import ast
 import atexit
 import functools
+import json
 import math
 import operator
 import os
@@ -218,6 +220,11 @@ def calculator(expression: str) -> str:
 CHILD = r'''
 import os, resource, sys, traceback
 root = os.path.realpath(sys.argv[1])
+cells = []  # python_repl: the rollout's earlier programs, run again first with their output dropped
+if os.path.exists('cells.json'):
+    import json
+    with open('cells.json', encoding='utf-8') as f:
+        cells = json.load(f)
 cpu, memory, processes, file_size, disk, uid = map(int, sys.argv[2:8])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -349,10 +356,21 @@ posix.open = os.open = open_at
 os.supports_dir_fd.add(open_at)
 sys.addaudithook(audit)
 sys.argv = ['main.py']
+scope = {'__name__': '__main__', '__builtins__': __builtins__}
+out, err = sys.stdout, sys.stderr
+for i, cell in enumerate(cells):
+    sink = sys.stdout = sys.stderr = open(os.devnull, 'w')
+    try:
+        exec(compile(cell, f'<cell {i}>', 'exec'), scope)
+    except BaseException:
+        pass  # as in a REPL: what ran before the error stays
+    finally:
+        sys.stdout, sys.stderr = out, err
+        sink.close()
 try:
     with open('main.py', encoding='utf-8') as f:
         program = compile(f.read(), 'main.py', 'exec')
-    exec(program, {'__name__': '__main__', '__builtins__': __builtins__})
+    exec(program, scope)
 except SystemExit:
     raise
 except BaseException as e:
@@ -571,12 +589,36 @@ def python(code: str, *, timeout: float = PYTHON_TIMEOUT_S) -> str:
     """
     # Returns the output; a program that overruns the time limit raises TimeoutError carrying what
     # it had printed and one line saying so (run_call reports it as a 'timeout').
+    return _run_python(code, timeout)
+
+
+def python_repl(code: str, *, state, timeout: float = PYTHON_TIMEOUT_S) -> str:
+    """Run a Python program and return what it prints (stdout and stderr), as in a REPL: what
+    earlier programs of this conversation defined, imported or wrote is there again.
+
+    Args:
+        code: The program, e.g. "x = 6 * 7", then in a later call "print(x + 1)".
+    """
+    # The REPL is replayed, not kept alive (as ToRA runs the programs so far, joined): each call
+    # is a fresh sandboxed process that first runs the rollout's earlier programs with their output
+    # dropped, all within the time limit; a program that timed out is not kept.
+    cells = state.setdefault('python_cells', [])
+    _check_text(code, 'code', PYTHON_MAX_CODE_CHARS - sum(map(len, cells)))
+    out = _run_python(code, timeout, cells)
+    cells.append(code)
+    return out
+
+
+def _run_python(code, timeout, cells=()):
     _check_text(code, 'code', PYTHON_MAX_CODE_CHARS)
     prefix, uid, root = _unshare_prefix(), _take_uid(), None
     try:
         root = tempfile.mkdtemp(prefix='call-', dir=_run_dir())
         with open(os.path.join(root, 'main.py'), 'w', encoding='utf-8') as f:
             f.write(code)
+        if cells:
+            with open(os.path.join(root, 'cells.json'), 'w', encoding='utf-8') as f:
+                json.dump(list(cells), f)
         if uid is not None:
             os.chown(root, uid, uid)
         # the tmpfs where there is a mount namespace (its size is then the cap); the watcher always
@@ -616,4 +658,4 @@ def python(code: str, *, timeout: float = PYTHON_TIMEOUT_S) -> str:
     return text
 
 
-DEFAULT_TOOLS = {'calculator': calculator, 'python': python}
+DEFAULT_TOOLS = {'calculator': calculator, 'python': python, 'python_repl': python_repl}

@@ -18,9 +18,9 @@ Optional:
         legal_rate, ...): in evaluate()'s summary and train_grpo's eval/<name> (names other than
         n, pass@1, truncated, seconds)
     tools = [...]                   tools its rollouts may call (sandbox.py): built-in names
-                                    ('calculator', 'python') or functions with type hints and a
-                                    docstring; its completions then run through
-                                    sample.generate_with_tools (docs/tools.md)
+                                    ('calculator', 'python', 'python_repl') or functions
+                                    with type hints and a docstring; its completions then run
+                                    through sample.generate_with_tools (docs/tools.md)
     tool_style = 'fenced'           how a call is written: 'fenced' (a ```name block, answered by
                                     an ```output block), 'hermes' (<tool_call>{json}</tool_call>)
                                     or 'json' (a turn that is one {"name", "parameters"} object,
@@ -28,8 +28,9 @@ Optional:
     max_tool_calls = 4              calls per completion, unless the config sets max_tool_calls
     rollout_state(example) -> object
         a fresh state for each completion (TRL's environment_factory, verifiers' StatefulToolEnv):
-        tools with a keyword-only `state` parameter get their rollout's (hidden from the model),
-        and grade(completion, example, state) and rewards declaring `state` get it at the end
+        tools with a keyword-only `state` parameter get their rollout's (hidden from the model;
+        without rollout_state, a new {}), and grade(completion, example, state) and rewards
+        declaring `state` get it at the end
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
 None) are its knobs: config files and --key=value set them as they set train_grpo.py's own
 (tasks/arith.py: arith_difficulty, ...).
@@ -92,28 +93,32 @@ def resolve(spec):
 
 
 def check_state(task, spec):
-    """rollout_state and the tools that take it come together: each without the other is refused."""
+    """rollout_state without a tool that takes `state` is refused (a tool that takes it without
+    rollout_state gets a new {} per rollout)."""
     make = getattr(task, 'rollout_state', None)
-    if make is None and not getattr(task, 'tools', None):
-        return
-    import tool_calls
-    tools, _ = tools_of(task)
-    stateful = [name for name, fn in (tools or {}).items() if tool_calls.takes_state(fn)]
     if make is not None and not callable(make):
         raise ValueError(f"task {spec!r}: rollout_state must be a function of an example")
-    if make is not None and not stateful:
+    if make is not None and not stateful_tools(task):
         raise ValueError(f"task {spec!r} defines rollout_state(), but none of its tools takes `state` "
                          "(a keyword-only parameter) to be given it")
-    if stateful and make is None:
-        raise ValueError(f"task {spec!r}: tool {stateful[0]!r} takes `state`, but the task defines no "
-                         "rollout_state(example) to make one per rollout")
+
+
+def stateful_tools(task):
+    """The names of the task's tools that take their rollout's state (tool_calls.takes_state)."""
+    if not getattr(task, 'tools', None):
+        return []
+    import tool_calls
+    return [name for name, fn in tools_of(task)[0].items() if tool_calls.takes_state(fn)]
 
 
 def rollout_states(task, examples, group_size):
-    """A new state for each of the group_size completions of each example (the task's
-    rollout_state), in the order the sampler lays rows out; None for a task without."""
+    """A new state for each of the group_size completions of each example, in the order the
+    sampler lays rows out: the task's rollout_state(example), or {} where only its tools take a
+    state; None for a task whose tools take none."""
     make = getattr(task, 'rollout_state', None)
-    return None if make is None else [make(ex) for ex in examples for _ in range(group_size)]
+    if make is None and not stateful_tools(task):
+        return None
+    return [make(ex) if make else {} for ex in examples for _ in range(group_size)]
 
 
 def grade(task, completion, example, state=None):

@@ -175,6 +175,26 @@ def test_python_prints():
     assert (r['error'], r['output']) == (None, '5050\n'), 'the last expression is not printed'
 
 
+def test_python_repl_keeps_what_earlier_programs_of_the_rollout_did():
+    """python_repl: a later call sees an earlier one's names, imports and files, and what ran
+    before an error, but not its output; a program that timed out is not kept; another rollout's
+    state starts empty, and plain python keeps nothing."""
+    tools, state, other = {'python_repl': sandbox.python_repl}, {}, {}
+
+    def call(code, st, timeout=TIMEOUT):
+        return run_call({"name": "python_repl", "arguments": {"code": code}}, tools,
+                        timeout, state=st)
+    assert call("import math\nx = 6 * 7\nprint('once')", state)['output'] == 'once\n'
+    assert call("open('f.txt', 'w').write(str(x))\ny = 1\n1 / 0\nz = 2", state)['error'] is None
+    r = call("print(x + 1, round(math.pi, 2), open('f.txt').read(), y, 'z' in dir())", state)
+    assert r['output'] == '43 3.14 42 1 False\n', r['output']
+    assert call("w = 0\nwhile True:\n    pass", state, timeout=1.0)['error'] == 'timeout'
+    assert "NameError: name 'w' is not defined" in call("print(w)", state)['output']
+    assert len(state['python_cells']) == 4  # the timed-out one left out
+    assert "NameError: name 'x' is not defined" in call("print(x)", other)['output']
+    assert "NameError" in run_python("print(x)")['output']
+
+
 def test_python_infinite_loop_is_killed_and_keeps_what_it_printed():
     r = run_python("print('started')\nwhile True:\n    pass")
     assert r['error'] == 'timeout', r
@@ -525,7 +545,7 @@ TOOLS = {'add': add, 'broken': broken, 'as_dict': as_dict, 'chatty': chatty, **D
 def test_run_call_unknown_tool():
     r = run_call({'name': 'search', 'arguments': {'q': 'x'}}, DEFAULT_TOOLS, TIMEOUT)
     assert r['error'] == 'unknown'
-    assert r['output'] == "error: unknown tool 'search' (tools: calculator, python)"
+    assert r["output"] == "error: unknown tool 'search' (tools: calculator, python, python_repl)"
 
 
 def test_run_call_tool_that_raises():

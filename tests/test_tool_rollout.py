@@ -562,19 +562,20 @@ def test_calls_to_a_stateful_tool_run_in_the_order_written():
     assert 'state' not in json.dumps(tool_calls.json_schema(note))
 
 
-@pytest.mark.parametrize('cut, message', [
-    ('def rollout_state(', "defines rollout_state(), but none of its tools takes `state`"),
-    ('def guess(', "tool 'guess' takes `state`, but the task defines no rollout_state"),
-])
-def test_a_state_without_its_other_half_is_refused(tmp_path, cut, message):
+def test_rollout_state_needs_a_tool_that_takes_it_and_such_a_tool_needs_no_rollout_state(tmp_path):
+    """rollout_state beside tools that take no state is refused at start-up; a tool that takes a
+    state in a task without rollout_state gets a new {} per completion (the built-in
+    python_repl's case)."""
     code = guess_task(tmp_path).read_text()
-    if cut == 'def guess(':  # the tool keeps its state parameter, rollout_state goes
-        code = code.replace('def rollout_state(', 'def unused_state(')
-    else:  # rollout_state stays, the tool loses its state parameter
-        code = code.replace('def guess(number: str, *, state) -> str:', 'def guess(number: str) -> str:')
-    (tmp_path / 'half.py').write_text(code)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        tasks.resolve(str(tmp_path / 'half.py'))
+    (tmp_path / 'no_tool.py').write_text(code.replace('def guess(number: str, *, state) -> str:',
+                                                      'def guess(number: str) -> str:'))
+    with pytest.raises(ValueError, match=re.escape("defines rollout_state(), but none of its tools takes `state`")):
+        tasks.resolve(str(tmp_path / 'no_tool.py'))
+    (tmp_path / 'no_state.py').write_text(code.replace('def rollout_state(', 'def unused_state('))
+    task = tasks.resolve(str(tmp_path / 'no_state.py'))
+    states = tasks.rollout_states(task, task.load('test')[:2], 3)
+    assert states == [{}] * 6 and len({id(s) for s in states}) == 6
+    assert tasks.rollout_states(tasks.resolve('arith_tools'), [{}], 2) is None  # no tool takes one
 
 
 def test_a_run_trains_on_rewards_read_from_rollout_states(tmp_path, monkeypatch):
