@@ -280,6 +280,20 @@ def test_inserted_tokens_carry_no_weight():
     assert policy_loss(logp, old, a, leak, lens, eps_low=0.2, eps_high=0.28)[0].abs().item() > 1e3
 
 
+def completions_seen(monkeypatch):
+    """A list that gathers every completion sample.generate_with_tools returns from now on."""
+    seen = []
+    real = sample.generate_with_tools
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        seen.extend(out)
+        return out
+
+    monkeypatch.setattr(sample, 'generate_with_tools', spy)
+    return seen
+
+
 @pytest.mark.parametrize('page', ['README.md', 'docs/tools.md'])
 def test_the_docs_task_with_a_tool_plugs_in(tmp_path, monkeypatch, page):
     """The example task with tools, as printed in the README and docs/tools.md: resolved by its
@@ -296,15 +310,7 @@ def test_the_docs_task_with_a_tool_plugs_in(tmp_path, monkeypatch, page):
     assert list(tools) == ['add', 'calculator'] and style == 'fenced'
     call, = tool_calls.parse_calls("```add\n12 7 100\n```", style, names=tools)
     assert tool_calls.run_call(call, tools, 5.0)['output'] == '119'
-    seen = []
-    real = sample.generate_with_tools
-
-    def spy(*args, **kw):
-        out = real(*args, **kw)
-        seen.extend(out)
-        return out
-
-    monkeypatch.setattr(sample, 'generate_with_tools', spy)
+    seen = completions_seen(monkeypatch)
     model = Scripted({}, strength=0.0)
     summary = sample.evaluate(model, TOK, task, task.load('test')[:3], max_new_tokens=12,
                               progress=False)
@@ -494,15 +500,7 @@ def test_each_rollout_has_its_own_state_which_grading_sees(tmp_path, monkeypatch
     answer = '\n' + tool_calls.response_text([{'output': 'lower'}], 'fenced')
     script = TOK.encode("```guess\n30\n```" + answer + "```guess\n20\n```")
     model = Scripted({start + k: t for k, t in enumerate(script)}, strength=60.0)
-    seen = []
-    real = sample.generate_with_tools
-
-    def spy(*args, **kw):
-        out = real(*args, **kw)
-        seen.extend(out)
-        return out
-
-    monkeypatch.setattr(sample, 'generate_with_tools', spy)
+    seen = completions_seen(monkeypatch)
     summary = sample.evaluate(model, TOK, task, problems, max_new_tokens=60, n_samples=2,
                               temperature=1.0, progress=False)
     assert len(seen) == 3 + 6 and summary['n'] == 3
