@@ -10,7 +10,10 @@ script's sys.exit code, 1 for an uncaught exception, -N for signal N) and atexit
 does not get anew: environment variables read when the preloaded modules were imported (the
 server's, which the suite's worker set: TRITON_INTERPRET, OMP_NUM_THREADS): a run whose environment
 differs from the server's in any variable of that kind (IMPORT_TIME) goes through `subprocess`, as
-does one asked to (`fresh=True`) and any command that is not `python script.py` or `python -m`."""
+does one asked to (`fresh=True`) and any command that is not `python script.py` or `python -m`.
+Forked runs also share the server's string hash seed, where new processes each draw one: the
+exact-resume tests whose runs are killed start those runs as new processes (test_train.start), so
+a result that hung on the order of a set of strings would still differ there."""
 import atexit
 import io
 import multiprocessing
