@@ -230,10 +230,11 @@ def mix_line(train_set, task):
 
 
 def tool_metrics(comps):
-    """Rollouts with tools: calls per completion, failed calls by kind, call latency, the share of
-    completion tokens that tool responses inserted, the share of completions that hit
-    max_tool_calls, and tools/void_frac, the share that ended in a void turn (c['void'], set by
-    void_turn where the rollouts are made; whether or not void_turn_filter is on)."""
+    """Rollouts with tools or a task's respond: calls per completion, failed calls by kind, call
+    latency, the share of completion tokens that tool responses inserted, the share of completions
+    that hit max_tool_calls, the user turns respond added per completion, and tools/void_frac, the
+    share that ended in a void turn (c['void'], set by void_turn where the rollouts are made;
+    whether or not void_turn_filter is on)."""
     calls = [call for c in comps for call in c['tool_calls']]
     m = {'tools/calls_per_completion': len(calls) / len(comps)}
     for kind in ('parse', 'unknown', 'raised', 'timeout'):
@@ -245,6 +246,8 @@ def tool_metrics(comps):
     inserted = sum(sum(c['tool_mask']) for c in comps)
     m['tools/token_frac'] = inserted / max(sum(len(c['ids']) for c in comps), 1)
     m['tools/turn_limit_frac'] = sum(bool(c.get('turn_limit')) for c in comps) / len(comps)
+    if any('user_turns' in c for c in comps):  # turns the task's respond answered
+        m['tools/user_turns_per_completion'] = sum(c.get('user_turns', 0) for c in comps) / len(comps)
     # seconds a rollout waited for tools later than tool_delay_steps (the longest of the step's)
     m['tools/wait_s'] = max(c.get('tool_wait_s', 0.0) for c in comps)
     if all('void' in c for c in comps):

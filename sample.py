@@ -297,14 +297,17 @@ def stop_string_watch(tok, stop_strings, n):
 def tool_settings(task, max_tool_calls=None, tool_timeout=5.0, tool_delay_steps=1):
     """How rollouts of task call its tools, as the one value sample_batch and evaluate take: the
     tools and their style (the task's), the calls per completion (max_tool_calls, None: the
-    task's), the time limit and the delay (generate_with_tools); None for a task without tools."""
+    task's), the time limit and the delay (generate_with_tools), and the task's respond hook with
+    its max_turns; None for a task without tools or respond."""
     import tasks
     tools, style = tasks.tools_of(task)
-    if not tools:
+    respond = getattr(task, 'respond', None)
+    if not tools and respond is None:
         return None
-    return dict(tools=tools, tool_style=style, tool_timeout=tool_timeout,
+    return dict(tools=tools or {}, tool_style=style or 'fenced', tool_timeout=tool_timeout,
                 max_tool_calls=tasks.tool_call_limit(task, max_tool_calls),
-                tool_delay_steps=tool_delay_steps)
+                tool_delay_steps=tool_delay_steps, respond=respond,
+                max_turns=getattr(task, 'max_turns', 4))
 
 
 def sample_batch(model, tok, prompts, group_size, max_new_tokens, *, tools=None, graphs=False,
@@ -335,6 +338,7 @@ class ToolRow:
     turn_start: int = 0
     n_sampled: int = 0
     calls: list = field(default_factory=list)
+    turns: int = 0  # user turns the task's respond added
     done: bool = False
     finished: bool = False
     turn_limit: bool = False
@@ -405,32 +409,32 @@ def wait_for(futures, on_step):
 def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *, tools,
                         tool_style='fenced', max_tool_calls=4, tool_timeout=5.0, temperature=1.0,
                         top_k=0, top_p=1.0, min_p=0.0, seed=0, stop_ids=None, prompt_index=None,
-                        tool_delay_steps=1, compact=True, compile=False, on_step=None, states=None):
+                        tool_delay_steps=1, compact=True, compile=False, on_step=None, states=None,
+                        respond=None, max_turns=4):
     """generate() for rollouts that call tools (tools: {name: function}, tool_calls.py). A row whose
-    turn closes a call pauses: tool_style 'fenced', at the closing fence of a ```name block
-    starting a line; 'hermes' and 'json', at the stop token ending a turn of calls. Its calls run
-    in a thread pool while the other rows keep decoding. tool_delay_steps decode steps after the
-    call closed, the response's tokens (fenced: tool_calls.response_text encoded on its own;
-    hermes and json: the chat template's delta, tool_calls.template_answers; the sampled tokens are
-    never decoded and encoded again) are prefilled into that row's own KV cache as one chunk, with
-    the token that closed the call in front, in one batched forward with the other rows due at that
-    step, and the row goes on. A tool still running then is waited for (tool_wait_s, the same on
-    every completion of the call, adds up those waits): so which rows are prefilled together, and
-    with them every float, does not depend on how long tools took, and a rollout with
-    deterministic tools reproduces exactly. Raise tool_delay_steps for tools slower than a decode
-    step (a python call takes 0.04-0.1 s).
-    Token in, token out: a completion's ids are its sampled ids and the inserted ids, in order;
-    tool_mask marks the inserted ones (1), whose logprobs are 0. max_new_tokens counts both; a
-    response that does not fit ends the row (truncated); a call past max_tool_calls is not run and
-    ends the row (turn_limit). Each row draws its k-th sampled token with step k of its own seed. A
-    paused row stays in the decode batch, fed no token; finished rows are dropped from it when a
-    quarter of it has finished (compact, as in generate()). states: None, or one per row (prompt
-    i's g-th completion is row i * group_size + g), the rollout's state that tools taking `state`
-    are given (tool_calls.takes_state) and that comes back as each completion's 'state'."""
+    turn closes a call pauses: tool_style 'fenced', at the closing fence of a ```name block starting
+    a line; 'hermes' and 'json', at the stop token ending a turn of calls. Its calls run in a thread
+    pool while the other rows keep decoding. tool_delay_steps decode steps after the call closed,
+    the response's tokens (fenced: tool_calls.response_text encoded on its own; hermes and json: the
+    chat template's delta, tool_calls.template_answers; sampled tokens are never encoded again) are
+    prefilled into that row's own KV cache as one chunk, with the token that closed the call in
+    front, in one batched forward with the other rows due at that step, and the row goes on. A tool
+    still running then is waited for (tool_wait_s adds up those waits): so which rows are prefilled
+    together, and with them every float, does not depend on how long tools took, and a rollout with
+    deterministic tools reproduces exactly (raise tool_delay_steps for slow tools). Token in, token
+    out: a completion's ids are its sampled ids and the inserted ids, in order; tool_mask marks the
+    inserted ones (1), whose logprobs are 0. max_new_tokens counts both; a response that does not
+    fit ends the row (truncated); a call past max_tool_calls is not run and ends the row
+    (turn_limit). Each row draws its k-th sampled token with step k of its own seed. A paused row
+    stays in the decode batch, fed no token; finished rows are dropped from it when a quarter of it
+    has finished (compact, as in generate()). states: a state per row (row i*G + g: prompt i's g-th)
+    for tools that take one, back as 'state'. respond(turn, state), on the pool when a turn ends
+    with a stop and no call: a str goes in as a user turn (tool_calls.user_turns), None ends the
+    row, as does a stop after max_turns user turns."""
     import concurrent.futures
-
     import tool_calls
     answer = None  # hermes, json: results -> the chat template's ids answering them
+    user_turn = respond and tool_calls.user_turns(tok)  # text -> the ids of a user turn
     if tool_style in tool_calls.TURN_STYLES:
         answer = tool_calls.template_answers(tok, tools, tool_style)
     elif tool_style != 'fenced':
@@ -447,14 +451,14 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     prompt_len = [len(prompts[r // G]) for r in range(N)]
     rows = [ToolRow() for _ in range(N)]
     paused = {}  # row -> (the token that closed its call, the futures of its calls, due step)
-    # a thread per call that may be running at once (threads start as calls come), so that N
-    # rows whose tools all hang wait one tool_timeout together, not one after another
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, N * max_tool_calls))
+    responding = set()  # the paused rows whose future is respond's, not calls'
+    # a thread per call that may run at once: N rows whose tools all hang wait one tool_timeout together
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, N * (max_tool_calls + 1)))
     step, waited = 0, 0.0  # decode steps so far; seconds spent waiting for late tools
 
     def after_sampling(r, token, turn):
         """Where row r goes after sampling token: paused for its calls, done, or on (True)."""
-        row = rows[r]
+        row, state = rows[r], None if states is None else states[r]
         if turn is not None and len(row.ids) >= max_new_tokens:
             row.done = True  # no room left for the answer: the calls are not run
         elif turn is not None:
@@ -462,9 +466,12 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
             if len(row.calls) + len(parsed) > max_tool_calls:
                 row.done = row.turn_limit = True
             else:
-                state = None if states is None else states[r]
                 futures = tool_calls.start_calls(parsed, tools, tool_timeout, pool, state=state)
                 paused[r] = (token, futures, step + tool_delay_steps)
+        elif token in stop_set and respond is not None and row.turns < max_turns:
+            turn = tok.decode(row.ids[row.turn_start:-1])
+            paused[r] = (token, [pool.submit(respond, turn, state)], step + tool_delay_steps)
+            responding.add(r)
         elif token in stop_set:
             row.done = row.finished = True
         elif len(row.ids) >= max_new_tokens:
@@ -482,14 +489,17 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
             token, futures, _ = paused.pop(r)
             waited += wait_for(futures, on_step)
             results = [f.result() for f in futures]
-            rows[r].calls += results
-            inserted = answer_ids(rows[r], results, tok, answer, tool_style)
-            if len(rows[r].ids) + len(inserted) > max_new_tokens:
+            inserted = turn_answer(rows[r], results, r in responding, tok, answer=answer,
+                                   user_turn=user_turn, tool_style=tool_style)
+            responding.discard(r)
+            if inserted is None:  # the task's respond ended the rollout
+                rows[r].done = rows[r].finished = True
+            elif len(rows[r].ids) + len(inserted) > max_new_tokens:
                 rows[r].done = True  # no room for the response: truncated
-                continue
-            rows[r].add(inserted, [0.0] * len(inserted), inserted=True)
-            rows[r].turn_start = len(rows[r].ids)
-            chunks[r] = [token] + inserted
+            else:
+                rows[r].add(inserted, [0.0] * len(inserted), inserted=True)
+                rows[r].turn_start = len(rows[r].ids)
+                chunks[r] = [token] + inserted
         if not chunks:
             return {}
         extent = max(prompt_len[r] + len(rows[r].ids) - len(chunks[r]) for r in chunks)
@@ -536,17 +546,32 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
-    results = []
-    for r, row in enumerate(rows):
-        ids = row.ids
-        text_ids = ids[:-1] if row.finished and ids and ids[-1] in stop_set else ids
-        results.append(dict(prompt_idx=prompt_index[r // G], sample_idx=r % G, ids=ids,
-                            text=tok.decode(text_ids), logprobs=row.logprobs, tool_mask=row.mask,
-                            tool_calls=row.calls, tool_wait_s=waited, finished=row.finished,
-                            truncated=not row.finished, turn_limit=row.turn_limit))
-        if states is not None:
-            results[-1]['state'] = states[r]
-    return results
+    out = [tool_completion(row, prompt_index[r // G], r % G, tok, stop_set=stop_set, waited=waited)
+           for r, row in enumerate(rows)]
+    for c, state in zip(out, states or ()):
+        c['state'] = state
+    return out
+
+
+def tool_completion(row, prompt_idx, sample_idx, tok, *, stop_set, waited):
+    """generate_with_tools' completion dict of a ToolRow."""
+    text_ids = row.ids[:-1] if row.finished and row.ids and row.ids[-1] in stop_set else row.ids
+    return dict(prompt_idx=prompt_idx, sample_idx=sample_idx, ids=row.ids, text=tok.decode(text_ids),
+                logprobs=row.logprobs, tool_mask=row.mask, tool_calls=row.calls, tool_wait_s=waited,
+                finished=row.finished, truncated=not row.finished, turn_limit=row.turn_limit,
+                user_turns=row.turns)
+
+
+def turn_answer(row, results, responded, tok, *, answer, user_turn, tool_style):
+    """The ids to insert after a paused row's turn: its calls' answers (results), or the user turn
+    the task's respond returned (responded; None: respond ended the rollout)."""
+    if not responded:
+        row.calls += results
+        return answer_ids(row, results, tok, answer, tool_style)
+    if results[0] is None:
+        return None
+    row.turns += 1
+    return user_turn(str(results[0]))
 
 
 def encode_prompts(tok, task, examples, system_prompt=None, instruction=None):

@@ -478,3 +478,35 @@ def template_answers(tok, tools, style='hermes'):
     def answer(results):
         return delta([{'name': r['name'], 'output': r['output']} for r in results])
     return answer
+
+
+def user_turns(tok):
+    """For a task that answers the model's turns (its respond hook): checks once that tok's chat
+    template can add a user turn token in, token out, and returns answer(text) -> the token ids to
+    insert after the stop token that ended an assistant turn: the rest of that turn as the template
+    writes it, a user turn holding text, and the next assistant turn's generation prompt. Cut from
+    renderings of short conversations, checked not to depend on what came before, as
+    template_answers' tool turns are; a template that fails gets one ValueError naming it."""
+    where = getattr(tok, 'template_file', None) or 'the tokenizer'
+    stops = set(tok.stop_ids)
+
+    def delta(text, content='probe', system=None):
+        before = [{'role': 'user', 'content': f'question {content}'}]
+        if system is not None:
+            before.insert(0, {'role': 'system', 'content': system})
+        k = len(_stop_positions(tok.render_chat(before, add_generation_prompt=False), stops))
+        turns = before + [{'role': 'assistant', 'content': content}, {'role': 'user', 'content': text}]
+        ends = _stop_positions(tok.render_chat(turns, add_generation_prompt=True), stops)
+        if len(ends) <= k:
+            raise ValueError(f"{where}: the chat template does not end an assistant turn with a stop "
+                             "token, so a user turn cannot be added after one")
+        return tok.render_chat(turns, add_generation_prompt=True)[ends[k] + 1:]
+
+    want = delta(PROBE_RESULT)
+    if PROBE_RESULT not in tok.decode(want):
+        raise ValueError(f"{where}: the chat template does not render the user turn's content")
+    for content, system in (('other text', None), ('', 'a system turn'), ('x\n\n', '')):
+        if delta(PROBE_RESULT, content, system) != want:
+            raise ValueError(f"{where}: the chat template's user turn depends on the turns before "
+                             "it, so it cannot be added token in, token out")
+    return delta

@@ -401,6 +401,8 @@ try:
     if tool_style in tool_calls.TURN_STYLES:  # calls answered through the chat template
         # refuses a template it cannot answer with
         tool_calls.template_answers(tok, task_tools, tool_style)
+    if tooling and tooling['respond']:  # turns the task answers: a user turn added after the model's
+        tool_calls.user_turns(tok)
 except (ValueError, OSError) as e:
     die(str(e))
 if max(max_new_tokens, eval_max_new_tokens) >= model.config.max_seq_len:
@@ -737,8 +739,9 @@ def rollout(examples, first, step, timing):
         if text_facts:  # special tokens as text, as OpenRLHF decodes them
             seen = prompts[c['prompt_idx'] - first]
             fact.update(query=tok.decode(seen + c['ids']), prompt_text=tok.decode(seen))
-        if task_tools:
+        if tooling:
             fact.update(tool_calls=c['tool_calls'], state=c.get('state'))
+        if task_tools:
             c['void'] = metrics.void_turn(c, tok, task_answer)  # void_turn_filter
         extra.append(fact)
     sc = score(texts, graded, reward_fns, failure_reward=failure_reward, extra_kwargs=extra,

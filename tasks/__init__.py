@@ -31,6 +31,10 @@ Optional:
         tools with a keyword-only `state` parameter get their rollout's (hidden from the model;
         without rollout_state, a new {}), and grade(completion, example, state) and rewards
         declaring `state` get it at the end
+    respond(turn, state) -> str | None
+        the environment's answer when a turn of the model ends without a call (verifiers'
+        env_response): a str goes in as a user turn and the model goes on, None ends the rollout
+    max_turns = 4                   user turns respond may add to a rollout (a task knob)
 The task's lowercase module-level values of plain types (int, float, bool, str, list, tuple, dict,
 None) are its knobs: config files and --key=value set them as they set train_grpo.py's own
 (tasks/arith.py: arith_difficulty, ...).
@@ -48,7 +52,7 @@ import types
 
 REQUIRED = ('load', 'messages', 'grade')
 INTERFACE = REQUIRED + ('rewards', 'solution', 'answer', 'metrics', 'tools', 'tool_style',
-                        'max_tool_calls', 'rollout_state')
+                        'max_tool_calls', 'rollout_state', 'respond')
 BUILTIN = ('gsm8k', 'gsm8k_tools', 'math', 'arith', 'arith_tools', 'chess', 'qa', 'countdown')
 KNOB_TYPES = (int, float, bool, str, list, tuple, dict, type(None))
 
@@ -93,14 +97,17 @@ def resolve(spec):
 
 
 def check_state(task, spec):
-    """rollout_state without a tool that takes `state` is refused (a tool that takes it without
-    rollout_state gets a new {} per rollout)."""
+    """rollout_state without respond or a tool that takes `state` is refused (a tool that takes it
+    without rollout_state gets a new {} per rollout)."""
     make = getattr(task, 'rollout_state', None)
     if make is not None and not callable(make):
         raise ValueError(f"task {spec!r}: rollout_state must be a function of an example")
-    if make is not None and not stateful_tools(task):
-        raise ValueError(f"task {spec!r} defines rollout_state(), but none of its tools takes `state` "
-                         "(a keyword-only parameter) to be given it")
+    respond = getattr(task, 'respond', None)
+    if respond is not None and not callable(respond):
+        raise ValueError(f"task {spec!r}: respond must be a function of (turn, state)")
+    if make is not None and respond is None and not stateful_tools(task):
+        raise ValueError(f"task {spec!r} defines rollout_state(), but neither respond() nor any of its "
+                         "tools takes `state` (a keyword-only parameter) to be given it")
 
 
 def stateful_tools(task):
@@ -113,10 +120,10 @@ def stateful_tools(task):
 
 def rollout_states(task, examples, group_size):
     """A new state for each of the group_size completions of each example, in the order the
-    sampler lays rows out: the task's rollout_state(example), or {} where only its tools take a
-    state; None for a task whose tools take none."""
+    sampler lays rows out: the task's rollout_state(example), or {} where only its respond or
+    tools take a state; None for a task with neither."""
     make = getattr(task, 'rollout_state', None)
-    if make is None and not stateful_tools(task):
+    if make is None and getattr(task, 'respond', None) is None and not stateful_tools(task):
         return None
     return [make(ex) if make else {} for ex in examples for _ in range(group_size)]
 
@@ -268,9 +275,9 @@ def mixture(main, main_name, parts):
             raise ValueError(f"mix_tasks: two tasks named {name!r} (their problems and metrics "
                              "would mix)")
     for name, task in [(main_name, main), *of.items()]:
-        if getattr(task, 'tools', None):
-            raise ValueError(f"mix_tasks: task {name!r} calls tools; a mixture trains tasks "
-                             "without tools")
+        if getattr(task, 'tools', None) or getattr(task, 'respond', None):
+            raise ValueError(f"mix_tasks: task {name!r} calls tools or answers turns; a mixture "
+                             "trains tasks without either")
 
     def task_name(example):  # the name of a problem's task
         return example.get(MIX_KEY, main_name)

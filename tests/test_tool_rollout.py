@@ -561,13 +561,13 @@ def test_calls_to_a_stateful_tool_run_in_the_order_written():
 
 
 def test_rollout_state_needs_a_tool_that_takes_it_and_such_a_tool_needs_no_rollout_state(tmp_path):
-    """rollout_state beside tools that take no state is refused at start-up; a tool that takes a
-    state in a task without rollout_state gets a new {} per completion (the built-in
-    python_repl's case)."""
+    """rollout_state beside tools that take no state (and no respond) is refused at start-up; a
+    tool that takes a state in a task without rollout_state gets a new {} per completion (the
+    built-in python_repl's case)."""
     code = guess_task(tmp_path).read_text()
     (tmp_path / 'no_tool.py').write_text(code.replace('def guess(number: str, *, state) -> str:',
                                                       'def guess(number: str) -> str:'))
-    with pytest.raises(ValueError, match=re.escape("defines rollout_state(), but none of its tools takes `state`")):
+    with pytest.raises(ValueError, match=re.escape("rollout_state(), but neither respond() nor any of its tools")):
         tasks.resolve(str(tmp_path / 'no_tool.py'))
     (tmp_path / 'no_state.py').write_text(code.replace('def rollout_state(', 'def unused_state('))
     task = tasks.resolve(str(tmp_path / 'no_state.py'))
@@ -594,3 +594,79 @@ def test_a_run_trains_on_rewards_read_from_rollout_states(tmp_path, monkeypatch)
     p = warm.run([sys.executable, 'sample.py', f"--init_from={out / 'hf'}", '--prompt=Find it.'],
                  cwd=Path(__file__).resolve().parents[1], env=test_train.env(), timeout=120)
     assert p.returncode == 2 and 'a free prompt has none' in p.stderr, p.stderr
+
+
+# --------------------------------------------------------------------------- turns the task answers
+
+RESPOND_TASK = '''"""The guessing game without a tool: the model says a number, the task answers its turn."""
+from data import question_messages
+
+max_turns = 2
+
+
+def load(split, data_dir='', seed=0):
+    return [{'question': 'Find it.', 'answer': str(n)} for n in (20, 30, 10, 40) * 8]
+
+
+def messages(example, system_prompt='', instruction=''):
+    return question_messages(example['question'], system_prompt, instruction)
+
+
+def rollout_state(example):
+    return {'secret': int(example['answer']), 'said': [], 'found': False}
+
+
+def respond(turn, state):
+    state['said'].append(turn)
+    if turn.strip() == str(state['secret']):
+        state['found'] = True
+        return None
+    return 'lower' if int(turn) > state['secret'] else 'higher'
+
+
+def grade(completion, example, state=None):
+    return state['found']
+'''
+
+
+def test_the_task_answers_a_turn_that_makes_no_call(tmp_path, monkeypatch):
+    """respond: a model scripted to say 30, then 20, to numbers 20, 30 and 10 (max_turns 2): the
+    task's answer goes in as a user turn after the model's stop token (the chat template's ids,
+    inserted, weighing nothing), None ends the rollout, and after max_turns user turns the next stop
+    ends it unasked; every sampled token's log-prob equals a fresh forward's."""
+    (tmp_path / 'respond_task.py').write_text(RESPOND_TASK)
+    task = tasks.resolve(str(tmp_path / 'respond_task.py'))
+    problems = task.load('test')[:3]
+    prompt = sample.encode_prompts(TOK, task, problems[:1])[0]
+    end = TOK.special['<|im_end|>']
+    user = tool_calls.user_turns(TOK)
+    script = TOK.encode('30') + [end] + user('lower') + TOK.encode('20') + [end] + user('lower') + [end]
+    model = Scripted({len(prompt) - 1 + k: t for k, t in enumerate(script)}, strength=60.0)
+    seen = completions_seen(monkeypatch)
+    summary = sample.evaluate(model, TOK, task, problems, max_new_tokens=60, progress=False)
+    assert summary['pass@1'] == 2 / 3, summary  # 20 and 30 found, 10 not
+    by_secret = {c['state']['secret']: c for c in seen}
+    assert [by_secret[n]['user_turns'] for n in (30, 20, 10)] == [0, 1, 2]
+    assert by_secret[30]['ids'] == TOK.encode('30') + [end] and by_secret[30]['finished']
+    want = TOK.encode('30') + [end] + user('lower') + TOK.encode('20') + [end]
+    assert by_secret[20]['ids'] == want, TOK.decode(by_secret[20]['ids'])
+    assert by_secret[20]['tool_mask'] == [0] * 3 + [1] * len(user('lower')) + [0] * 3
+    assert by_secret[10]['ids'] == script and by_secret[10]['finished'], TOK.decode(by_secret[10]['ids'])
+    assert by_secret[10]['state']['said'] == ['30', '20']  # not asked after the second user turn
+    check_cache_equals_fresh_forward(model, seen, prompts=[prompt])
+
+
+def test_a_run_trains_a_task_that_answers_turns(tmp_path, monkeypatch):
+    """train_grpo.py with the task above: two steps, its user turns counted in
+    tools/user_turns_per_completion, its grade given each rollout's state (no reward error)."""
+    import test_train
+    (tmp_path / 'respond_task.py').write_text(RESPOND_TASK.replace("int(turn) >", "len(turn) >"))
+    tiny = [a for a in test_train.TINY if not a.startswith(('--task=', '--arith_', '--rewards=',
+                                                            '--max_new_tokens='))]
+    monkeypatch.setattr(test_train, 'TINY', tiny)
+    out = tmp_path / 'run'
+    test_train.run(out, f'--task={tmp_path / "respond_task.py"}', '--max_new_tokens=24', '--max_steps=2',
+                   '--rewards=None', '--temperature=3.0')
+    rows = test_train.metrics(out)
+    assert all(r['reward/correct/errors'] == 0 for r in rows[1:]), rows
+    assert sum(r['tools/user_turns_per_completion'] for r in rows[1:]) > 0, rows
