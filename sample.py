@@ -847,9 +847,9 @@ if __name__ == '__main__':
     try:
         task_mod = tasks.resolve(task)
         tasks.set_knobs(task_mod, config)
-        if stop_strings and tasks.tools_of(task_mod)[0]:
-            print(f"error: --stop_strings end rollouts without tools only; task {task!r} calls tools",
-                  file=sys.stderr)
+        if stop_strings and tool_settings(task_mod):
+            print(f"error: --stop_strings end rollouts without tools only; task {task!r} calls tools "
+                  "or answers turns", file=sys.stderr)
             sys.exit(2)
         if init_from.endswith('.pt'):  # a checkpoint: its run's model with its weights
             model, tok = load_run_checkpoint(init_from, getattr(torch, dtype), device)
@@ -877,7 +877,8 @@ if __name__ == '__main__':
             sys.exit(2)
         completions = sample_batch(model, tok, ids, num_completions, max_new_tokens, tools=tools,
                                    temperature=temperature, top_k=top_k, top_p=top_p,
-                                   min_p=min_p, seed=seed, compile=compile, stop_strings=stop_strings)
+                                   min_p=min_p, seed=seed, compile=compile, stop_strings=stop_strings,
+                                   states=tasks.rollout_states(task_mod, [{}], num_completions))
         for c in completions:
             ending = 'finished' if c['finished'] else 'truncated'
             calls = f", {len(c['tool_calls'])} tool calls" if tools else ''
@@ -915,9 +916,9 @@ if __name__ == '__main__':
             print(f"error: eval_tasks: {e}", file=sys.stderr)
             sys.exit(2)
         more = more[:num_examples] if num_examples > 0 else more
-        if stop_strings and tasks.tools_of(mod)[0]:
-            print(f"error: eval_tasks: {spec!r} calls tools, and --stop_strings end rollouts without tools "
-                  "only", file=sys.stderr)
+        if stop_strings and tool_settings(mod):
+            print(f"error: eval_tasks: {spec!r} calls tools or answers turns, and --stop_strings end "
+                  "rollouts without tools only", file=sys.stderr)
             sys.exit(2)
         others.append((name, mod, fit_prompts(tok, mod, more, limit)[0]))
     sampling = dict(n_samples=n_samples, temperature=temperature, top_k=top_k, top_p=top_p,
