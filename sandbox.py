@@ -120,7 +120,7 @@ PYTHON_PROCESSES = 64  # RLIMIT_NPROC (all of the user's processes and threads; 
 PYTHON_FILE_BYTES = 16 << 20  # RLIMIT_FSIZE: the largest file the program may write
 PYTHON_DRAIN_S = 0.2  # after the kill, how long to read what the program had already printed
 PYTHON_DISK_BYTES = 64 << 20  # all the working dir holds: a tmpfs that size, else killed past it
-PYTHON_DISK_CHECK_S = 0.05  # without the tmpfs, how often the working dir's size is summed
+PYTHON_DISK_CHECK_S = 0.01  # without the tmpfs, how often the working dir's size is summed
 PYTHON_UID_BASE = 1 << 31  # as root, call `slot` of process `pid` has uid BASE + (pid << 9) + slot
 PYTHON_UID_SLOTS = 511  # calls of one process at once (pids < 2**22: the uids stay below 2**32 - 1)
 # new network, pid and mount namespaces whose processes die with the unshare process
