@@ -115,6 +115,23 @@ AWKWARD_OUTPUTS = ['84', '', '\n', '\n\n84\n\n', '{"ok": false, "v": null}', 'sa
 
 
 @pytest.mark.parametrize('name', ['qwen2.5', 'qwen3'])
+def test_a_user_turn_after_the_models_is_the_templates_delta(snapshots, name):
+    """tool_calls.user_turns (a task's respond): the ids after the stop token ending the
+    assistant's turn are transformers' rendering of the conversation with the user's next turn
+    and the generation prompt, for awkward texts too; Qwen3's thinking turn included."""
+    tok = load_tokenizer(snapshots[name])
+    hf = transformers.AutoTokenizer.from_pretrained(snapshots[name])
+    user_turn = tool_calls.user_turns(tok)
+    end = hf.convert_tokens_to_ids('<|im_end|>')
+    for said in ('The answer is 84.', '<think>\nhm\n</think>\n\n84'):
+        turn = {'role': 'assistant', 'content': said}
+        for text in AWKWARD_OUTPUTS:
+            full = hf_render(hf, USER + [turn, {'role': 'user', 'content': text}], gen=True)
+            cut = [i for i, t in enumerate(full) if t == end][hf_render(hf, USER, gen=False).count(end)] + 1
+            assert user_turn(text) == full[cut:], (name, said, text)
+
+
+@pytest.mark.parametrize('name', ['qwen2.5', 'qwen3'])
 def test_the_answer_is_the_templates_delta(snapshots, name):
     tok = load_tokenizer(snapshots[name])
     hf = transformers.AutoTokenizer.from_pretrained(snapshots[name])
