@@ -426,10 +426,24 @@ def step_line(m):
             f"{timing} | mem {m['mem/peak_gb']:.2f}GB")
 
 
+def shown_state(state, limit=2000):
+    """A rollout's state as samples.jsonl keeps it: itself when it is JSON of at most limit
+    characters, else its JSON (or repr) cut in the middle to that."""
+    try:
+        text = json.dumps(state)
+    except (TypeError, ValueError):
+        text = repr(state)
+    else:
+        if len(text) <= limit:
+            return state
+    from sandbox import cut_middle
+    return cut_middle(text, limit)
+
+
 def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
     """Four of the step's completions, spread over its groups, with their prompt, the task's answer
-    and grade, the reference and the reward (and in a mixture, the task's name), appended to path
-    (samples.jsonl): what the model actually writes. Returns the rows."""
+    and grade, the reference and the reward (in a mixture, the task's name; with rollout states,
+    the state), appended to path (samples.jsonl): what the model actually writes. Returns the rows."""
     rows = []
     with open(path, 'a') as f:
         for i in range(0, len(comps), max(1, len(comps) // 4))[:4]:
@@ -442,6 +456,8 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
                    'correct': bool(tasks.grade(task, text, ex, c.get('state'))), 'reward': totals[i]}
             if mixed:
                 row['task'] = task.task_name(ex)
+            if 'state' in c:  # what the rollout's tools and respond saw (tasks.rollout_states)
+                row['state'] = shown_state(c['state'])
             f.write(json.dumps(row) + '\n')
             rows.append(row)
     return rows

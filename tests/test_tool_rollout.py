@@ -586,10 +586,14 @@ def test_a_run_trains_on_rewards_read_from_rollout_states(tmp_path, monkeypatch)
     monkeypatch.setattr(test_train, 'TINY', tiny)
     out = tmp_path / 'run'
     test_train.run(out, f'--task={guess_task(tmp_path)}', '--max_new_tokens=24', '--max_steps=2',
-                   '--eval_every=2', '--eval_examples=4', '--export_hf=True', '--rewards=None')
+                   '--eval_every=2', '--eval_examples=4', '--export_hf=True', '--rewards=None',
+                   '--log_samples_every=1')
     rows = test_train.metrics(out)
     for r in rows[1:]:
         assert r['reward/correct/errors'] == 0 and r['reward/fewer_guesses/errors'] == 0, r
+    samples = [json.loads(line) for line in open(out / 'samples.jsonl')]
+    assert samples and all(set(s['state']) == {'secret', 'guesses', 'found'} for s in samples), samples
+    assert all(s['correct'] == s['state']['found'] for s in samples)
     assert 'eval/pass@1' in rows[-1]
     p = warm.run([sys.executable, 'sample.py', f"--init_from={out / 'hf'}", '--prompt=Find it.'],
                  cwd=Path(__file__).resolve().parents[1], env=test_train.env(), timeout=120)
