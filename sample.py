@@ -546,20 +546,23 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
-    out = [tool_completion(row, prompt_index[r // G], r % G, tok, stop_set=stop_set, waited=waited)
-           for r, row in enumerate(rows)]
+    out = [tool_completion(row, prompt_index[r // G], r % G, tok, stop_set=stop_set, waited=waited,
+                           answered=respond is not None) for r, row in enumerate(rows)]
     for c, state in zip(out, states or ()):
         c['state'] = state
     return out
 
 
-def tool_completion(row, prompt_idx, sample_idx, tok, *, stop_set, waited):
-    """generate_with_tools' completion dict of a ToolRow."""
+def tool_completion(row, prompt_idx, sample_idx, tok, *, stop_set, waited, answered):
+    """generate_with_tools' completion dict of a ToolRow (answered: its task has respond, whose
+    user turns it counts)."""
     text_ids = row.ids[:-1] if row.finished and row.ids and row.ids[-1] in stop_set else row.ids
-    return dict(prompt_idx=prompt_idx, sample_idx=sample_idx, ids=row.ids, text=tok.decode(text_ids),
-                logprobs=row.logprobs, tool_mask=row.mask, tool_calls=row.calls, tool_wait_s=waited,
-                finished=row.finished, truncated=not row.finished, turn_limit=row.turn_limit,
-                user_turns=row.turns)
+    c = dict(prompt_idx=prompt_idx, sample_idx=sample_idx, ids=row.ids, text=tok.decode(text_ids),
+             logprobs=row.logprobs, tool_mask=row.mask, tool_calls=row.calls, tool_wait_s=waited,
+             finished=row.finished, truncated=not row.finished, turn_limit=row.turn_limit)
+    if answered:
+        c['user_turns'] = row.turns
+    return c
 
 
 def turn_answer(row, results, responded, tok, *, answer, user_turn, tool_style):
