@@ -430,16 +430,19 @@ def check_reward_config(rewards):
     return out
 
 
+def graded(grade, completion, example, state=None):
+    """A task's grade(completion, example), given the rollout's state (tasks.rollout_states) when it
+    takes one."""
+    if 'state' in inspect.signature(grade).parameters:
+        return grade(completion, example, state=state)
+    return grade(completion, example)
+
+
 def grade_reward(grade):
     """The 'correct' reward of a task: `correct` when grade(completion, example) holds, else
-    `incorrect`. A grade that takes the rollout's `state` (tasks.rollout_states) is given it."""
-    if 'state' in inspect.signature(grade).parameters:
-        def correct(completion, example, correct=1.0, incorrect=0.0, state=None):
-            return correct if grade(completion, example, state=state) else incorrect
-        return correct
-
-    def correct(completion, example, correct=1.0, incorrect=0.0):
-        return correct if grade(completion, example) else incorrect
+    `incorrect` (graded: with the rollout's state for a grade that takes it)."""
+    def correct(completion, example, correct=1.0, incorrect=0.0, state=None):
+        return correct if graded(grade, completion, example, state) else incorrect
     return correct
 
 

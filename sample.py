@@ -854,6 +854,10 @@ if __name__ == '__main__':
             print(f"error: --stop_strings end rollouts without tools only; task {task!r} calls tools "
                   "or answers turns", file=sys.stderr)
             sys.exit(2)
+        if prompt and getattr(task_mod, 'rollout_state', None):
+            print(f"error: --prompt: task {task!r} makes each rollout's state from one of its problems "
+                  "(rollout_state); a free prompt has none: evaluate on its problems instead", file=sys.stderr)
+            sys.exit(2)
         if init_from.endswith('.pt'):  # a checkpoint: its run's model with its weights
             model, tok = load_run_checkpoint(init_from, getattr(torch, dtype), device)
         else:
@@ -864,10 +868,6 @@ if __name__ == '__main__':
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     model.eval()
-    if prompt and getattr(task_mod, 'rollout_state', None):
-        print(f"error: --prompt: task {task!r} makes each rollout's state from one of its problems "
-              "(rollout_state); a free prompt has none: evaluate on its problems instead", file=sys.stderr)
-        sys.exit(2)
     if prompt:
         import tool_calls
         # the task's tools, called as in training

@@ -603,14 +603,15 @@ def python_repl(code: str, *, state, timeout: float = PYTHON_TIMEOUT_S) -> str:
     # is a fresh sandboxed process that first runs the rollout's earlier programs with their output
     # dropped, all within the time limit; a program that timed out is not kept.
     cells = state.setdefault('python_cells', [])
-    _check_text(code, 'code', PYTHON_MAX_CODE_CHARS - sum(map(len, cells)))
     out = _run_python(code, timeout, cells)
     cells.append(code)
     return out
 
 
 def _run_python(code, timeout, cells=()):
-    _check_text(code, 'code', PYTHON_MAX_CODE_CHARS)
+    """python's body; cells: the earlier programs the child runs first (python_repl's), which take
+    their share of PYTHON_MAX_CODE_CHARS."""
+    _check_text(code, 'code', PYTHON_MAX_CODE_CHARS - sum(map(len, cells)))
     prefix, uid, root = _unshare_prefix(), _take_uid(), None
     try:
         root = tempfile.mkdtemp(prefix='call-', dir=_run_dir())

@@ -496,11 +496,12 @@ def user_turns(tok):
             before.insert(0, {'role': 'system', 'content': system})
         k = len(_stop_positions(tok.render_chat(before, add_generation_prompt=False), stops))
         turns = before + [{'role': 'assistant', 'content': content}, {'role': 'user', 'content': text}]
-        ends = _stop_positions(tok.render_chat(turns, add_generation_prompt=True), stops)
+        ids = tok.render_chat(turns, add_generation_prompt=True)
+        ends = _stop_positions(ids, stops)
         if len(ends) <= k:
             raise ValueError(f"{where}: the chat template does not end an assistant turn with a stop "
                              "token, so a user turn cannot be added after one")
-        return tok.render_chat(turns, add_generation_prompt=True)[ends[k] + 1:]
+        return ids[ends[k] + 1:]
 
     want = delta(PROBE_RESULT)
     if PROBE_RESULT not in tok.decode(want):

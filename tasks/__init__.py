@@ -130,9 +130,8 @@ def rollout_states(task, examples, group_size):
 
 def grade(task, completion, example, state=None):
     """task.grade(completion, example), with its rollout's state when its grade takes one."""
-    if 'state' in inspect.signature(task.grade).parameters:
-        return task.grade(completion, example, state=state)
-    return task.grade(completion, example)
+    from reward import graded
+    return graded(task.grade, completion, example, state)
 
 
 def knobs(task):
