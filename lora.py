@@ -112,11 +112,12 @@ def adapters(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
 
 
-def apply(model, rank, alpha, dropout, targets, seed):
+def apply(model, rank, alpha, dropout, targets, seed, *, base_dtype=torch.float32):
     """Freeze model and give the targeted linear layers of its blocks adapters (rank 0: nothing,
     model untouched). A is drawn from a generator of its own (seed), so the init does not depend on
     what ran before. model.lora records the settings and a fingerprint of the base weights (resume
-    checks it: the base is reloaded from init_from)."""
+    checks it: the base is reloaded from init_from). base_dtype: the frozen matrices' storage
+    (store_base)."""
     if not rank:
         return model
     cfg = model.config
@@ -143,11 +144,23 @@ def apply(model, rank, alpha, dropout, targets, seed):
                 for a in layer.lora_A.values():
                     a.copy_(init_A(a.shape, g))
             setattr(model.get_submodule(owner), leaf, layer)
+    store_base(model, base_dtype)
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     print(f"lora: rank {rank}, alpha {alpha:g} on {','.join(names)}: {n:,} adapter parameters "
           f"trained ({100 * n / total:.2f}% of {total:,}), the base frozen")
     return model
+
+
+def store_base(model, dtype):
+    """The frozen matrices (the blocks' linear weights, the embedding, the LM head) kept in dtype:
+    bfloat16 halves the base's memory. Under bf16 autocast every matmul reads them in bf16 anyway,
+    so a base whose snapshot is bf16 (every Qwen and Llama release) computes bit for bit as the fp32
+    copy did; the norms, biases and adapters stay fp32, and model.hidden adds the residual stream in
+    the norms' dtype. (peft on a bf16 transformers model keeps its adapters fp32 too.)"""
+    for p in model.parameters():
+        if not p.requires_grad and p.dim() >= 2 and p.dtype != dtype:
+            p.data = p.data.to(dtype)
 
 
 @torch.no_grad()
@@ -219,7 +232,8 @@ def merged_state(model, sd):
         W = sd[name + '.weight']
         A = {k: sd[f'{name}.lora_A.{k}'] for k in layer.lora_A}
         B = {k: sd[f'{name}.lora_B.{k}'] for k in A}
-        out[name + '.weight'] = (W.float() + delta(layer, A, B)).to(W.dtype)
+        keep = torch.promote_types(W.dtype, torch.float32)  # a bf16 base: merged in fp32, not rounded back
+        out[name + '.weight'] = (W.float() + delta(layer, A, B)).to(keep)
     return out
 
 
@@ -315,11 +329,20 @@ def bad_knob(config):
     if config.get('lora_rank', 0) < 0:
         return f"--lora_rank={config['lora_rank']}: a rank is >= 0 (0 = off)"
     if not config.get('lora_rank'):
+        if config.get('lora_base_dtype', 'float32') != 'float32':
+            return (f"--lora_base_dtype={config['lora_base_dtype']} without --lora_rank: only a frozen LoRA "
+                    f"base is kept in another dtype (full fine-tuning trains fp32 weights)")
         return None
     if not 0 <= config['lora_dropout'] < 1:
         return f"--lora_dropout={config['lora_dropout']}: must be in [0, 1)"
     if config['lora_alpha'] <= 0:
         return f"--lora_alpha={config['lora_alpha']}: must be > 0 (scale = lora_alpha / lora_rank)"
+    base = config.get('lora_base_dtype', 'float32')
+    if base not in ('float32', 'bfloat16'):
+        return f"--lora_base_dtype={base}: 'float32' or 'bfloat16'"
+    if base == 'bfloat16' and config.get('dtype') != 'bfloat16':
+        return (f"--lora_base_dtype=bfloat16 with --dtype={config.get('dtype')}: the matmuls would read a bf16 "
+                f"base in another dtype; use --dtype=bfloat16 (or keep the base in float32)")
     if config.get('sft_steps') and config.get('beta'):
         return ("--lora_rank with --sft_steps and --beta > 0: the LoRA KL reference is the base "
                 "with adapters off, which would be the model before the warm start; warm start "

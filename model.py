@@ -494,7 +494,7 @@ class GPT(nn.Module):
             mask = None
             if cache.static or cache.extent != 0:  # static first: a graph reads no extent
                 seen = torch.arange(L // 8 * 8 + 8, device=idx.device) <= pos[:, :, None]
-                mask = torch.zeros(seen.shape, dtype=self.wte.weight.dtype, device=idx.device)
+                mask = torch.zeros(seen.shape, dtype=self.ln_f.weight.dtype, device=idx.device)
                 mask = mask.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)
                 mask = mask[..., :L]
             rows = torch.arange(B, device=idx.device)[:, None]
@@ -502,7 +502,9 @@ class GPT(nn.Module):
             raise ValueError(f'sequence of {L} positions exceeds the model maximum '
                              f'{cfg.max_seq_len}')
         # the blocks work on rows (B*T, n_embd): each matmul 2-D, no reshape around it
-        x = self.wte(idx)
+        # the residual stream in the norms' dtype: with a LoRA base kept in bf16 (lora.store_base)
+        # the embedding is bf16 and the norms fp32, and the stream stays fp32 as before
+        x = self.wte(idx).to(self.ln_f.weight.dtype)
         rope = None
         if self.wpe is not None:
             x = x + self.wpe(pos)

@@ -251,6 +251,7 @@ lora_rank = 0  # LoRA adapter rank, base frozen (0 = off); 32 is a common start,
 lora_alpha = 64.0  # adapter scale = lora_alpha / lora_rank (peft's convention)
 lora_dropout = 0.0  # dropout on the adapters' input, in the gradient forward only
 lora_targets = 'all-linear'  # all the blocks' linear layers, or HF names: 'q_proj,v_proj'
+lora_base_dtype = 'float32'  # the frozen base's matrices: 'bfloat16' halves them (needs dtype='bfloat16')
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2)
 seed = 1337  # data order, sampling and init: the whole run is a function of it
 # torch.use_deterministic_algorithms: the same gradients bit for bit run to run, so reruns and
@@ -397,7 +398,7 @@ try:
     set_chat_template_kwargs(tok, chat_template_kwargs)
     # LoRA (lora_rank > 0): the base frozen, adapters added; otherwise nothing changes
     lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets,
-               seed=seed)
+               seed=seed, base_dtype=getattr(torch, lora_base_dtype))
     if tool_style in tool_calls.TURN_STYLES:  # calls answered through the chat template
         # refuses a template it cannot answer with
         tool_calls.template_answers(tok, task_tools, tool_style)
@@ -462,8 +463,9 @@ for name, ev in extra_evals.items():
                              task=ev['task'])
 model.grad_checkpoint = grad_checkpoint
 model.packed_attention = packed_attention
-print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters, compute {dtype} on "
-      f"{device}")
+weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters ({weight_bytes / 2**30:.3g} GiB), "
+      f"compute {dtype} on {device}")
 # the sampler: the model itself in fp32, else a low-precision copy (LoRA: of the merged weights),
 # refreshed after every update
 gen_model, sync_gen_model = sampler_model(model, ptdtype, fsdp)

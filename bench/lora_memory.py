@@ -1,11 +1,12 @@
 """
-Training-state memory of full fine-tuning vs LoRA, as train_grpo.py holds it on one GPU: the fp32
-weights (parameters), fp32 gradients of what trains, AdamW's two fp32 moments per trained parameter,
-and the sampler's bf16 copy (dtype=bfloat16: with LoRA a plain copy of the merged weights). Models
-are built on the meta device (no memory, no download) from the real config shapes written below,
-LoRA applied by lora.apply exactly as a run does, and the sampler made by sample.sampler_model;
-only the AdamW line is arithmetic (2 x 4 bytes per trained parameter). Not counted: activations,
-the LM head's tiles, the KV cache (they depend on the batch, not on the method).
+Training-state memory of full fine-tuning vs LoRA, as train_grpo.py holds it on one GPU: the
+weights (parameters: fp32; with lora_base_dtype='bfloat16' the frozen matrices bf16), fp32 gradients
+of what trains, AdamW's two fp32 moments per trained parameter, and the sampler's bf16 copy
+(dtype=bfloat16: with LoRA a plain copy of the merged weights). Models are built on the meta device
+(no memory, no download) from the real config shapes written below, LoRA applied by lora.apply
+exactly as a run does, and the sampler made by sample.sampler_model; only the AdamW line is
+arithmetic (2 x 4 bytes per trained parameter). Not counted: activations, the LM head's tiles, the
+KV cache (they depend on the batch, not on the method).
 
   python bench/lora_memory.py                  # rank 32, all linear layers of the blocks
   python bench/lora_memory.py --rank=16 --targets=q_proj,v_proj
@@ -42,12 +43,12 @@ def nbytes(params):
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def measure(cfg, rank, alpha, targets):
+def measure(cfg, rank, alpha, targets, base_dtype=torch.float32):
     with torch.device('meta'):
         model = GPT(cfg)
     if rank:
         with contextlib.redirect_stdout(io.StringIO()):  # lora.apply's one-line summary
-            lora.apply(model, rank, alpha, 0.0, targets, seed=0)
+            lora.apply(model, rank, alpha, 0.0, targets, seed=0, base_dtype=base_dtype)
     trained = [p for p in model.parameters() if p.requires_grad]
     gen, _ = sampler_model(model, torch.bfloat16, fsdp=False)
     n_trained = sum(p.numel() for p in trained)
@@ -66,11 +67,12 @@ def main():
     a = ap.parse_args()
     gib = 2 ** 30
     rows = []
-    print("| model | method | trained parameters | parameters (fp32) | gradients | AdamW state | "
+    print("| model | method | trained parameters | parameters | gradients | AdamW state | "
           "sampler copy (bf16) | total |\n|---|---|---|---|---|---|---|---|")
     for name, cfg in MODELS.items():
-        for method, rank in (('full', 0), (f'LoRA r={a.rank}', a.rank)):
-            r = measure(cfg, rank, a.alpha, a.targets)
+        for method, rank, base in (('full', 0, torch.float32), (f'LoRA r={a.rank}', a.rank, torch.float32),
+                                   (f'LoRA r={a.rank}, bf16 base', a.rank, torch.bfloat16)):
+            r = measure(cfg, rank, a.alpha, a.targets, base)
             rows.append(dict(model=name, method=method, **r))
             parts = ('params', 'grads', 'adamw', 'sampler')
             sizes = ' | '.join(f"{r[k] / gib:.2f} GiB" for k in parts)

@@ -136,6 +136,18 @@ def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp)
     assert (tmp_path / 'lora_best' / 'adapter_config.json').exists()
 
 
+def test_two_fsdp_ranks_with_a_bf16_lora_base_match_one_process(tmp_path):
+    """lora_base_dtype='bfloat16' under FSDP2: the frozen base sharded in bf16, the adapters in fp32,
+    each gathered in its own dtype; the run equals one process whose base is fp32 (a bf16 snapshot:
+    the same matmuls)."""
+    from test_lora import write_base
+    snap = write_base(tmp_path / 'snap', dtype=torch.bfloat16)
+    args = [snap, '--dtype=bfloat16', *LORA[:4]]
+    run(tmp_path / 'one', 0, *args)
+    run(tmp_path / 'two', 2, *args, '--fsdp=True', '--lora_base_dtype=bfloat16')
+    assert_same_run(tmp_path / 'one', tmp_path / 'two', 'FSDP2 with a bf16 LoRA base, 2 ranks', tol=2e-4)
+
+
 def test_mini_batches_and_entropy_cut_on_two_ranks_match_one_process(tmp_path):
     """mini_batches=2 x num_iterations=2: each mini-batch holds a group of each rank (dealt round
     robin); its optimizer step all-reduces its own gradient; the clip statistics are summed over

@@ -4,6 +4,7 @@ forward, peft loads out_dir/lora on the base snapshot, and GRPO runs with LoRA t
 only the adapters and resume exactly."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -176,6 +177,60 @@ def test_only_adapters_train_and_the_sampler_copy_is_merged(tmp_path):
         "the sampler is not the merged model"
 
 
+@torch.no_grad()
+def bf16_snapshot(name, path):
+    """A snapshot stored in bf16, as Qwen and Llama publish theirs."""
+    perturbed_hf(*CONFIGS[name]).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize('name', list(CONFIGS))
+def test_a_bf16_base_computes_as_the_fp32_one(name, tmp_path):
+    """lora_base_dtype='bfloat16' on a bf16 snapshot: the frozen matrices stored in bf16 (norms,
+    biases, adapters fp32), and under bf16 autocast the logits, the fused head's log-probs and
+    entropies, and every adapter's gradient equal the fp32 base's bit for bit; the merged export is
+    fp32 and equal too."""
+    from batch import completion_logprobs
+    path = bf16_snapshot(name, tmp_path)
+    models = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model, _ = H.from_pretrained(path)
+        L.apply(model.train(), RANK, ALPHA, 0.0, 'all-linear', seed=0, base_dtype=dtype)
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if '.lora_' in n:
+                    p.add_(torch.randn(p.shape, generator=g) * 0.1)
+        models[dtype] = model
+    low = models[torch.bfloat16]
+    for n, p in low.named_parameters():
+        want = torch.bfloat16 if p.dim() >= 2 and '.lora_' not in n else torch.float32
+        assert p.dtype == want, f"{n} stored in {p.dtype}, expected {want}"
+    x = ids()
+    rows = [{'prompt': x[0, :10].tolist(), 'ids': x[0, 10:].tolist()},
+            {'prompt': x[1, :6].tolist(), 'ids': x[1, 6:].tolist()}]
+    got = {}
+    for dtype, model in models.items():
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            logits = model(x)
+        lp, ent = completion_logprobs(model, rows, 0, 0.7, share_prompt=False, dtype=torch.bfloat16)
+        (logits.float().logsumexp(-1).mean() + lp.sum() + ent.sum()).backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        got[dtype] = (logits, lp, ent, grads)
+    (l32, lp32, e32, g32), (l16, lp16, e16, g16) = got[torch.float32], got[torch.bfloat16]
+    assert torch.equal(l32, l16), f"logits differ by {maxdiff(l32, l16):.2e}"
+    assert torch.equal(lp32, lp16) and torch.equal(e32, e16), \
+        f"head log-probs differ by {maxdiff(lp32, lp16):.2e}, entropies by {maxdiff(e32, e16):.2e}"
+    assert g32.keys() == g16.keys() and all('.lora_' in n for n in g16)
+    bad = [n for n in g32 if not torch.equal(g32[n], g16[n])]
+    assert not bad, f"adapter gradients differ: {bad[:3]}"
+    m32 = L.merged_state(models[torch.float32], models[torch.float32].state_dict())
+    m16 = L.merged_state(low, low.state_dict())
+    merged = [n for n, _ in L.adapters(low)]
+    assert all(m16[n + '.weight'].dtype == torch.float32 for n in merged), "merged weights rounded to bf16"
+    assert all(torch.equal(m32[k], m16[k].to(m32[k].dtype)) for k in m32)
+
+
 # ------------------------------------------------------ GRPO runs (test_train.py's tiny runs)
 LORA = ['--lora_rank=4', '--lora_alpha=8']
 TINY_QWEN2 = ('Qwen2Config', dict(vocab_size=260, hidden_size=32, intermediate_size=64,
@@ -183,16 +238,16 @@ TINY_QWEN2 = ('Qwen2Config', dict(vocab_size=260, hidden_size=32, intermediate_s
                                   max_position_embeddings=256, tie_word_embeddings=True))
 
 
-def write_base(path, seed=0):
-    """A tiny Qwen2 snapshot with the byte tokenizer for test_train's runs. Its embeddings are
-    scaled up 4x: the frozen tied head of a random model with N(0, 0.05) embeddings spans logits of
-    about +-0.6, so no adapter on the blocks could make digits likely; 4x gives the adapters room
-    (20x: a peaked model that never samples a digit)."""
+def write_base(path, seed=0, dtype=torch.float32):
+    """A tiny Qwen2 snapshot with the byte tokenizer for test_train's runs, its weights stored in
+    dtype. Its embeddings are scaled up 4x: the frozen tied head of a random model with N(0, 0.05)
+    embeddings spans logits of about +-0.6, so no adapter on the blocks could make digits likely; 4x
+    gives the adapters room (20x: a peaked model that never samples a digit)."""
     from tokenizer import byte_tokenizer
     hf = perturbed_hf(*TINY_QWEN2, seed)
     with torch.no_grad():
         hf.model.embed_tokens.weight.mul_(4)
-    hf.save_pretrained(path)
+    hf.to(dtype).save_pretrained(path)
     byte_tokenizer().save(str(path))
     return f'--init_from={path}'
 
@@ -266,6 +321,29 @@ def test_exact_resume_with_lora(base, tmp_path):
     assert not torch.equal(wa[key], weights(tmp_path / 'a', 2)[key]), "step 3 trained nothing"
 
 
+def test_grpo_with_a_bf16_base_equals_the_fp32_base(tmp_path):
+    """Three steps with dtype=bfloat16 and the frozen base stored in bf16 vs fp32, from a bf16
+    snapshot, a KL reference (the base, adapters off) and eval: the same metrics, adapters, AdamW
+    state and export, bit for bit; the bf16 run holds less memory."""
+    snap = write_base(tmp_path / 'snap', dtype=torch.bfloat16)
+    args = [snap, *LORA, '--dtype=bfloat16', '--max_steps=3', '--save_every=3', '--beta=0.05',
+            '--lr=5e-2', '--eval_every=3', '--export_hf=True']
+    pa, pb = run_together([tmp_path / 'a', *args], [tmp_path / 'b', *args, '--lora_base_dtype=bfloat16'])
+    ra, rb = metrics(tmp_path / 'a'), metrics(tmp_path / 'b')
+    assert len(ra) == len(rb) == 4 and ra[3]['kl'] > 0, "the runs did not train"
+    for x, y in zip(ra, rb):
+        assert stable(x) == stable(y), f"step {x['step']} differs:\n{stable(x)}\n{stable(y)}"
+    ca = torch.load(tmp_path / 'a' / 'ckpt_0000003.pt', weights_only=False)
+    cb = torch.load(tmp_path / 'b' / 'ckpt_0000003.pt', weights_only=False)
+    assert ca['model'].keys() == cb['model'].keys()
+    assert all(torch.equal(ca['model'][k], cb['model'][k]) for k in ca['model']), "adapters differ"
+    ea = H.from_pretrained(tmp_path / 'a' / 'hf')[0].state_dict()
+    eb = H.from_pretrained(tmp_path / 'b' / 'hf')[0].state_dict()
+    assert all(torch.equal(ea[k], eb[k]) for k in ea), "the merged exports differ"
+    size = [float(re.search(r'parameters \(([\d.e-]+) GiB\)', p.stdout)[1]) for p in (pa, pb)]
+    assert size[1] < 0.6 * size[0], f"weights {size[0]} GiB with the fp32 base, {size[1]} GiB with bf16"
+
+
 def test_resume_refuses_another_base(base, tmp_path):
     """The base is not in the checkpoint: resuming on other base weights (another snapshot) is
     refused, and so is a LoRA checkpoint resumed as a full fine-tune."""
@@ -287,3 +365,9 @@ def test_bad_lora_knobs():
     assert '--lora_dropout=1' in L.bad_knob({**ok, 'lora_dropout': 1})
     assert '--lora_alpha=0' in L.bad_knob({**ok, 'lora_alpha': 0})
     assert 'warm start' in L.bad_knob({**ok, 'sft_steps': 10})
+    bf16 = {**ok, 'lora_base_dtype': 'bfloat16', 'dtype': 'bfloat16'}
+    assert L.bad_knob(bf16) is None
+    assert '--dtype=float32' in L.bad_knob({**bf16, 'dtype': 'float32'})
+    assert L.bad_knob({**bf16, 'fsdp': True}) is None
+    assert 'without --lora_rank' in L.bad_knob({**bf16, 'lora_rank': 0})
+    assert "'float32' or 'bfloat16'" in L.bad_knob({**bf16, 'lora_base_dtype': 'float16'})
