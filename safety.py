@@ -443,14 +443,111 @@ def catch_signals(again_after_s=1.0):
     return caught
 
 
+# ------------------------------------------------------------------------ CUDA out of memory
+
+# train_grpo.py's functions -> the phase an out-of-memory error inside them stopped (the innermost
+# one on the traceback names it; none: start-up)
+OOM_PHASES = {'sample_step': 'generation', 'rollout': 'generation', 'run_eval': 'evaluation',
+              'eval_set_metrics': 'evaluation', 'side_logprobs': 'old/reference log-probs',
+              'update': 'update', 'micro_loss': 'update', 'sft_logprobs': 'warm start'}
+
+
+def oom_phase(tb, script):
+    """The phase a traceback was in: OOM_PHASES of the innermost of its frames that runs one of
+    script's (train_grpo.py's) functions named there, else 'start-up'."""
+    phase = 'start-up'
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename == script and code.co_name in OOM_PHASES:
+            phase = OOM_PHASES[code.co_name]
+        tb = tb.tb_next
+    return phase
+
+
+def oom_report(phase, c, sizes, mem):
+    """What a run that ran out of device memory in phase can change, the sizes behind it first.
+    c: the run's knobs; sizes (GiB, and the KV cache's shape): 'weights', 'train_state' (gradients
+    and AdamW moments), 'sampler' (the sampler's own copy; 0: none), 'kv_cache' at 'kv_rows' x
+    'kv_positions'; mem (GiB): 'allocated', 'reserved', 'total' on the device when it failed."""
+    gib = '{:.3g} GiB'.format
+    held = ''
+    if mem['total']:
+        held = f": {gib(mem['allocated'])} allocated, {gib(mem['reserved'])} reserved, of {gib(mem['total'])}"
+    lines = [f"CUDA ran out of memory during {phase}{held}. Held for the whole run: weights "
+             f"{gib(sizes['weights'])}, gradients and AdamW state {gib(sizes['train_state'])}, the "
+             f"sampler's copy {gib(sizes['sampler'])}."]
+    mbt = f" and micro_batch_tokens={c['micro_batch_tokens']}" if c['micro_batch_tokens'] else ''
+    if phase == 'generation':
+        lines.append(f"Generation holds a KV cache of {sizes['kv_rows']} rows (batch_prompts={c['batch_prompts']} x "
+                     f"group_size={c['group_size']} per process) x up to {sizes['kv_positions']} positions: "
+                     f"{gib(sizes['kv_cache'])}. Fix: fewer rows per GPU (a lower batch_prompts, or torchrun over "
+                     f"more GPUs: each samples its share), or a lower max_new_tokens={c['max_new_tokens']}.")
+    elif phase == 'evaluation':
+        lines.append(f"Evaluation decodes eval_batch_size={c['eval_batch_size']} problems at once (each "
+                     f"eval_samples={c['eval_samples']} times when >= 2). Fix: a lower eval_batch_size; it does "
+                     f"not change the run.")
+    elif phase in ('update', 'old/reference log-probs'):
+        lines.append(f"A pass holds the activations of up to micro_batch_size={c['micro_batch_size']} rows{mbt}. "
+                     f"Fix: halve micro_batch_size, or cap a pass's tokens with micro_batch_tokens (packed "
+                     f"rows, up to that many tokens each)" +
+                     ('; grad_checkpoint=True keeps only each block\'s input and recomputes the rest in '
+                      'backward (long completions).' if phase == 'update' and not c['grad_checkpoint'] else '.'))
+    elif phase == 'warm start':
+        lines.append(f"The warm start holds sft_batch_size={c['sft_batch_size']} sequences a step. Fix: a lower "
+                     f"sft_batch_size.")
+    if not c['lora_rank'] and 0 < mem['total'] < 4 * sizes['train_state']:
+        lines.append(f"LoRA (--lora_rank=32 --lr=1e-5, and --lora_base_dtype=bfloat16) trains adapters only and "
+                     f"frees most of the {gib(sizes['train_state'])} of gradients and AdamW state; torchrun with "
+                     f"--fsdp=True shards them over GPUs.")
+    spare = mem['reserved'] - mem['allocated']
+    if mem['total'] and spare > 0.1 * mem['total']:
+        lines.append(f"{gib(spare)} is reserved by PyTorch but unallocated (fragmentation): "
+                     f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True may be enough.")
+    if phase != 'evaluation':
+        lines.append("Then rerun the same command with the change: it resumes from the newest checkpoint "
+                     "(add --resume_changed=True: these knobs change the run's float rounding).")
+    return '\n'.join(lines)
+
+
+def device_memory(device):
+    """(allocated, reserved, total) GiB on a CUDA device; zeros elsewhere."""
+    if torch.device(device).type != 'cuda' or not torch.cuda.is_available():
+        return {'allocated': 0.0, 'reserved': 0.0, 'total': 0.0}
+    return {'allocated': torch.cuda.memory_allocated(device) / 2**30,
+            'reserved': torch.cuda.memory_reserved(device) / 2**30,
+            'total': torch.cuda.get_device_properties(device).total_memory / 2**30}
+
+
+def explain_out_of_memory(script, c, sizes, device, rank=0):
+    """From here on, a torch.OutOfMemoryError that ends the run prints, after its traceback, the
+    phase it stopped (oom_phase) and what to change (oom_report; sizes() gives its sizes). Anything
+    else is reported as before."""
+    before = sys.excepthook
+
+    def hook(kind, value, tb):
+        before(kind, value, tb)
+        if issubclass(kind, torch.OutOfMemoryError):
+            who = f"rank {rank}: " if rank else ''
+            report = oom_report(oom_phase(tb, script), c, sizes(), device_memory(device))
+            print(f"\n{'=' * 100}\n{who}{report}\n{'=' * 100}", file=sys.stderr, flush=True)
+    sys.excepthook = hook
+
+
 # ------------------------------------------------------------------------ testing: injected faults
 
-def injected_faults(step, nan_steps, stall_step, stall_s):
-    """The fault_* knobs, for the tests of the guards and the watchdog: sleeps stall_s if this is
-    stall_step, and says whether this step's loss is to be made NaN."""
+def injected_faults(step, nan_steps, stall_step, stall_s, oom_steps=()):
+    """The fault_* knobs, for the tests of the guards, the watchdog and the out-of-memory report:
+    sleeps stall_s if this is stall_step, and says what this step's update is to meet: 'nan' (its
+    loss made NaN), 'oom' (torch.OutOfMemoryError at its first pass) or None."""
     if step == stall_step:
         injected_stall(stall_s)
-    return step in nan_steps
+    if step in oom_steps:
+        return 'oom'
+    return 'nan' if step in nan_steps else None
+
+
+def injected_oom():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by fault_oom_steps)")
 
 
 def injected_kill(done, at):

@@ -232,6 +232,7 @@ watchdog_s = 1800.0  # no progress for this long -> dump every thread's stack (0
 watchdog_exit = False  # after the dump: False = keep waiting, True = exit (code 4)
 plot_every = 10  # redraw curves.png every N steps (and at the end)
 fault_nan_steps = []  # testing: steps whose loss is made NaN
+fault_oom_steps = []  # testing: steps whose update raises torch.OutOfMemoryError (the report)
 fault_stall_step = -1  # testing: step that sleeps fault_stall_s before its update (the watchdog)
 fault_stall_s = 0.0  # testing: length of that stall
 fault_kill_opt_step = 0  # testing: SIGKILL this process right after its N-th GRPO optimizer step
@@ -483,6 +484,22 @@ def logprobs(net, rows, share, temp=None):
 
 optimizer = torch.optim.AdamW(lora.param_groups(model, weight_decay), lr=lr, betas=adam_betas,
                               fused=device.startswith('cuda'))
+
+
+def memory_sizes():  # GiB (and the KV cache's shape) for the out-of-memory report, when it is needed
+    gib, cfg = 2**30, model.config
+    trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    sampler = 0 if gen_model is model else sum(p.numel() * p.element_size() for p in gen_model.parameters())
+    rows = batch_prompts * group_size // world
+    positions = min(cfg.max_seq_len, max(map(len, prompts_for(train_set))) + max_new_tokens)
+    per_position = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * ptdtype.itemsize  # keys and values
+    return {'weights': weight_bytes / gib, 'train_state': 3 * trained / gib / (world if fsdp else 1),
+            'sampler': sampler / gib, 'kv_cache': rows * positions * per_position / gib, 'kv_rows': rows,
+            'kv_positions': positions}
+
+
+# a CUDA out-of-memory error that ends the run is followed by its phase, the sizes and what to change
+safety.explain_out_of_memory(__file__, config, memory_sizes, device, rank)
 
 
 def lr_at(step, peak, total, warmup, shape='cosine'):  # linear warmup, then shape's decay
@@ -1010,7 +1027,7 @@ def micro_loss(mb, j, part, side, share, now):
             'isw': isw, 'sampled': sampled}
 
 
-def update(lay, side, now, n_tokens, *, skipped, nan_loss):
+def update(lay, side, now, n_tokens, *, skipped, fault):
     """5. The clipped policy-gradient update: num_iterations passes over the step's micro-batches,
     an optimizer step after each mini-batch's last (none if skipped, or for a mini-batch with no
     row that can move the policy; a non-finite loss or gradient ends the update). Returns the
@@ -1031,8 +1048,10 @@ def update(lay, side, now, n_tokens, *, skipped, nan_loss):
             part = plan[lay['mini_of'][j]]  # its mini-batch (mini_batches = 1: the whole step)
             out = micro_loss(mb, j, part, side, lay['share'], now)
             loss, w = out['loss'], out['w']
-            if nan_loss:  # testing: fault_nan_steps
+            if fault == 'nan':  # testing: fault_nan_steps
                 loss = loss * float('nan')
+            if fault == 'oom':  # testing: fault_oom_steps
+                safety.injected_oom()
             # DDP/FSDP average the ranks' gradients; the step's gradient is their sum
             (loss * world).backward()
             if mini_batches > 1:  # the logged loss: the mean of the mini-batches' losses
@@ -1225,9 +1244,9 @@ while step < max_steps:
     # 5. policy-gradient update; none when no row can move the policy or every reward failed
     t = time.time()
     now = schedule(step, lr_scale, entropy_state)
-    nan_loss = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s)
+    fault = safety.injected_faults(step + 1, fault_nan_steps, fault_stall_step, fault_stall_s, fault_oom_steps)
     skipped = not any(part['rows'] for part in lay['plan']) or (roll['sc']['all_failed'] and advantage != 'none')
-    upd = update(lay, side, now, groups['trained'][1], skipped=skipped, nan_loss=nan_loss)
+    upd = update(lay, side, now, groups['trained'][1], skipped=skipped, fault=fault)
     timing['update'] = time.time() - t
     mark("update done")
     if prof is not None:

@@ -280,6 +280,72 @@ def test_cpu_contention_is_named_only_when_other_jobs_hold_the_cores(monkeypatch
     assert capsys.readouterr().out.count(said) == 1
 
 
+SCRIPT = """
+import torch
+
+def oom():
+    raise torch.OutOfMemoryError('CUDA out of memory')
+
+def rollout():
+    oom()
+
+def sample_step():
+    rollout()
+
+def run_eval():
+    other['update']()  # a function of another file named like a stage does not count
+
+def micro_loss():
+    oom()
+
+def update():
+    micro_loss()
+"""
+OTHER = "def update():\n    oom()\n"
+
+
+def phase_of(call, script='/x/train_grpo.py'):
+    import safety
+    scope = {}
+    exec(compile(SCRIPT, script, 'exec'), scope)
+    other = {'oom': scope['oom']}
+    exec(compile(OTHER, '/x/my_reward.py', 'exec'), other)
+    scope['other'] = other
+    try:
+        exec(compile(call, script, 'exec'), scope)  # the module level of the script
+    except torch.OutOfMemoryError as e:
+        return safety.oom_phase(e.__traceback__, script)
+
+
+def test_the_out_of_memory_phase_is_the_innermost_stage_of_train_grpo_on_the_traceback():
+    assert phase_of('sample_step()') == 'generation'
+    assert phase_of('update()') == 'update'
+    assert phase_of('run_eval()') == 'evaluation', "a stage's name in another file was taken"
+    assert phase_of('oom()') == 'start-up'
+
+
+def test_the_out_of_memory_report_says_what_to_change():
+    import safety
+    c = {'batch_prompts': 32, 'group_size': 8, 'max_new_tokens': 512, 'micro_batch_size': 32,
+         'micro_batch_tokens': 0, 'grad_checkpoint': False, 'eval_batch_size': 64, 'eval_samples': 0,
+         'sft_batch_size': 32, 'lora_rank': 0}
+    sizes = {'weights': 1.84, 'train_state': 5.52, 'sampler': 0.92, 'kv_cache': 2.73, 'kv_rows': 256,
+             'kv_positions': 912}
+    mem = {'allocated': 70.0, 'reserved': 79.0, 'total': 79.6}
+    gen = safety.oom_report('generation', c, sizes, mem)
+    assert 'during generation: 70 GiB allocated, 79 GiB reserved, of 79.6 GiB' in gen, gen
+    assert '256 rows' in gen and '912 positions: 2.73 GiB' in gen and 'batch_prompts=32' in gen, gen
+    assert 'expandable_segments' in gen and '9 GiB is reserved' in gen, gen
+    assert '--lora_rank' not in gen, "LoRA named where the training state is a small share"
+    upd = safety.oom_report('update', c, {**sizes, 'train_state': 28.0}, {**mem, 'reserved': 71.0})
+    assert 'micro_batch_size=32' in upd and 'grad_checkpoint=True' in upd and '--lora_rank=32' in upd, upd
+    assert 'expandable_segments' not in upd and '--resume_changed=True' in upd, upd
+    ev = safety.oom_report('evaluation', c, sizes, mem)
+    assert 'eval_batch_size=64' in ev and '--resume_changed' not in ev, ev
+    old = safety.oom_report('old/reference log-probs', {**c, 'micro_batch_tokens': 8192}, sizes, mem)
+    assert 'micro_batch_tokens=8192' in old and 'grad_checkpoint' not in old, old
+
+
 def test_a_completion_budget_below_one_token_is_a_knob_error(tmp_path):
     """--max_new_tokens=0 would warm up, then train on empty completions with every warning firing:
     one line and exit 2 before anything is spent, like --group_size=1; so for the other counts that

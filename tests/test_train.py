@@ -249,6 +249,20 @@ def test_no_checkpoint_inside_a_nan_streak(tmp_path):
     assert 'ckpt_0000000.pt (step 0)' in p.stdout, p.stdout[-2000:]
 
 
+def test_out_of_memory_names_its_phase_and_the_fix(tmp_path):
+    """An out-of-memory error in step 2's update (injected: a CPU never runs out this way) ends the
+    run as any exception does (traceback, exit 1), then says where and what to change; step 1's
+    checkpoint is there to resume from."""
+    p = run(tmp_path, '--max_steps=3', '--save_every=1', '--fault_oom_steps=[2]', '--micro_batch_size=4',
+            check=False)
+    assert p.returncode == 1 and 'torch.OutOfMemoryError' in p.stderr, p.stderr[-2000:]
+    report = p.stderr[p.stderr.index('torch.OutOfMemoryError'):]
+    assert 'CUDA ran out of memory during update' in report, report
+    assert 'micro_batch_size=4' in report and 'grad_checkpoint=True' in report, report
+    assert '--resume_changed=True' in report, report
+    assert (tmp_path / 'ckpt_0000001.pt').exists() and not (tmp_path / 'ckpt_0000002.pt').exists()
+
+
 def test_save_every_0_saves_only_at_the_end(tmp_path):
     """save_every=0: no periodic checkpoints (before, step % 0 stopped the run): the start's (the
     rollback base) and the last."""

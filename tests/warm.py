@@ -71,6 +71,9 @@ def _child(argv, cwd, env, out_path, err_path):
             sys.argv = list(argv)
             sys.path[:0] = [os.path.dirname(os.path.abspath(argv[0])), *extra]
             runpy.run_path(argv[0], run_name='__main__')
+    except Exception:  # reported as the interpreter reports an uncaught one: through sys.excepthook
+        sys.excepthook(*sys.exc_info())
+        raise SystemExit(1) from None
     finally:
         atexit._run_exitfuncs()  # multiprocessing's children end in os._exit, which skips them
 
