@@ -38,15 +38,16 @@ def report(run, findings, png=None, fail_on='error'):
     """The plain-text report: what was read, one paragraph per finding, then one line each for the
     names no table knows, the exit code's reason and the plot."""
     steps = run['steps']
-    lines = [f"doctor: {run['path']} ({run['source']}, {run['rows']} rows, steps "
-             f"{steps[0]}-{steps[-1]})",
-             "series: " + ', '.join(k for k in SERIES if run['series'].get(k))]
+    span = f"steps {steps[0]}-{steps[-1]}" if steps else "no step logged"
+    lines = [f"doctor: {run['path']} ({run['source']}, {run['rows']} rows, {span})",
+             "series: " + (', '.join(k for k in SERIES if run['series'].get(k)) or 'none')]
     if run['problems']:
         lines.append(f"unreadable rows: {len(run['problems'])} (first: {run['problems'][0]})")
     lines.append('')
     for f in findings:
         causes = '; '.join(f"({i}) {c}" for i, c in enumerate(f['causes'], 1))
-        lines.append(f"{f['severity'].upper()} {f['name']} (steps {span_text(run, f['steps'])}): "
+        at = f"steps {span_text(run, f['steps'])}" if f['steps'] else 'no step'
+        lines.append(f"{f['severity'].upper()} {f['name']} ({at}): "
                      f"{f['evidence']}. Likely causes: {causes}. Fix: {f['fix'].rstrip('.')}.")
         lines.append('')
     if not findings:
@@ -135,7 +136,7 @@ def main(argv=None):
               file=sys.stderr)
     findings = diagnose(run)
     png = None
-    if not args.no_plot:
+    if not args.no_plot and run['steps']:  # (a log of nothing but an error has no series to draw)
         beside = args.path if os.path.isdir(args.path) else os.path.dirname(args.path)
         png = args.out or os.path.join(beside, 'doctor.png')
         try:

@@ -4,6 +4,7 @@ returns findings (name, severity, steps, evidence, likely causes in order, fix);
 runs them all, most severe first. The thresholds are the named constants below.
 """
 import math
+import re
 import statistics
 
 from doctor.read import OUTSIDE_WORK, PHASES, SERIES
@@ -641,6 +642,122 @@ def detect_memory(run):
                       "vLLM, a lower gpu_memory_utilization")]
 
 
+# a traceback's function names -> the phase it ran out of memory in; the update's names first (its
+# backward runs through the log-prob functions), then generation's, the log-probs', evaluation's.
+# Ours, TRL's (training_step: _generate_and_score_completions, then compute_loss), verl's workers
+OOM_PHASE_NAMES = [
+    ('update', ('micro_loss', 'update', 'compute_loss', 'update_policy', 'update_actor', 'backward')),
+    ('generation', ('rollout', 'sample_step', 'generate', 'generate_with_tools', 'generate_sequences',
+                    '_generate', '_generate_single_turn')),
+    ('old/reference log-probs', ('side_logprobs', 'compute_log_prob', 'compute_ref_log_prob',
+                                 '_get_per_token_logps', '_get_per_token_logps_and_entropies')),
+    ('evaluation', ('run_eval', 'evaluate', '_validate')),
+]
+FRAME = re.compile(r'File "[^"]*", line \d+, in (\w+)')
+RAY_METHOD = re.compile(r'ray::\w+\.(\w+)\(')
+OURS_OOM = re.compile(r'CUDA ran out of memory during ([\w/ -]+?)[:.]')  # safety.oom_report's first line
+OOM_NUMBERS = [('asked', r'Tried to allocate ([\d.]+ [KMG]iB)'), ('total', r'total capacity of ([\d.]+ [KMG]iB)'),
+               ('free', r'of which ([\d.]+ [KMG]iB) is free'),
+               ('spare', r'([\d.]+ [KMG]iB) is reserved by PyTorch but unallocated')]
+OOM_FIX = {  # (trainer, phase) -> what to change there; (trainer, None): any phase
+    ('ours', 'generation'): "fewer rows per GPU (batch_prompts, or torchrun over more GPUs) or a lower max_new_tokens",
+    ('ours', 'update'): "a lower micro_batch_size or micro_batch_tokens, grad_checkpoint=True",
+    ('ours', 'old/reference log-probs'): "a lower micro_batch_size or micro_batch_tokens",
+    ('ours', 'evaluation'): "a lower eval_batch_size",
+    ('ours', None): "the phase's batch (micro_batch_size, batch_prompts, eval_batch_size), grad_checkpoint, LoRA",
+    ('trl', 'generation'): "a lower per_device_train_batch_size (the completions generated at once) or "
+                           "max_completion_length; with vLLM colocated, a lower vllm_gpu_memory_utilization",
+    ('trl', 'update'): "a lower per_device_train_batch_size with a higher gradient_accumulation_steps, "
+                       "gradient_checkpointing=True",
+    ('trl', None): "a lower per_device_train_batch_size with a higher gradient_accumulation_steps, "
+                   "gradient_checkpointing=True, a lower max_completion_length",
+    ('verl', 'generation'): "a lower actor_rollout_ref.rollout.gpu_memory_utilization (the KV cache vLLM/SGLang "
+                            "reserves) or a shorter data.max_response_length",
+    ('verl', 'old/reference log-probs'): "a lower actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu and "
+                                         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    ('verl', 'update'): "a lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (or use_dynamic_bsz with a "
+                        "lower ppo_max_token_len_per_gpu), actor_rollout_ref.model.enable_gradient_checkpointing=True, "
+                        "fsdp_config.param_offload / optimizer_offload",
+    ('verl', None): "the micro-batch sizes per GPU (ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu), "
+                    "rollout.gpu_memory_utilization, gradient checkpointing",
+    (None, None): "a smaller batch per GPU, gradient checkpointing, shorter sequences",
+}
+# where a traceback's files say which trainer ran
+OOM_TRAINERS = [('verl', '/verl/'), ('trl', '/trl/'), ('ours', 'train_grpo.py')]
+
+
+def oom_phase(crash):
+    """The phase an out-of-memory error stopped: named by our own report after it, else read from
+    its traceback's function names (OOM_PHASE_NAMES); None when neither says."""
+    for line in crash['after']:
+        m = OURS_OOM.search(line)
+        if m:
+            return m.group(1)
+    names = {m.group(1) for line in crash['before'] for m in FRAME.finditer(line)}
+    # Ray's 'ray::WorkerDict.actor_rollout_ref_update_actor()': verl's worker method, role-prefixed
+    methods = {m.group(1) for line in crash['before'] + [crash['text']] for m in RAY_METHOD.finditer(line)}
+    for phase, marks in OOM_PHASE_NAMES:
+        if names & set(marks) or any(m == k or m.endswith('_' + k) for m in methods for k in marks):
+            return phase
+    return None
+
+
+def gib(size):
+    """'312.44 MiB' -> GiB (0.0 for None)."""
+    if not size:
+        return 0.0
+    value, unit = size.split()
+    return float(value) * {'KiB': 2**-20, 'MiB': 2**-10, 'GiB': 1.0}[unit]
+
+
+def oom_trainer(run, crash):
+    """'ours', 'trl', 'verl' or None: the trainer whose files the traceback runs through (or whose
+    console the log is)."""
+    if 'verl' in run['source']:
+        return 'verl'
+    text = '\n'.join(crash['before'] + crash['after'][:40])
+    for trainer, mark in OOM_TRAINERS:
+        if mark in text:
+            return trainer
+    return 'ours' if OURS_OOM.search(text) else None
+
+
+def detect_out_of_memory(run):
+    """The log ends in (or holds) a device out-of-memory error: which phase, how large the request
+    and the card, and what to change there. Console logs only (the others hold no tracebacks)."""
+    if not run['crashes']:
+        return []
+    crash = next((c for c in run['crashes'] if 'Tried to allocate' in c['text']), run['crashes'][0])
+    phase = oom_phase(crash)
+    numbers = {}
+    for key, pattern in OOM_NUMBERS:
+        m = re.search(pattern, crash['text'])
+        if m:
+            numbers[key] = m.group(1)
+    said = ', '.join(f"{k} {v}" for k, v in (('asked for', numbers.get('asked')), ('of', numbers.get('total')),
+                                             ('free', numbers.get('free'))) if v)
+    after = crash['after_step']
+    where = f"after step {after}" if after is not None else "before any step was logged"
+    trainer = oom_trainer(run, crash)
+    fix = OOM_FIX.get((trainer, phase)) or OOM_FIX[(trainer, None)]
+    causes = ['a batch larger than the others (longer completions): the step that fits most of the time does '
+              'not fit this one', 'the micro-batch or the KV cache sized for another card or model',
+              'memory held by another process on the same GPU (a colocated inference engine)']
+    if after is None:  # the very first batch did not fit
+        causes.insert(0, causes.pop(1))
+    if gib(numbers.get('spare')) >= gib(numbers.get('asked')) > 0:  # it would have fit, had it been contiguous
+        causes.insert(0, f"fragmentation: {numbers['spare']} reserved by PyTorch but unallocated, more than the "
+                         f"{numbers['asked']} asked for (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
+    steps = [after] if after is not None else []
+    told = sum('Tried to allocate' in c['text'] for c in run['crashes'])  # PyTorch's message, once per error
+    more = f" ({told} such errors: several ranks or retries)" if told > 1 else ''
+    return [found('out_of_memory', 'error', steps, series=['mem_frac'] if 'mem_frac' in run['series'] else [],
+                  evidence=f"the device ran out of memory {where}, in {phase or 'a phase the traceback does not name'}"
+                           f"{': ' + said if said else ''} (line {crash['line']}: {crash['text'][:160]!r}){more}",
+                  causes=causes,
+                  fix=f"{fix}; then resume from the last checkpoint" if after is not None else fix)]
+
+
 def detect_launch_bound(run):
     """Generation most of the step, yet far below the memory bandwidth decoding needs: each decode
     step waits on the host (this trainer's perf/gen_hbm_frac). The first step (warm-up) is left
@@ -740,7 +857,7 @@ def detect_clipping(run):
                       'log-prob gap')]
 
 
-DETECTORS = [detect_flat_reward, detect_reward_fall, detect_zero_loss, detect_nonfinite,
+DETECTORS = [detect_out_of_memory, detect_flat_reward, detect_reward_fall, detect_zero_loss, detect_nonfinite,
              detect_kl_at_start, detect_spikes, detect_entropy_collapse, detect_teacher_kl_rise,
              detect_reward_hacking, detect_truncation, detect_memory, detect_launch_bound, detect_clipping,
              detect_zero_spread, detect_step_time]

@@ -6,6 +6,7 @@ log of a path (an out_dir, a TRL output directory or checkpoint, a verl or nanoG
 W&B history CSV, TensorBoard event files) and returns the run: {step: value} per series, the
 unknown names and one line per unreadable row.
 """
+import collections
 import csv
 import fnmatch
 import json
@@ -218,7 +219,7 @@ def unpack(entry):
 
 def new_run(path, source):
     return {'path': path, 'source': source, 'series': {}, 'unknown': set(), 'problems': [],
-            'samples': [], 'rows': 0, 'names': {}}
+            'samples': [], 'rows': 0, 'names': {}, 'crashes': []}
 
 
 def problem(run, where, msg):
@@ -429,6 +430,11 @@ def read_tensorboard(path, run):
 
 
 ANSI = re.compile(r'\x1b\[[0-9;]*m')  # terminal colour codes
+# a run that ran out of device memory: PyTorch's error, a CUDA call's, vLLM's KV cache finding no room
+OOM_LINE = re.compile(r'CUDA out of memory|OutOfMemoryError\b|CUDA error: out of memory|'
+                      r'No available memory for the cache blocks')
+SOURCE_LINE = re.compile(r'(raise|except)\b|File "')  # a traceback's quoted source, not the error
+CRASH_CONTEXT = 200  # lines kept before such an error (its traceback) and after it (a report)
 VERL_LINE = re.compile(r'\bstep:(\d+) - (.*)')  # verl's console logger: 'step:N - key:value - ...'
 ITER_LINE = re.compile(r'\biter (\d+):(.*)')  # nanoGPT: 'iter N: loss X, time Yms, mfu Z%'
 STEP_LINE = re.compile(r'^step\s+(\d+)\s*[|:](.*)')  # ours: 'step     1 | reward ... | ...'
@@ -438,11 +444,22 @@ VALUE = re.compile(rf'({NUM})(?:([±/])({NUM}))?(ms|s|%|GB)?', re.IGNORECASE)
 
 def read_console(path, run):
     """A console log: verl's 'step:N - key:value' lines, nanoGPT's 'iter N: ...' lines and our step
-    lines; every other line (prints, warnings, tracebacks) is not a row and is passed over."""
+    lines; every other line (prints, warnings, tracebacks) is not a row and is passed over, but for
+    an out-of-memory error (OOM_LINE), kept in run['crashes'] with the lines around it and the last
+    step logged before it."""
     kinds = set()
+    recent = collections.deque(maxlen=CRASH_CONTEXT)
     with open(path, errors='replace') as f:
         for n, line in enumerate(f, 1):
             line = ANSI.sub('', line.rstrip('\n'))  # Ray colours its '(TaskRunner pid=N)' prefix
+            for crash in run['crashes'][-3:]:  # (errors of several ranks come together)
+                if len(crash['after']) < CRASH_CONTEXT:
+                    crash['after'].append(line)
+            if OOM_LINE.search(line) and not SOURCE_LINE.match(line.strip()):
+                steps = [k for series in run['series'].values() for k in series]
+                run['crashes'].append({'line': n, 'text': line.strip(), 'after_step': max(steps, default=None),
+                                       'before': list(recent), 'after': []})
+            recent.append(line)
             where = f"{path}:{n}"
             bad = []
             m = VERL_LINE.search(line)
@@ -538,7 +555,7 @@ def load(path, device_gb=0.0):
         return f"{file}: {e.strerror or e}"
     except ValueError as e:  # a file the doctor refuses as a whole (one line saying why)
         return f"{file}: {e}"
-    if not any(run['series'].values()):
+    if not any(run['series'].values()) and not run['crashes']:
         return f"{file}: no metric rows could be read ({len(run['problems'])} unreadable)"
     derive(run, device_gb)
     run['steps'] = sorted({s for v in run['series'].values() for s in v})

@@ -61,6 +61,9 @@ FAILURES = [
     ('ours_lr_high', 0, 'few_groups_learn', 'warning', [6, 7, 9, 10, 11, 12, 13, 14, 15]),
     ('ours_launch_bound', 0, 'generation_launch_bound', 'info', range(2, 9)),
     ('ours_distill_lr_high', 0, 'teacher_kl_rose', 'warning', range(5, 17)),
+    ('ours_oom/train.log', 0, 'out_of_memory', 'error', [3]),
+    ('verl_oom.log', 0, 'out_of_memory', 'error', [6]),
+    ('trl_oom.log', 0, 'out_of_memory', 'error', []),
 ]
 
 
@@ -91,6 +94,37 @@ def test_every_detector_has_a_failing_log_and_stays_silent_on_healthy_runs():
         run = run_of(name)
         for detect in doctor.DETECTORS:
             assert [f for f in detect(run) if f['severity'] != 'info'] == [], detect.__name__
+
+
+def test_an_out_of_memory_error_names_its_phase_and_the_trainers_knobs(capsys):
+    """The phase from our own report, from verl's Ray worker method, from TRL's frames; the fix in
+    that trainer's knobs; fragmentation first when the reserved-but-unallocated memory would have
+    held the allocation. A log of nothing but the error is still read (no plot: nothing to draw)."""
+    ours = findings('ours_oom/train.log')['out_of_memory']
+    assert 'after step 3, in update' in ours['evidence'] and 'micro_batch_size' in ours['fix'], ours
+    verl = findings('verl_oom.log')['out_of_memory']
+    assert 'in update: asked for 4.64 GiB, of 79.19 GiB' in verl['evidence'], verl['evidence']
+    assert 'ppo_micro_batch_size_per_gpu' in verl['fix'] and verl['causes'][0].startswith('fragmentation')
+    assert 'such errors' not in verl['evidence'], "Ray's line and PyTorch's counted as two errors"
+    trl = findings('trl_oom.log')['out_of_memory']
+    assert 'before any step was logged, in generation' in trl['evidence'], trl['evidence']
+    assert 'per_device_train_batch_size' in trl['fix'] and 'resume' not in trl['fix'], trl['fix']
+    assert not any(c.startswith('fragmentation') for c in trl['causes']), "0.98 GiB spare < 1.16 GiB asked"
+    code, out, err = cli(capsys, os.path.join(FIX, 'trl_oom.log'), '--out', os.devnull)
+    assert code == 1 and 'no step logged' in out and 'ERROR out_of_memory (no step)' in out, out + err
+
+
+def test_rays_worker_method_alone_names_the_phase():
+    """verl's error as Ray's driver prints it when the worker's frames are cut off: the worker method
+    (role prefix and all) says which phase."""
+    from doctor.detect import oom_phase
+    line = ('ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.{}() (pid=1, ip=10.0.0.1, '
+            'actor_id=ab)')
+    for method, phase in (('actor_rollout_ref_update_actor', 'update'),
+                          ('actor_rollout_generate_sequences', 'generation'),
+                          ('actor_rollout_compute_ref_log_prob', 'old/reference log-probs')):
+        crash = {'text': line.format(method), 'before': [], 'after': []}
+        assert oom_phase(crash) == phase, method
 
 
 def test_the_reward_collapse_says_what_the_numbers_were():
