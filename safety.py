@@ -75,6 +75,9 @@ def bad_knob(c):
     if c['eval_samples'] == 1 or c['eval_samples'] < 0:
         return (f"--eval_samples={c['eval_samples']}: sampled completions per evaluation problem, "
                 ">= 2 for pass@k and mean@k (0 = greedy pass@1 only)")
+    if c['early_stop'] and not c['export_best']:
+        return (f"--early_stop={c['early_stop']}: it counts evaluations without a new best of export_best's "
+                "metric; set --export_best (e.g. 'eval/pass@1')")
     if c['export_best'] and c['eval_every'] <= 0:
         return (f"--export_best={c['export_best']!r}: the best weights are judged at each "
                 "evaluation, and eval_every = 0 runs none")
@@ -84,6 +87,7 @@ def bad_knob(c):
 # knob -> (the values it can take, what it is): a value outside is refused before anything runs
 RANGES = {
     'lr': (lambda v: v >= 0, "the peak learning rate, >= 0"),
+    'early_stop': (lambda v: v >= 0, "evaluations without a new best before the run stops, >= 0 (0 = never)"),
     'sft_lr': (lambda v: v >= 0, "the warm start's peak learning rate, >= 0"),
     'temperature': (lambda v: v > 0, "the sampling temperature, > 0: the loss's log-probs are "
                                      "taken at it, and greedy groups would not differ"),
@@ -487,11 +491,12 @@ def oom_report(phase, c, sizes, mem):
                      f"eval_samples={c['eval_samples']} times when >= 2). Fix: a lower eval_batch_size; it does "
                      f"not change the run.")
     elif phase in ('update', 'old/reference log-probs'):
-        lines.append(f"A pass holds the activations of up to micro_batch_size={c['micro_batch_size']} rows{mbt}. "
-                     f"Fix: halve micro_batch_size, or cap a pass's tokens with micro_batch_tokens (packed "
-                     f"rows, up to that many tokens each)" +
-                     ('; grad_checkpoint=True keeps only each block\'s input and recomputes the rest in '
-                      'backward (long completions).' if phase == 'update' and not c['grad_checkpoint'] else '.'))
+        fix = (f"A pass holds the activations of up to micro_batch_size={c['micro_batch_size']} rows{mbt}. "
+               f"Fix: halve micro_batch_size, or cap a pass's tokens with micro_batch_tokens (packed rows, up to "
+               f"that many tokens each)")
+        if phase == 'update' and not c['grad_checkpoint']:
+            fix += "; grad_checkpoint=True keeps only each block's input and recomputes the rest in backward"
+        lines.append(fix + '.')
     elif phase == 'warm start':
         lines.append(f"The warm start holds sft_batch_size={c['sft_batch_size']} sequences a step. Fix: a lower "
                      f"sft_batch_size.")
@@ -510,7 +515,7 @@ def oom_report(phase, c, sizes, mem):
 
 
 def device_memory(device):
-    """(allocated, reserved, total) GiB on a CUDA device; zeros elsewhere."""
+    """GiB 'allocated', 'reserved' and in 'total' on a CUDA device; zeros elsewhere."""
     if torch.device(device).type != 'cuda' or not torch.cuda.is_available():
         return {'allocated': 0.0, 'reserved': 0.0, 'total': 0.0}
     return {'allocated': torch.cuda.memory_allocated(device) / 2**30,

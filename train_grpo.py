@@ -218,6 +218,7 @@ export_every = 0  # also checkpoint and keep out_dir/hf_{step:07d}/ every N step
 # weights of its best evaluation so far (ties: the earliest); '' = off
 export_best = ''
 export_best_mode = 'max'  # 'max': the highest value is the best; 'min': the lowest (eval/truncated)
+early_stop = 0  # with export_best: stop after this many evaluations in a row without a new best (0 = never)
 wandb_log = False  # also send every metrics.jsonl row to Weights & Biases (pip install wandb)
 wandb_project = 'grpo'  # its project
 wandb_run_name = ''  # its run name ('' = wandb's); a resumed run continues the same wandb run
@@ -520,7 +521,7 @@ guards = safety.new_guards()  # the guards' streaks, saved with checkpoints
 dropped = set()  # drop_easy: indices of the training problems no longer drawn (in checkpoints)
 # export_best: the best evaluation so far (in checkpoints; a resume with another metric or mode
 # starts anew)
-best = {'metric': export_best, 'mode': export_best_mode, 'value': None, 'step': None}
+best = {'metric': export_best, 'mode': export_best_mode, 'value': None, 'step': None, 'since': 0}
 # the knobs of tasks only evaluated (eval_tasks) change no training: a resume may change them
 eval_only = {k for ev in extra_evals.values() for k in tasks.knobs(ev['task'])} - set(
     k for t in [task_mod, *(m[1] for m in mixed_in)] for k in tasks.knobs(t))
@@ -559,10 +560,12 @@ def keep_best(step_done, row):
         die(f"--export_best={export_best!r}: the evaluation logs no such metric (it logs {logged})", 2)
     sign = 1 if export_best_mode == 'max' else -1
     if best['value'] is not None and sign * row[export_best] <= sign * best['value']:
+        best['since'] = best.get('since', 0) + 1  # early_stop: evaluations since the best
         return
     done = save_export(out_dir, 'hf_best', model, tok, fsdp, master, config={
         **config, 'step': step_done, 'best': {export_best: row[export_best]}},
         dtype=getattr(torch, export_dtype or 'float32'))
+    best['since'] = 0 if done else best.get('since', 0) + 1
     if done:
         best.update(value=row[export_best], step=step_done)
         if master:
@@ -1193,6 +1196,18 @@ def roll_back(why, lr_scale, rollbacks, guards):
     return lr_scale, rollbacks
 
 
+def stopped_early():
+    """early_stop: True (and says so) when export_best's metric has had no new best for that many
+    evaluations in a row."""
+    if not early_stop or best.get('since', 0) < early_stop:
+        return False
+    if master:
+        print(f"early_stop: {export_best} has not beaten {best['value']:.4f} (step {best['step']}) in "
+              f"{best['since']} evaluations; stopping at step {step}. hf_best/ holds step {best['step']}'s "
+              "weights", flush=True)
+    return True
+
+
 def drop_solved(roll):
     """drop_easy: the step's problems whose group's mean reward reached it are not drawn again.
     Returns True when none is left."""
@@ -1228,6 +1243,8 @@ def checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state):
         finish(128 + sig)
 
 
+if state is not None and stopped_early():  # resumed after an early stop: nothing is left to do
+    finish(0)
 while step < max_steps:
     t_step, timing, compiled = time.time(), {}, metrics.compile_totals()
     mark = metrics.stage_marker(step + 1, t_step, last_progress, verbose, device)
@@ -1263,7 +1280,7 @@ while step < max_steps:
     if action is not None:  # back to the newest checkpoint at a lower lr, on with new data
         lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards)
         continue
-    if drop_easy and drop_solved(roll):  # every training problem solved: the run ends here
+    if (drop_easy and drop_solved(roll)) or stopped_early():  # all solved, or no new best in early_stop evals
         save(step, cursor, lr_scale, rollbacks, guards, entropy_state)
         break
     # 7. reference moved (ref_sync_every), checkpoint (save_every, at the end, on a signal), curves

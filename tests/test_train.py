@@ -263,6 +263,30 @@ def test_out_of_memory_names_its_phase_and_the_fix(tmp_path):
     assert (tmp_path / 'ckpt_0000001.pt').exists() and not (tmp_path / 'ckpt_0000002.pt').exists()
 
 
+def test_early_stop_after_evaluations_without_a_new_best(tmp_path):
+    """eval/truncated (mode 'min') at every step: early_stop=2 ends the run after the second
+    evaluation in a row that is no new best (a tie is none), with a checkpoint and exit 0; rerunning
+    the same command resumes there and stops at once; a higher early_stop goes on to max_steps."""
+    args = ['--max_steps=8', '--eval_every=1', '--export_best=eval/truncated', '--export_best_mode=min',
+            '--export_hf=True', '--save_every=100']
+    p = run(tmp_path, *args, '--early_stop=2')
+    rows = metrics(tmp_path)
+    values = [r['eval/truncated'] for r in rows]
+    stop, best, since = None, None, 0
+    for step, v in enumerate(values):
+        since = 0 if best is None or v < best else since + 1
+        best = v if since == 0 else best
+        if since == 2:
+            stop = step
+            break
+    assert stop is not None and rows[-1]['step'] == stop < 8, (values, p.stdout[-1500:])
+    assert 'early_stop: eval/truncated has not beaten' in p.stdout and (tmp_path / f'ckpt_{stop:07d}.pt').exists()
+    again = run(tmp_path, *args, '--early_stop=2')
+    assert metrics(tmp_path)[-1]['step'] == stop and 'early_stop' in again.stdout, again.stdout[-1500:]
+    run(tmp_path, *args, '--early_stop=100')
+    assert metrics(tmp_path)[-1]['step'] == 8
+
+
 def test_save_every_0_saves_only_at_the_end(tmp_path):
     """save_every=0: no periodic checkpoints (before, step % 0 stopped the run): the start's (the
     rollback base) and the last."""
