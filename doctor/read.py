@@ -6,6 +6,7 @@ log of a path (an out_dir, a TRL output directory or checkpoint, a verl or nanoG
 W&B history CSV, TensorBoard event files) and returns the run: {step: value} per series, the
 unknown names and one line per unreadable row.
 """
+import ast
 import collections
 import csv
 import fnmatch
@@ -433,6 +434,8 @@ ANSI = re.compile(r'\x1b\[[0-9;]*m')  # terminal colour codes
 # a run that ran out of device memory: PyTorch's error, a CUDA call's, vLLM's KV cache finding no room
 OOM_LINE = re.compile(r'CUDA out of memory|OutOfMemoryError\b|CUDA error: out of memory|'
                       r'No available memory for the cache blocks')
+TRL_ROW = re.compile(r"\{'(?:loss|reward|eval_\w+|grad_norm|learning_rate)': .*\}")  # a printed log dict
+TQDM_STEP = re.compile(r'\| *(\d+)/(\d+) \[')  # tqdm's bar, '| 25/500 [03:12<1:00:58, 7.70s/it]'
 SOURCE_LINE = re.compile(r'(raise|except)\b|File "')  # a traceback's quoted source, not the error
 CRASH_CONTEXT = 200  # lines kept before such an error (its traceback) and after it (a report)
 VERL_LINE = re.compile(r'\bstep:(\d+) - (.*)')  # verl's console logger: 'step:N - key:value - ...'
@@ -443,11 +446,14 @@ VALUE = re.compile(rf'({NUM})(?:([±/])({NUM}))?(ms|s|%|GB)?', re.IGNORECASE)
 
 
 def read_console(path, run):
-    """A console log: verl's 'step:N - key:value' lines, nanoGPT's 'iter N: ...' lines and our step
-    lines; every other line (prints, warnings, tracebacks) is not a row and is passed over, but for
-    an out-of-memory error (OOM_LINE), kept in run['crashes'] with the lines around it and the last
-    step logged before it."""
+    """A console log: verl's 'step:N - key:value' lines, nanoGPT's 'iter N: ...' lines, our step
+    lines and TRL's (transformers') printed log dicts; every other line (prints, warnings,
+    tracebacks) is not a row and is passed over, but for an out-of-memory error (OOM_LINE), kept in
+    run['crashes'] with the lines around it and the last step logged before it."""
     kinds = set()
+    # TRL: the last progress bar's (step, total) before the first row, whose total is then the
+    # training bar's (loading weights and evaluation draw bars of their own); its step; rows so far
+    last_bar, bar_total, bar_step, trl_rows = None, None, None, 0
     recent = collections.deque(maxlen=CRASH_CONTEXT)
     with open(path, errors='replace') as f:
         for n, line in enumerate(f, 1):
@@ -462,6 +468,21 @@ def read_console(path, run):
             recent.append(line)
             where = f"{path}:{n}"
             bad = []
+            bar = None
+            for bar in TQDM_STEP.finditer(line):  # the last on the line (a log with its \r removed)
+                pass
+            if bar:
+                last_bar = (int(bar.group(1)), bar.group(2))
+            if bar and bar.group(2) == bar_total:
+                bar_step = last_bar[0]
+            row = trl_row(line)
+            if row is not None:  # (its step: the bar's, else the row's number: logging_steps=1)
+                if not trl_rows and last_bar:
+                    bar_step, bar_total = last_bar
+                kinds.add('trl')
+                trl_rows += 1
+                add_row(run, bar_step if bar_step is not None else trl_rows, row, [TRL], where)
+                continue
             m = VERL_LINE.search(line)
             if m:
                 kinds.add('verl')
@@ -482,6 +503,22 @@ def read_console(path, run):
                                     "values kept")
             add_row(run, int(m.group(1)), row, tables, where)
     run['source'] = ' + '.join(sorted(kinds)) or 'console'
+
+
+def trl_row(line):
+    """The metrics of a TRL console line: transformers prints each log as a dict, its floats as
+    '%.4g' strings under the progress bar (ProgressCallback), raw without it (PrinterCallback).
+    None for any other line, and for the run's closing summary (train_runtime, ...)."""
+    m = TRL_ROW.search(line)
+    if not m:
+        return None
+    try:
+        row = ast.literal_eval(m.group(0))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(row, dict) or 'train_runtime' in row:
+        return None
+    return row
 
 
 def verl_pairs(body):

@@ -114,6 +114,45 @@ def test_an_out_of_memory_error_names_its_phase_and_the_trainers_knobs(capsys):
     assert code == 1 and 'no step logged' in out and 'ERROR out_of_memory (no step)' in out, out + err
 
 
+def test_trl_console_rows_take_the_training_bars_step(tmp_path):
+    """transformers' printed log dicts: '%.4g' strings under the progress bar, raw floats without;
+    each row's step is the training bar's last count (an evaluation bar, of another total, is not
+    the step), else the row's number; the closing summary is no row."""
+    bar = "{:3d}%|##        | {}/40 [00:{:02d}<01:10,  1.8s/it]"
+    lines = ["Loading weights: 100%|##########| 50/50 [00:00<00:00, 15764.50it/s]", bar.format(5, 2, 4),
+             "{'loss': '0.0123', 'grad_norm': '0.45', 'learning_rate': '1e-06', "
+             "'reward': '0.5', 'reward_std': '0.3', 'frac_reward_zero_std': '0.25', 'epoch': '0.01'}",
+             bar.format(10, 4, 8), " 40%|####      | 2/5 [00:01<00:01,  2.0it/s]",
+             "{'eval_loss': '0.01', 'eval_reward': '0.61', 'epoch': '0.02'}",
+             "{'loss': '0.02', 'reward': '0.55', 'epoch': '0.02'}",
+             "{'train_runtime': '80.1', 'train_loss': '0.01', 'epoch': '0.02'}"]
+    (tmp_path / 'bar.log').write_text('\n'.join(lines) + '\n')
+    run = run_of(tmp_path / 'bar.log')
+    assert run['source'] == 'trl' and run['rows'] == 3, run
+    assert run['series']['reward'] == {2: 0.5, 4: 0.55} and run['series']['heldout'] == {4: 0.61}
+    assert run['series']['zero_std_frac'] == {2: 0.25}
+    raw = ["{'loss': 0.0123, 'grad_norm': 0.45, 'reward': 0.5, 'epoch': 0.01}",
+           "{'loss': 0.02, 'grad_norm': 0.4, 'reward': 0.75, 'epoch': 0.02}"]
+    (tmp_path / 'raw.log').write_text('\n'.join(raw) + '\n')
+    assert run_of(tmp_path / 'raw.log')['series']['reward'] == {1: 0.5, 2: 0.75}
+
+
+def test_a_trl_console_log_reads_as_its_trainer_state():
+    """trl_console.log is trl_healthy's run again with the progress bar on (the same numbers: TRL on
+    a CPU is deterministic): every series at every step equals the trainer_state.json's to the
+    console's 4 significant digits (but the wall-clock step_time)."""
+    console, state = run_of('trl_console.log'), run_of('trl_healthy')
+    assert console['source'] == 'trl' and console['steps'] == state['steps'] == list(range(1, 13))
+    assert set(console['series']) == set(state['series']), set(console['series']) ^ set(state['series'])
+    for name, series in state['series'].items():
+        if name == 'step_time':
+            continue
+        for step, want in series.items():
+            got = console['series'][name][step]
+            assert abs(got - want) <= 5e-4 * abs(want) + 1e-9, (name, step, got, want)
+    assert not [f for f in doctor.diagnose(console) if f['severity'] != 'info']
+
+
 def test_rays_worker_method_alone_names_the_phase():
     """verl's error as Ray's driver prints it when the worker's frames are cut off: the worker method
     (role prefix and all) says which phase."""
