@@ -725,9 +725,10 @@ def oom_trainer(run, crash):
 def detect_out_of_memory(run):
     """The log ends in (or holds) a device out-of-memory error: which phase, how large the request
     and the card, and what to change there. Console logs only (the others hold no tracebacks)."""
-    if not run['crashes']:
+    crashes = [c for c in run['crashes'] if c['kind'] == 'out_of_memory']
+    if not crashes:
         return []
-    crash = next((c for c in run['crashes'] if 'Tried to allocate' in c['text']), run['crashes'][0])
+    crash = next((c for c in crashes if 'Tried to allocate' in c['text']), crashes[0])
     phase = oom_phase(crash)
     numbers = {}
     for key, pattern in OOM_NUMBERS:
@@ -749,13 +750,100 @@ def detect_out_of_memory(run):
         causes.insert(0, f"fragmentation: {numbers['spare']} reserved by PyTorch but unallocated, more than the "
                          f"{numbers['asked']} asked for (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
     steps = [after] if after is not None else []
-    told = sum('Tried to allocate' in c['text'] for c in run['crashes'])  # PyTorch's message, once per error
+    told = sum('Tried to allocate' in c['text'] for c in crashes)  # PyTorch's message, once per error
     more = f" ({told} such errors: several ranks or retries)" if told > 1 else ''
     return [found('out_of_memory', 'error', steps, series=['mem_frac'] if 'mem_frac' in run['series'] else [],
                   evidence=f"the device ran out of memory {where}, in {phase or 'a phase the traceback does not name'}"
                            f"{': ' + said if said else ''} (line {crash['line']}: {crash['text'][:160]!r}){more}",
                   causes=causes,
                   fix=f"{fix}; then resume from the last checkpoint" if after is not None else fix)]
+
+
+# a fatal error of a console log (doctor/read.py's FATAL) other than the device's memory -> (what
+# happened, likely causes in order, fix)
+FATAL_TELLS = {
+    'host_out_of_memory': (
+        "the host (CPU) ran out of memory and a process was killed (the kernel's OOM killer, Ray's memory monitor)",
+        ["host memory that grows with the run: rollouts kept in memory, a dataset read whole, weights or optimizer "
+         "state offloaded to the CPU (verl's fsdp_config param_offload/optimizer_offload, DeepSpeed's offload)",
+         "several processes on the node each holding a copy of the model (Ray workers, dataloader workers)",
+         "a leak: host memory rising every step"],
+        "fewer processes or dataloader workers per node, no CPU offload, smaller rollout batches; `dmesg -T | grep -i "
+        "kill` names what was killed"),
+    'killed': (
+        "a process was killed by SIGKILL (signal 9), which it cannot catch: nothing was saved then",
+        ["the kernel's OOM killer: host memory ran out (`dmesg -T` says 'Out of memory: Killed process')",
+         "a scheduler's limit: Slurm's time or memory limit, Kubernetes' OOMKilled",
+         "someone's `kill -9`"],
+        "find the pid in `dmesg -T` and the scheduler's log"),
+    'collective_timeout': (
+        "a collective (all-reduce, broadcast, ...) waited past the process group's timeout: some rank never joined it",
+        ["one rank far slower in a phase the others wait for: rank 0 alone saving a checkpoint or evaluating, a reward "
+         "call that hangs on one rank, one rank's much longer generations",
+         "a rank that died or hung before (its own error is earlier in the log)",
+         "ranks running different collectives: a code path only some ranks take"],
+        "find the rank that did not arrive (the ranks that report the timeout are the ones that waited; `py-spy dump` "
+        "of the other's pid shows where it is); for slow rank-0-only work raise the timeout "
+        "(init_process_group(timeout=...); transformers/TRL: ddp_timeout)"),
+    'nonfinite_probabilities': (
+        "sampling met NaN or inf probabilities (torch.multinomial): the policy's logits were not finite",
+        ["fp16 overflow (bf16 has fp32's range)", "weights already NaN after an update (look for a loss or "
+         "grad-norm spike in the steps before)", "a temperature of 0 divided into the logits"],
+        "bf16 instead of fp16, a lower learning rate, gradient clipping"),
+    'cuda_error': (
+        "a CUDA kernel failed (device-side assert, illegal memory access): the process cannot use the GPU after it",
+        ["a token id past the model's embedding: a tokenizer with more tokens than the model's vocab_size (special "
+         "tokens added without resizing the embeddings)",
+         "an index out of range in a gather or an embedding (a pad or label id of -100 used as an index)",
+         "a kernel or driver bug"],
+        "rerun with CUDA_LAUNCH_BLOCKING=1 for the true stack; compare len(tokenizer) with the model's vocab_size"),
+}
+NCCL_WORK = re.compile(r'\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), '
+                       r'OpType=(\w+).*?Timeout\(ms\)=(\d+)\)')
+TORCHRUN_RANK = re.compile(r'^\s*rank\s*: (\d+) \(local_rank')  # torchrun's failure summary, one per rank
+ASSERTION = re.compile(r'Assertion `(.+?)` failed')
+
+
+def fatal_detail(kind, crash, crashes):
+    """What the lines around a fatal error add: the ranks that timed out waiting and in what, the
+    ranks torchrun reports, the assertion that failed."""
+    lines = [c['text'] for c in crashes] + crash['before'] + crash['after']
+    if kind == 'collective_timeout':
+        works = [m.groups() for line in lines for m in NCCL_WORK.finditer(line)]
+        if works:
+            ranks = sorted({int(w[0]) for w in works})
+            _, seq, op, ms = works[0]
+            return (f"; rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} waited in {op} #{seq} for "
+                    f"{int(ms) / 1000:g} s (a rank not listed is one they waited for)")
+    if kind == 'killed':
+        ranks = sorted({int(m.group(1)) for line in crash['after'] for m in [TORCHRUN_RANK.match(line)] if m})
+        if ranks:
+            return f"; torchrun reports rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    if kind == 'cuda_error':
+        failed = next((m.group(1) for line in lines for m in [ASSERTION.search(line)] if m), None)
+        if failed:
+            return f"; the assertion: `{failed}`"
+    return ''
+
+
+def detect_fatal(run):
+    """A console log that holds a fatal error other than the device's memory (detect_out_of_memory):
+    one finding per kind, at the last step logged before it. A SIGKILL that the host's memory
+    explains is that finding alone."""
+    out = []
+    kinds = {c['kind'] for c in run['crashes']}
+    for kind, (what, causes, fix) in FATAL_TELLS.items():
+        if kind not in kinds or (kind == 'killed' and 'host_out_of_memory' in kinds):
+            continue
+        crashes = [c for c in run['crashes'] if c['kind'] == kind]
+        crash, after = crashes[0], crashes[0]['after_step']
+        where = f"after step {after}" if after is not None else "before any step was logged"
+        resume = "; then resume from the last checkpoint" if after is not None else ''
+        out.append(found(kind, 'error', [after] if after is not None else [], series=[], causes=causes,
+                         evidence=f"{what}, {where}{fatal_detail(kind, crash, crashes)} (line {crash['line']}: "
+                                  f"{crash['text'][:160]!r})",
+                         fix=fix + resume))
+    return out
 
 
 def detect_launch_bound(run):
@@ -857,8 +945,8 @@ def detect_clipping(run):
                       'log-prob gap')]
 
 
-DETECTORS = [detect_out_of_memory, detect_flat_reward, detect_reward_fall, detect_zero_loss, detect_nonfinite,
-             detect_kl_at_start, detect_spikes, detect_entropy_collapse, detect_teacher_kl_rise,
+DETECTORS = [detect_out_of_memory, detect_fatal, detect_flat_reward, detect_reward_fall, detect_zero_loss,
+             detect_nonfinite, detect_kl_at_start, detect_spikes, detect_entropy_collapse, detect_teacher_kl_rise,
              detect_reward_hacking, detect_truncation, detect_memory, detect_launch_bound, detect_clipping,
              detect_zero_spread, detect_step_time]
 

@@ -431,9 +431,20 @@ def read_tensorboard(path, run):
 
 
 ANSI = re.compile(r'\x1b\[[0-9;]*m')  # terminal colour codes
-# a run that ran out of device memory: PyTorch's error, a CUDA call's, vLLM's KV cache finding no room
-OOM_LINE = re.compile(r'CUDA out of memory|OutOfMemoryError\b|CUDA error: out of memory|'
-                      r'No available memory for the cache blocks')
+# the errors a run's console can end in, (kind, the lines that say it): the first kind that matches
+# a line names it. Host memory first (Ray's memory monitor raises an OutOfMemoryError of its own)
+FATAL = [
+    ('host_out_of_memory', re.compile(r'node running low on memory|exceeds the memory usage threshold|'
+                                      r'^Killed$|\d+ Killed\s')),
+    # the device's: PyTorch's error, a CUDA call's, vLLM's KV cache finding no room
+    ('out_of_memory', re.compile(r'CUDA out of memory|OutOfMemoryError\b|CUDA error: out of memory|'
+                                 r'No available memory for the cache blocks')),
+    ('killed', re.compile(r'Signal 9 \(SIGKILL\)|exitcode\s*: -9\b')),  # torchrun's summary of a rank
+    ('collective_timeout', re.compile(r'Watchdog caught collective operation timeout|Timed out waiting \d+ms')),
+    ('nonfinite_probabilities', re.compile(r'probability tensor contains either')),  # torch.multinomial's
+    ('cuda_error', re.compile(r'device-side assert triggered|illegal memory access|CUBLAS_STATUS_\w+|'
+                              r'CUDA error: ')),
+]
 TRL_ROW = re.compile(r"\{'(?:loss|reward|eval_\w+|grad_norm|learning_rate)': .*\}")  # a printed log dict
 TQDM_STEP = re.compile(r'\| *(\d+)/(\d+) \[')  # tqdm's bar, '| 25/500 [03:12<1:00:58, 7.70s/it]'
 SOURCE_LINE = re.compile(r'(raise|except)\b|File "')  # a traceback's quoted source, not the error
@@ -448,8 +459,8 @@ VALUE = re.compile(rf'({NUM})(?:([±/])({NUM}))?(ms|s|%|GB)?', re.IGNORECASE)
 def read_console(path, run):
     """A console log: verl's 'step:N - key:value' lines, nanoGPT's 'iter N: ...' lines, our step
     lines and TRL's (transformers') printed log dicts; every other line (prints, warnings,
-    tracebacks) is not a row and is passed over, but for an out-of-memory error (OOM_LINE), kept in
-    run['crashes'] with the lines around it and the last step logged before it."""
+    tracebacks) is not a row and is passed over, but for a fatal error (FATAL), kept in
+    run['crashes'] with its kind, the lines around it and the last step logged before it."""
     kinds = set()
     # TRL: the last progress bar's (step, total) before the first row, whose total is then the
     # training bar's (loading weights and evaluation draw bars of their own); its step; rows so far
@@ -461,10 +472,11 @@ def read_console(path, run):
             for crash in run['crashes'][-3:]:  # (errors of several ranks come together)
                 if len(crash['after']) < CRASH_CONTEXT:
                     crash['after'].append(line)
-            if OOM_LINE.search(line) and not SOURCE_LINE.match(line.strip()):
+            kind = fatal_kind(line)
+            if kind is not None:
                 steps = [k for series in run['series'].values() for k in series]
-                run['crashes'].append({'line': n, 'text': line.strip(), 'after_step': max(steps, default=None),
-                                       'before': list(recent), 'after': []})
+                run['crashes'].append({'kind': kind, 'line': n, 'text': line.strip(), 'before': list(recent),
+                                       'after': [], 'after_step': max(steps, default=None)})
             recent.append(line)
             where = f"{path}:{n}"
             bad = []
@@ -503,6 +515,16 @@ def read_console(path, run):
                                     "values kept")
             add_row(run, int(m.group(1)), row, tables, where)
     run['source'] = ' + '.join(sorted(kinds)) or 'console'
+
+
+def fatal_kind(line):
+    """The FATAL kind a console line reports, or None (a traceback's quoted source line is none)."""
+    if SOURCE_LINE.match(line.strip()):
+        return None
+    for kind, pattern in FATAL:
+        if pattern.search(line):
+            return kind
+    return None
 
 
 def trl_row(line):

@@ -64,6 +64,10 @@ FAILURES = [
     ('ours_oom/train.log', 0, 'out_of_memory', 'error', [3]),
     ('verl_oom.log', 0, 'out_of_memory', 'error', [6]),
     ('trl_oom.log', 0, 'out_of_memory', 'error', []),
+    ('ours_killed/train.log', 0, 'killed', 'error', [3]),
+    ('verl_host_oom.log', 0, 'host_out_of_memory', 'error', [3]),
+    ('nccl_timeout.log', 0, 'collective_timeout', 'error', [4]),
+    ('cuda_assert.log', 0, 'cuda_error', 'error', []),
 ]
 
 
@@ -151,6 +155,27 @@ def test_a_trl_console_log_reads_as_its_trainer_state():
             got = console['series'][name][step]
             assert abs(got - want) <= 5e-4 * abs(want) + 1e-9, (name, step, got, want)
     assert not [f for f in doctor.diagnose(console) if f['severity'] != 'info']
+
+
+def test_a_fatal_error_says_what_the_lines_around_it_add(tmp_path):
+    """The ranks that waited in a timed-out collective (the one not listed is the straggler), the
+    ranks torchrun reports killed, the device assertion that failed; Ray's OutOfMemoryError is the
+    host's memory, not the device's; a SIGKILL that the host's memory explains is one finding."""
+    nccl = findings('nccl_timeout.log')['collective_timeout']
+    assert 'ranks 0, 1, 3 waited in ALLREDUCE #1580 for 600 s' in nccl['evidence'], nccl['evidence']
+    killed = findings('ours_killed/train.log')['killed']
+    assert 'torchrun reports ranks 0, 1' in killed['evidence'] and 'resume' in killed['fix'], killed
+    cuda = findings('cuda_assert.log')['cuda_error']
+    assert 'srcIndex < srcSelectDimSize' in cuda['evidence'] and 'vocab_size' in cuda['fix'], cuda
+    host = findings('verl_host_oom.log')
+    assert 'host_out_of_memory' in host and 'out_of_memory' not in host, sorted(host)
+    shutil.copy(os.path.join(FIX, 'ours_killed', 'train.log'), tmp_path / 'train.log')
+    with open(tmp_path / 'train.log', 'a') as f:
+        f.write("bash: line 1: 12660 Killed                  python train_grpo.py config/arith.py\n")
+    both = findings(tmp_path / 'train.log')
+    assert 'host_out_of_memory' in both and 'killed' not in both, sorted(both)
+    (tmp_path / 'nan.log').write_text("RuntimeError: probability tensor contains either `inf`, `nan` or element < 0\n")
+    assert 'fp16' in findings(tmp_path / 'nan.log')['nonfinite_probabilities']['causes'][0]
 
 
 def test_rays_worker_method_alone_names_the_phase():
