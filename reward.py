@@ -14,8 +14,10 @@ weight and what keyword arguments:
                ('reward_model', 1.0, {'path': DIR})]
 check_reward_config() rejects unknown names and unknown kwargs up front, because a kwarg that is
 silently dropped looks exactly like a kwarg that works. The model-based rewards ('reward_model',
-'judge') are in reward_model.py.
+'judge') are in reward_model.py. A function may be `async def` (an API judge): a step's calls of it
+then run at once, on one event loop kept for the run (awaited).
 """
+import asyncio
 import functools
 import importlib
 import importlib.util
@@ -23,6 +25,7 @@ import inspect
 import json
 import math
 import re
+import threading
 import time
 import types
 import urllib.request
@@ -262,10 +265,13 @@ def trl_reward(completions, examples, fn='', conversational=True, messages=None,
     columns = {k: [ex.get(k) for ex in examples] for k in examples[0] if k not in (
         'prompt', 'completion', 'completion_ids')} if examples else {}
     state = types.SimpleNamespace(global_step=step or 0)
-    return list(_user_fn(fn, 'trl_reward')(
+    values = _user_fn(fn, 'trl_reward')(
         prompts=prompts, completions=completions, completion_ids=[None] * len(completions),
         trainer_state=state, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
-        **columns))
+        **columns)
+    if inspect.isawaitable(values):  # TRL's async reward functions
+        values = awaited(values)
+    return list(values)
 
 
 trl_reward.batched = True
@@ -510,6 +516,33 @@ def _accepts(fn):
     return None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else set(params)
 
 
+# ----------------------------------------------------------------------------- async functions
+_LOOP = {}  # 'loop': the run's event loop for async rewards and tools, started by the first one
+_LOOP_LOCK = threading.Lock()
+
+
+def awaited(awaitable):
+    """What an awaitable (an `async def` reward's or tool's call) returns or raises, run on one
+    event loop kept on a thread of its own for the whole run: a client an async function keeps
+    between calls (an HTTP client) stays on the loop it was made on, as in TRL, which runs async
+    reward functions on one loop too. Callable from any thread."""
+    with _LOOP_LOCK:
+        if 'loop' not in _LOOP:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name='async rewards and tools', daemon=True).start()
+            _LOOP['loop'] = loop
+    return asyncio.run_coroutine_threadsafe(_wait(awaitable), _LOOP['loop']).result()
+
+
+async def _wait(awaitable):
+    return await awaitable
+
+
+async def _all(awaitables):
+    """Every awaitable at once; what each returns or raises, in order."""
+    return await asyncio.gather(*awaitables, return_exceptions=True)
+
+
 def _values(fn, completions, examples, kwargs, extra_kwargs, step=None):
     """fn's value for each sample, or the exception raised in its place. A batched fn is called once
     for them all, with each per-sample fact it accepts as a list over the samples; any other fn once
@@ -521,7 +554,10 @@ def _values(fn, completions, examples, kwargs, extra_kwargs, step=None):
         names = {k for extra in extra_kwargs for k in extra if accepts is None or k in accepts}
         try:
             facts = {k: [e.get(k) for e in extra_kwargs] for k in names}
-            vs = list(fn(completions, examples, **{**kwargs, **facts}))
+            vs = fn(completions, examples, **{**kwargs, **facts})
+            if inspect.isawaitable(vs):  # async def
+                vs = awaited(vs)
+            vs = list(vs)
             if len(vs) != len(completions):
                 raise ValueError(f"returned {len(vs)} values for {len(completions)} completions")
             return vs
@@ -534,6 +570,10 @@ def _values(fn, completions, examples, kwargs, extra_kwargs, step=None):
             out.append(fn(c, ex, **{**kwargs, **facts}))
         except Exception as e:
             out.append(e)
+    pending = [i for i, v in enumerate(out) if inspect.isawaitable(v)]
+    if pending:  # async def: every sample's call at once
+        for i, v in zip(pending, awaited(_all([out[i] for i in pending]))):
+            out[i] = v
     return out
 
 

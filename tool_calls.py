@@ -264,9 +264,14 @@ def _result(name, arguments, output, error, start):
 
 
 def _call_into(fn, kwargs, box):
-    """The worker thread's body: the tool's value as text, or what it raised."""
+    """The worker thread's body: the tool's value as text, or what it raised (an `async def` tool
+    runs on the run's event loop: reward.awaited)."""
     try:
-        box['output'] = str(fn(**kwargs))
+        value = fn(**kwargs)
+        if inspect.isawaitable(value):
+            from reward import awaited
+            value = awaited(value)
+        box['output'] = str(value)
     except BaseException as e:
         box['raised'] = e
 

@@ -491,3 +491,35 @@ def test_a_dead_reward_server_fails_every_sample_after_its_retries():
                          ({'url': 'localhost:8000/get_reward'}, 'http://')]:
         with pytest.raises(ValueError, match=says):
             check_reward_config([('openrlhf_reward', 1.0, kwargs)])
+
+
+def test_an_async_reward_runs_every_sample_at_once_on_one_loop_for_the_run():
+    """`async def` rewards: a step's calls all in flight together (each waits until all 12 have
+    started: called one after another, the first would wait out its 5 s and raise), on the same
+    event loop step after step (a client kept between calls stays usable); an async one that raises
+    fails its sample alone; a batched async one is awaited too."""
+    import asyncio
+    started, loops = [], set()
+
+    async def judge(completion, example):
+        started.append(completion)
+        loops.add(asyncio.get_running_loop())  # (the loop itself: an id could be reused)
+        async def all_started():
+            while len(started) % 12:
+                await asyncio.sleep(0.001)
+        await asyncio.wait_for(all_started(), 5)
+        if completion == 'bad':
+            raise RuntimeError('the judge refused')
+        return len(completion)
+
+    async def batched(completions, examples):
+        return [1.0] * len(completions)
+    batched.batched = True
+    texts = ['x' * i for i in range(11)] + ['bad']
+    for _ in range(2):
+        sc = score(texts, [{}] * 12, [(judge, 1.0), (batched, 0.5)])
+        assert sc['per_fn']['judge'] == [float(i) for i in range(11)] + [0.0], sc
+        assert sc['errors'] == {'judge': 1, 'batched': 0} and 'the judge refused' in sc['error_msgs'][0], sc
+        assert sc['total'][3] == 3.5
+    assert len(loops) == 1, "a new event loop each step: clients made on the first would break"
+

@@ -447,6 +447,10 @@ def test_a_trl_reward_function_scores_as_grpo_trainer_calls_it():
     assert sc['per_fn']['trl_reward'] == [5.0 + len('Two and two?'), None], sc
     with pytest.raises(ValueError, match="trl_reward: cannot load 'grpo_test_rewards:nope'"):
         resolve_rewards([{'name': 'trl_reward', 'kwargs': {'fn': 'grpo_test_rewards:nope'}}])
+    fns = resolve_rewards([{'name': 'trl_reward', 'kwargs': {'fn': 'grpo_test_rewards:trl_async_accuracy'}}],
+                          messages=messages)
+    sc = score(['#### 4', '#### 3', '#### 2'], [examples[0], examples[0], examples[1]], fns, step=5)
+    assert sc['total'] == [1.0, 0.0, 1.0] and sc['errors'] == {'trl_reward': 0}, "an async TRL function: " + str(sc)
 
 
 def test_qa_trains_on_a_users_jsonl_and_sample_py_reproduces_its_eval(tmp_path):

@@ -568,6 +568,32 @@ def test_run_call_wrong_arguments():
     assert r['error'] == 'parse' and 'JSON object' in r['output'], r
 
 
+async def lookup(word: str) -> str:
+    """Look a word up (an async tool: an HTTP API's shape).
+
+    Args:
+        word: the word
+    """
+    import asyncio
+    await asyncio.sleep(0)
+    if word == 'slow':
+        await asyncio.sleep(30)
+    if word == 'bad':
+        raise KeyError(word)
+    return word.upper()
+
+
+def test_an_async_tool_is_awaited_raises_and_times_out_like_any_tool():
+    from tool_calls import json_schema
+    tools = {'lookup': lookup}
+    assert run_call({'name': 'lookup', 'arguments': {'word': 'abc'}}, tools, TIMEOUT)['output'] == 'ABC'
+    r = run_call({'name': 'lookup', 'arguments': {'word': 'bad'}}, tools, TIMEOUT)
+    assert (r['error'], r['output']) == ('raised', "error: KeyError: 'bad'"), r
+    r = run_call({'name': 'lookup', 'arguments': {'word': 'slow'}}, tools, 0.5)
+    assert r['error'] == 'timeout' and r['seconds'] < 5, r
+    assert json_schema(lookup)["function"]["parameters"]["properties"]["word"]["type"] == "string"
+
+
 def test_run_call_output_is_str_and_capped():
     r = run_call({'name': 'as_dict', 'arguments': {'x': 'y'}}, TOOLS, TIMEOUT)
     assert (r['error'], r['output']) == (None, "{'x': 'y'}")

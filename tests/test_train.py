@@ -287,6 +287,17 @@ def test_early_stop_after_evaluations_without_a_new_best(tmp_path):
     assert metrics(tmp_path)[-1]['step'] == 8
 
 
+def test_an_async_reward_trains_as_its_sync_twin(tmp_path):
+    """digit_fraction as an `async def`: the same rewards, so the same run, metric for metric."""
+    sync = [tmp_path / 'sync', '--max_steps=2', "--rewards=[{'name': 'grpo_test_rewards:digit_fraction'}]"]
+    run_together(sync, [tmp_path / 'async', '--max_steps=2',
+                        "--rewards=[{'name': 'grpo_test_rewards:async_digit_fraction'}]"])
+    a, b = metrics(tmp_path / 'sync'), metrics(tmp_path / 'async')
+    rename = {k: k.replace('async_digit_fraction', 'digit_fraction') for k in b[-1]}
+    assert [stable(r) for r in a] == [stable({rename.get(k, k): v for k, v in r.items()}) for r in b]
+    assert a[-1]['reward/mean'] > 0
+
+
 def test_save_every_0_saves_only_at_the_end(tmp_path):
     """save_every=0: no periodic checkpoints (before, step % 0 stopped the run): the start's (the
     rollback base) and the last."""
