@@ -8,6 +8,7 @@ import math
 import os
 import resource
 import secrets
+import socket
 import time
 
 import torch
@@ -463,14 +464,28 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
     return rows
 
 
+def tensorboard_row(events, row):
+    """A metrics row's numbers as one TensorBoard event, appended to the file events (its first:
+    the format version and SessionLog START at the row's step)."""
+    from doctor.tfevents import scalar_event, start_events
+    values = {k: float(v) for k, v in row.items()
+              if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    with open(events, 'ab') as f:
+        if f.tell() == 0:
+            f.write(start_events(time.time(), row['step']))
+        f.write(scalar_event(time.time(), row['step'], values))
+
+
 def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_name='',
-                config=None):
+                config=None, tensorboard_log=False):
     """The function that records a step's metrics row: appended to metrics.jsonl (rank 0 only) and,
     with wandb_log, sent to Weights & Biases with the same keys at step=row['step']. wandb is
     imported only then. Its run id is kept in out_dir/wandb_id, so a resumed run continues the same
     wandb run; rows of steps that run already has (redone after a resume, equal to the first ones by
     exact resume) are not sent again. samples (log_samples' rows) go to wandb as a table, 'samples',
-    in the same row (TRL's log_completions)."""
+    in the same row (TRL's log_completions). tensorboard_log: every numeric value of the row also
+    goes to a TensorBoard event file in out_dir/tb/ (one per process, opened with SummaryWriter's
+    purge_step at its first row, so a resumed run's redone steps replace the old ones there)."""
     def no_log(row, samples=None):  # ranks other than 0
         pass
 
@@ -491,9 +506,16 @@ def metrics_log(path, master, *, out_dir, wandb_log=False, project='grpo', run_n
                          config=config, dir=out_dir)
         print(f"wandb: run {run_id} in project {project} (out_dir/wandb_id)")
 
+    events = None
+    if tensorboard_log:
+        os.makedirs(os.path.join(out_dir, 'tb'), exist_ok=True)
+        events = os.path.join(out_dir, 'tb', f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}")
+
     def log(row, samples=None):
         with open(path, 'a') as f:
             f.write(json.dumps(row) + '\n')
+        if events is not None:
+            tensorboard_row(events, row)
         if run is not None and row['step'] >= run.step:
             table = {}
             if samples:

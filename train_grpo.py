@@ -222,6 +222,7 @@ early_stop = 0  # with export_best: stop after this many evaluations in a row wi
 wandb_log = False  # also send every metrics.jsonl row to Weights & Biases (pip install wandb)
 wandb_project = 'grpo'  # its project
 wandb_run_name = ''  # its run name ('' = wandb's); a resumed run continues the same wandb run
+tensorboard_log = False  # also write out_dir/tb/: TensorBoard event files of every metrics row (no package needed)
 nan_patience = 3  # non-finite loss/grad this many steps in a row -> roll back to a checkpoint
 rollback_lr_scale = 0.5  # LR multiplier applied at each rollback
 max_rollbacks = 2  # more rollbacks than this -> stop with a diagnosis
@@ -574,7 +575,8 @@ def keep_best(step_done, row):
 
 
 log_metrics = metrics.metrics_log(metrics_path, master, out_dir=out_dir, wandb_log=wandb_log,
-                                  project=wandb_project, run_name=wandb_run_name, config=config)
+                                  project=wandb_project, run_name=wandb_run_name, config=config,
+                                  tensorboard_log=tensorboard_log)
 
 
 def run_eval(at_step):

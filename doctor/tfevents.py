@@ -1,6 +1,7 @@
 """
 TensorBoard event files (events.out.tfevents.*), as torch.utils.tensorboard's SummaryWriter,
-tensorboardX and TensorFlow write them, read without importing any of them: the file is a sequence
+tensorboardX and TensorFlow write them, read (and, for train_grpo.py's tensorboard_log, written:
+scalar_event, start_events) without importing any of them: the file is a sequence
 of records, each [length: uint64][masked CRC-32C of the length][data][masked CRC-32C of the data],
 and each record's data is an Event protocol buffer (tensorflow/core/util/event.proto): wall_time = 1
 (double), step = 2 (int64), summary = 5, whose values (Summary.Value = 1) carry a tag = 1 and either
@@ -163,3 +164,55 @@ def scalars(event):
                     x = tensor_scalar(v)
             if tag is not None and x is not None:
                 yield step, tag, x
+
+
+# ------------------------------------------------------------------------------------ writing
+
+def _varint(n):
+    out = bytearray()
+    n &= (1 << 64) - 1  # a negative int64 as protobuf writes it: ten bytes
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(num, kind, value):
+    """One field: a varint (kind 0, an int), fixed 64 or 32 bits (1, 5: the bytes) or
+    length-delimited (2: the bytes)."""
+    key = _varint(num << 3 | kind)
+    if kind == 0:
+        return key + _varint(value)
+    if kind == 2:
+        return key + _varint(len(value)) + value
+    return key + value
+
+
+def record(event):
+    """An Event's bytes framed as the file holds them (the reader's records(), inverted)."""
+    length = struct.pack('<Q', len(event))
+    return (length + struct.pack('<I', masked_crc(length)) + event +
+            struct.pack('<I', masked_crc(event)))
+
+
+def _event(wall_time, step, *fields_):
+    return _field(1, 1, struct.pack('<d', wall_time)) + _field(2, 0, step) + b''.join(fields_)
+
+
+def start_events(wall_time, step):
+    """A file's first records, as SummaryWriter(purge_step=step) writes them: the format version,
+    then SessionLog START at step, which tells TensorBoard to hide what earlier files logged at step
+    and after (the steps a resumed run does again)."""
+    version = _event(wall_time, step, _field(3, 2, b'brain.Event:2'))
+    start = _event(wall_time, step, _field(7, 2, _field(1, 0, 1)))  # session_log {status: START}
+    return record(version) + record(start)
+
+
+def scalar_event(wall_time, step, values):
+    """One record of an Event holding values ({tag: number}) as simple_value scalars, as
+    SummaryWriter.add_scalar writes each (float32)."""
+    summary = b''.join(_field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, struct.pack('<f', value)))
+                       for tag, value in values.items())
+    return record(_event(wall_time, step, _field(5, 2, summary)))
+

@@ -252,6 +252,59 @@ def test_wandb_offline_rows_equal_metrics_jsonl(tmp_path, monkeypatch):
         "a resumed run continues the same wandb run"
 
 
+def tensorboard_events(path):
+    """The Events of a TensorBoard file, framing and checksums checked with tensorboardX's own
+    CRC-32C and decoded by its protobuf classes (not the project's reader)."""
+    import struct
+    from tensorboardX import crc32c
+    from tensorboardX.proto import event_pb2
+
+    def masked(data):
+        crc = crc32c.crc32c(data)
+        return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    data, i, events = path.read_bytes(), 0, []
+    while i < len(data):
+        (n,), (length_crc,) = struct.unpack('<Q', data[i:i + 8]), struct.unpack('<I', data[i + 8:i + 12])
+        body, (body_crc,) = data[i + 12:i + 12 + n], struct.unpack('<I', data[i + 12 + n:i + 16 + n])
+        assert masked(data[i:i + 8]) == length_crc and masked(body) == body_crc, f"a bad checksum at byte {i}"
+        events.append(event_pb2.Event.FromString(body))
+        i += 16 + n
+    return events
+
+
+def test_tensorboard_events_hold_every_metrics_row(tmp_path):
+    """tensorboard_log: each metrics.jsonl row's numbers as float32 scalars at its step, in a file that
+    begins as SummaryWriter(purge_step=first step) begins; a resumed run writes a file of its own
+    whose SessionLog START is its first step. The run doctor reads out_dir/tb like any TensorBoard
+    directory."""
+    import struct
+    pytest.importorskip('tensorboardX')
+    run(tmp_path, '--max_steps=2', '--tensorboard_log=True', '--eval_every=2', '--save_every=1')
+    time.sleep(1.1)  # (the next file's name has another second in it)
+    run(tmp_path, '--max_steps=3', '--tensorboard_log=True', '--eval_every=2', '--save_every=1',
+        '--resume_changed=True')
+    files = sorted((tmp_path / 'tb').iterdir())
+    assert len(files) == 2, files
+    rows, seen = {r['step']: r for r in metrics(tmp_path)}, {}
+    for path, first in zip(files, (0, 3)):
+        events = tensorboard_events(path)
+        assert events[0].file_version == 'brain.Event:2' and events[0].step == first
+        assert events[1].session_log.status == events[1].session_log.START and events[1].step == first
+        for e in events[2:]:
+            seen[e.step] = {v.tag: v.simple_value for v in e.summary.value}
+    assert sorted(seen) == sorted(rows) == [0, 1, 2, 3]
+    for step, row in rows.items():
+        numbers = {k: v for k, v in row.items() if k != 'step' and type(v) in (int, float)}
+        assert set(seen[step]) == set(numbers), set(seen[step]) ^ set(numbers)
+        for k, v in numbers.items():
+            want = struct.unpack('<f', struct.pack('<f', v))[0]
+            assert seen[step][k] == want or (math.isnan(want) and math.isnan(seen[step][k])), (step, k)
+    import doctor
+    tb = doctor.load(str(tmp_path / 'tb'))
+    assert tb['series']['reward'] == {s: pytest.approx(r['reward/mean'], rel=1e-6) for s, r in rows.items()
+                                      if 'reward/mean' in r}
+
+
 def test_memory_does_not_grow_over_a_long_run(tmp_path):
     run(tmp_path, '--max_steps=60', '--save_every=20', '--log_samples_every=5', timeout=300)
     rows = {r['step']: r for r in metrics(tmp_path)}
