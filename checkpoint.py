@@ -193,7 +193,7 @@ RESUME_SAFE = ('out_dir', 'resume', 'resume_changed', 'eval_every', 'eval_exampl
                'eval_batch_size', 'verbose', 'log_samples_every', 'save_every', 'keep_last',
                'export_hf', 'export_every', 'export_dtype', 'plot', 'plot_every', 'watchdog_s',
                'watchdog_exit', 'wandb_log', 'wandb_project', 'wandb_run_name', 'fault_stall_step',
-               'fault_stall_s', 'fault_kill_opt_step', 'eval_samples', 'eval_temperature',
+               'fault_stall_s', 'fault_kill_opt_step', 'fault_oom_steps', 'eval_samples', 'eval_temperature',
                'eval_tasks', 'export_best', 'export_best_mode', 'early_stop', 'tensorboard_log')
 
 

@@ -9,6 +9,7 @@ import os
 import resource
 import secrets
 import socket
+import sys
 import time
 
 import torch
@@ -462,6 +463,33 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
             f.write(json.dumps(row) + '\n')
             rows.append(row)
     return rows
+
+
+def console_log(out_dir):
+    """From here on, what this process prints (stdout and stderr, tracebacks and the out-of-memory
+    report included) also goes to out_dir/console.log, appended (a resumed run adds to it), so the
+    run doctor finds what ended a crashed run beside its metrics. What is written straight to the
+    file descriptors (a C++ library's messages, a child process's output) is not copied."""
+    log = open(os.path.join(out_dir, 'console.log'), 'a', buffering=1, encoding='utf-8', errors='replace')
+    sys.stdout, sys.stderr = Tee(sys.stdout, log), Tee(sys.stderr, log)
+
+
+class Tee:
+    """A text stream that writes to stream and to log (console_log)."""
+
+    def __init__(self, stream, log):
+        self.stream, self.log = stream, log
+
+    def write(self, text):
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.log.flush()
+        self.stream.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
+        return getattr(self.stream, name)
 
 
 def tensorboard_row(events, row):

@@ -353,6 +353,7 @@ if master:
         save_config(config, out_dir)
     except OSError as e:
         die(f"--out_dir={out_dir}: cannot write there ({e})", 2)
+    metrics.console_log(out_dir)  # what the run prints, also in out_dir/console.log (the doctor reads it)
     safety.startup_warnings(config)
 torch.manual_seed(seed)
 if deterministic or (deterministic is None and torch.device(device).type == 'cpu'):

@@ -752,11 +752,22 @@ def detect_out_of_memory(run):
     steps = [after] if after is not None else []
     told = sum('Tried to allocate' in c['text'] for c in crashes)  # PyTorch's message, once per error
     more = f" ({told} such errors: several ranks or retries)" if told > 1 else ''
-    return [found('out_of_memory', 'error', steps, series=['mem_frac'] if 'mem_frac' in run['series'] else [],
+    severity, went_on = crash_severity(run, after)
+    return [found('out_of_memory', severity, steps, series=['mem_frac'] if 'mem_frac' in run['series'] else [],
                   evidence=f"the device ran out of memory {where}, in {phase or 'a phase the traceback does not name'}"
-                           f"{': ' + said if said else ''} (line {crash['line']}: {crash['text'][:160]!r}){more}",
+                           f"{': ' + said if said else ''} (line {crash['line']}: {crash['text'][:160]!r}){more}"
+                           f"{went_on}",
                   causes=causes,
                   fix=f"{fix}; then resume from the last checkpoint" if after is not None else fix)]
+
+
+def crash_severity(run, after):
+    """('error', '') for a crash that ended the run; ('warning', what followed) when it resumed and
+    logged steps after it."""
+    later = [s for s in run['steps'] if after is not None and s > after]
+    if not later:
+        return 'error', ''
+    return 'warning', f"; the run resumed and went on to step {max(later)}"
 
 
 # a fatal error of a console log (doctor/read.py's FATAL) other than the device's memory -> (what
@@ -839,9 +850,10 @@ def detect_fatal(run):
         crash, after = crashes[0], crashes[0]['after_step']
         where = f"after step {after}" if after is not None else "before any step was logged"
         resume = "; then resume from the last checkpoint" if after is not None else ''
-        out.append(found(kind, 'error', [after] if after is not None else [], series=[], causes=causes,
+        severity, went_on = crash_severity(run, after)
+        out.append(found(kind, severity, [after] if after is not None else [], series=[], causes=causes,
                          evidence=f"{what}, {where}{fatal_detail(kind, crash, crashes)} (line {crash['line']}: "
-                                  f"{crash['text'][:160]!r})",
+                                  f"{crash['text'][:160]!r}){went_on}",
                          fix=fix + resume))
     return out
 

@@ -456,12 +456,13 @@ NUM = r'[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf)'
 VALUE = re.compile(rf'({NUM})(?:([±/])({NUM}))?(ms|s|%|GB)?', re.IGNORECASE)
 
 
-def read_console(path, run):
+def read_console(path, run, rows=True):
     """A console log: verl's 'step:N - key:value' lines, nanoGPT's 'iter N: ...' lines, our step
     lines and TRL's (transformers') printed log dicts; every other line (prints, warnings,
     tracebacks) is not a row and is passed over, but for a fatal error (FATAL), kept in
-    run['crashes'] with its kind, the lines around it and the last step logged before it."""
-    kinds = set()
+    run['crashes'] with its kind, the lines around it and the last step logged before it. rows=False:
+    the crashes alone (our out_dir's console.log, whose rows metrics.jsonl holds)."""
+    kinds, last_step = set(), None
     # TRL: the last progress bar's (step, total) before the first row, whose total is then the
     # training bar's (loading weights and evaluation draw bars of their own); its step; rows so far
     last_bar, bar_total, bar_step, trl_rows = None, None, None, 0
@@ -474,9 +475,8 @@ def read_console(path, run):
                     crash['after'].append(line)
             kind = fatal_kind(line)
             if kind is not None:
-                steps = [k for series in run['series'].values() for k in series]
                 run['crashes'].append({'kind': kind, 'line': n, 'text': line.strip(), 'before': list(recent),
-                                       'after': [], 'after_step': max(steps, default=None)})
+                                       'after': [], 'after_step': last_step})
             recent.append(line)
             where = f"{path}:{n}"
             bad = []
@@ -493,7 +493,9 @@ def read_console(path, run):
                     bar_step, bar_total = last_bar
                 kinds.add('trl')
                 trl_rows += 1
-                add_row(run, bar_step if bar_step is not None else trl_rows, row, [TRL], where)
+                last_step = bar_step if bar_step is not None else trl_rows
+                if rows:
+                    add_row(run, last_step, row, [TRL], where)
                 continue
             m = VERL_LINE.search(line)
             if m:
@@ -507,14 +509,18 @@ def read_console(path, run):
                 kinds.add('console')
                 row = console_pairs(m.group(2))
                 tables = [CONSOLE]
+            last_step = int(m.group(1))
+            if not rows:
+                continue
             if not row:
                 problem(run, where, f"a step line with no readable value: {line.strip()[:60]!r}")
                 continue
             if bad:
                 problem(run, where, f"not key:value: {', '.join(bad)[:60]!r}; the line's other "
                                     "values kept")
-            add_row(run, int(m.group(1)), row, tables, where)
-    run['source'] = ' + '.join(sorted(kinds)) or 'console'
+            add_row(run, last_step, row, tables, where)
+    if rows:
+        run['source'] = ' + '.join(sorted(kinds)) or 'console'
 
 
 def fatal_kind(line):
@@ -602,6 +608,9 @@ def load(path, device_gb=0.0):
             samples = os.path.join(os.path.dirname(file), 'samples.jsonl')
             if os.path.exists(samples):
                 read_samples(samples, run)
+            console = os.path.join(os.path.dirname(file), 'console.log')
+            if os.path.exists(console):  # what the run printed: what ended it, if it crashed
+                read_console(console, run, rows=False)
         elif kind == 'trl':
             read_trainer_state(file, run)
         elif kind == 'wandb':

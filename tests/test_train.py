@@ -261,6 +261,17 @@ def test_out_of_memory_names_its_phase_and_the_fix(tmp_path):
     assert 'micro_batch_size=4' in report and 'grad_checkpoint=True' in report, report
     assert '--resume_changed=True' in report, report
     assert (tmp_path / 'ckpt_0000001.pt').exists() and not (tmp_path / 'ckpt_0000002.pt').exists()
+    # out_dir/console.log holds what it printed, so the run doctor, given the out_dir, says what ended it
+    log = (tmp_path / 'console.log').read_text()
+    assert 'step     1 |' in log and 'CUDA ran out of memory during update' in log, log[-2000:]
+    import doctor
+    found = {f['name']: f for f in doctor.diagnose(doctor.load(str(tmp_path)))}
+    assert 'after step 1, in update' in found['out_of_memory']['evidence'], found.get('out_of_memory')
+    run(tmp_path, '--max_steps=3', '--save_every=1', '--micro_batch_size=4')  # resumed: appended
+    log = (tmp_path / 'console.log').read_text()
+    assert 'ckpt_0000001.pt (step 1' in log and 'step     3 |' in log and 'CUDA ran out of memory' in log
+    oom = {f['name']: f for f in doctor.diagnose(doctor.load(str(tmp_path)))}['out_of_memory']
+    assert oom['severity'] == 'warning' and 'resumed and went on to step 3' in oom['evidence'], oom
 
 
 def test_early_stop_after_evaluations_without_a_new_best(tmp_path):
