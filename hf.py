@@ -288,12 +288,16 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
         named = ', '.join(map(repr, extra[:5]))
         more = f' (and {len(extra) - 5} more)' * (len(extra) > 5)
         raise ModelLoadError(f"{where[extra[0]][1]}: unexpected tensors {named}{more}")
+    stored = set()  # the matrices' dtypes on disk ('BF16', ...): lora_base_dtype='auto' reads them
     for k, meta in expected.items():
         f, file = where[k]
         shape = tuple(f.get_slice(k).get_shape())
         if shape != meta.shape:
             raise ModelLoadError(f"{file}: tensor '{k}' has shape {shape}, "
                                  f"expected {tuple(meta.shape)}")
+        if len(shape) >= 2:
+            stored.add(f.get_slice(k).get_dtype())
+    model.snapshot_dtypes = sorted(stored)
     # device 'meta': every name and shape checked, no weight read (a config check)
     if torch.device(device).type != 'meta':
         sd = {}

@@ -147,9 +147,20 @@ def apply(model, rank, alpha, dropout, targets, seed, *, base_dtype=torch.float3
     store_base(model, base_dtype)
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
+    kept = '' if base_dtype == torch.float32 else f' in {str(base_dtype).removeprefix("torch.")}'
     print(f"lora: rank {rank}, alpha {alpha:g} on {','.join(names)}: {n:,} adapter parameters "
-          f"trained ({100 * n / total:.2f}% of {total:,}), the base frozen")
+          f"trained ({100 * n / total:.2f}% of {total:,}), the base frozen{kept}")
     return model
+
+
+def base_dtype(knob, compute, stored):
+    """lora_base_dtype's torch dtype: 'float32' and 'bfloat16' as named; 'auto' bfloat16 when the
+    compute dtype is bfloat16 and every matrix of the snapshot is stored in bf16 (stored: their
+    dtypes on disk, hf.from_pretrained's snapshot_dtypes; None for a model from scratch), where
+    keeping the base in bf16 changes no number, else float32."""
+    if knob == 'auto':
+        knob = 'bfloat16' if compute == 'bfloat16' and stored == ['BF16'] else 'float32'
+    return getattr(torch, knob)
 
 
 def store_base(model, dtype):
@@ -328,18 +339,18 @@ def bad_knob(config):
     the model)."""
     if config.get('lora_rank', 0) < 0:
         return f"--lora_rank={config['lora_rank']}: a rank is >= 0 (0 = off)"
+    base = config.get('lora_base_dtype', 'auto')
+    if base not in ('auto', 'float32', 'bfloat16'):
+        return f"--lora_base_dtype={base}: 'auto', 'float32' or 'bfloat16'"
     if not config.get('lora_rank'):
-        if config.get('lora_base_dtype', 'float32') != 'float32':
-            return (f"--lora_base_dtype={config['lora_base_dtype']} without --lora_rank: only a frozen LoRA "
-                    f"base is kept in another dtype (full fine-tuning trains fp32 weights)")
+        if base == 'bfloat16':
+            return ("--lora_base_dtype=bfloat16 without --lora_rank: only a frozen LoRA base is kept in "
+                    "another dtype (full fine-tuning trains fp32 weights)")
         return None
     if not 0 <= config['lora_dropout'] < 1:
         return f"--lora_dropout={config['lora_dropout']}: must be in [0, 1)"
     if config['lora_alpha'] <= 0:
         return f"--lora_alpha={config['lora_alpha']}: must be > 0 (scale = lora_alpha / lora_rank)"
-    base = config.get('lora_base_dtype', 'float32')
-    if base not in ('float32', 'bfloat16'):
-        return f"--lora_base_dtype={base}: 'float32' or 'bfloat16'"
     if base == 'bfloat16' and config.get('dtype') != 'bfloat16':
         return (f"--lora_base_dtype=bfloat16 with --dtype={config.get('dtype')}: the matmuls would read a bf16 "
                 f"base in another dtype; use --dtype=bfloat16 (or keep the base in float32)")

@@ -254,7 +254,9 @@ lora_rank = 0  # LoRA adapter rank, base frozen (0 = off); 32 is a common start,
 lora_alpha = 64.0  # adapter scale = lora_alpha / lora_rank (peft's convention)
 lora_dropout = 0.0  # dropout on the adapters' input, in the gradient forward only
 lora_targets = 'all-linear'  # all the blocks' linear layers, or HF names: 'q_proj,v_proj'
-lora_base_dtype = 'float32'  # the frozen base's matrices: 'bfloat16' halves them (needs dtype='bfloat16')
+# the frozen base's matrices: 'bfloat16' halves them (needs dtype='bfloat16'); 'auto': bfloat16 exactly
+# when that changes no number (dtype='bfloat16' and the snapshot stores them in bf16), else float32
+lora_base_dtype = 'auto'
 fsdp = False  # torchrun only: shard weights, grads and AdamW state across ranks (FSDP2)
 seed = 1337  # data order, sampling and init: the whole run is a function of it
 # torch.use_deterministic_algorithms: the same gradients bit for bit run to run, so reruns and
@@ -401,8 +403,9 @@ try:
     set_chat_template(tok, chat_template)
     set_chat_template_kwargs(tok, chat_template_kwargs)
     # LoRA (lora_rank > 0): the base frozen, adapters added; otherwise nothing changes
+    base_dtype = lora.base_dtype(lora_base_dtype, dtype, getattr(model, 'snapshot_dtypes', None))
     lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets,
-               seed=seed, base_dtype=getattr(torch, lora_base_dtype))
+               seed=seed, base_dtype=base_dtype)
     if tool_style in tool_calls.TURN_STYLES:  # calls answered through the chat template
         # refuses a template it cannot answer with
         tool_calls.template_answers(tok, task_tools, tool_style)

@@ -137,14 +137,15 @@ def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp)
 
 
 def test_two_fsdp_ranks_with_a_bf16_lora_base_match_one_process(tmp_path):
-    """lora_base_dtype='bfloat16' under FSDP2: the frozen base sharded in bf16, the adapters in fp32,
+    """A bf16 LoRA base (lora_base_dtype='auto' on a bf16 snapshot) under FSDP2: the frozen base sharded in
+    bf16, the adapters in fp32,
     each gathered in its own dtype; the run equals one process whose base is fp32 (a bf16 snapshot:
     the same matmuls)."""
     from test_lora import write_base
     snap = write_base(tmp_path / 'snap', dtype=torch.bfloat16)
     args = [snap, '--dtype=bfloat16', *LORA[:4]]
-    run(tmp_path / 'one', 0, *args)
-    run(tmp_path / 'two', 2, *args, '--fsdp=True', '--lora_base_dtype=bfloat16')
+    run(tmp_path / 'one', 0, *args, '--lora_base_dtype=float32')
+    run(tmp_path / 'two', 2, *args, '--fsdp=True')  # 'auto': bf16, the snapshot's own dtype
     assert_same_run(tmp_path / 'one', tmp_path / 'two', 'FSDP2 with a bf16 LoRA base, 2 ranks', tol=2e-4)
 
 

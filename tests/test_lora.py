@@ -322,13 +322,13 @@ def test_exact_resume_with_lora(base, tmp_path):
 
 
 def test_grpo_with_a_bf16_base_equals_the_fp32_base(tmp_path):
-    """Three steps with dtype=bfloat16 and the frozen base stored in bf16 vs fp32, from a bf16
-    snapshot, a KL reference (the base, adapters off) and eval: the same metrics, adapters, AdamW
-    state and export, bit for bit; the bf16 run holds less memory."""
+    """Three steps with dtype=bfloat16 and the frozen base stored in fp32 vs in bf16 (lora_base_dtype's
+    default, 'auto', on a bf16 snapshot), with a KL reference (the base, adapters off) and eval: the
+    same metrics, adapters, AdamW state and export, bit for bit; the bf16 run holds less memory."""
     snap = write_base(tmp_path / 'snap', dtype=torch.bfloat16)
     args = [snap, *LORA, '--dtype=bfloat16', '--max_steps=3', '--save_every=3', '--beta=0.05',
             '--lr=5e-2', '--eval_every=3', '--export_hf=True']
-    pa, pb = run_together([tmp_path / 'a', *args], [tmp_path / 'b', *args, '--lora_base_dtype=bfloat16'])
+    pa, pb = run_together([tmp_path / 'a', *args, '--lora_base_dtype=float32'], [tmp_path / 'b', *args])
     ra, rb = metrics(tmp_path / 'a'), metrics(tmp_path / 'b')
     assert len(ra) == len(rb) == 4 and ra[3]['kl'] > 0, "the runs did not train"
     for x, y in zip(ra, rb):
@@ -342,6 +342,22 @@ def test_grpo_with_a_bf16_base_equals_the_fp32_base(tmp_path):
     assert all(torch.equal(ea[k], eb[k]) for k in ea), "the merged exports differ"
     size = [float(re.search(r'parameters \(([\d.e-]+) GiB\)', p.stdout)[1]) for p in (pa, pb)]
     assert size[1] < 0.6 * size[0], f"weights {size[0]} GiB with the fp32 base, {size[1]} GiB with bf16"
+    assert 'the base frozen in bfloat16' in pb.stdout and 'the base frozen in' not in pa.stdout
+
+
+def test_auto_keeps_the_base_in_bf16_only_where_no_number_changes(tmp_path):
+    """lora_base_dtype='auto': bf16 for a snapshot stored in bf16 under bf16 compute; fp32 for one
+    stored in fp32 (rounding it would change the embedding and the fp32 head), under fp32 compute,
+    and for a model from scratch."""
+    for stored in (torch.bfloat16, torch.float32):
+        path = tmp_path / str(stored)
+        perturbed_hf(*CONFIGS['qwen2']).to(stored).save_pretrained(path)
+        model = H.from_pretrained(path)[0]
+        assert model.snapshot_dtypes == ['BF16' if stored == torch.bfloat16 else 'F32']
+        assert L.base_dtype('auto', 'bfloat16', model.snapshot_dtypes) == stored
+        assert L.base_dtype('auto', 'float32', model.snapshot_dtypes) == torch.float32
+    assert L.base_dtype('auto', 'bfloat16', None) == torch.float32
+    assert L.base_dtype('bfloat16', 'bfloat16', ['F32']) == torch.bfloat16
 
 
 def test_resume_refuses_another_base(base, tmp_path):
@@ -370,4 +386,5 @@ def test_bad_lora_knobs():
     assert '--dtype=float32' in L.bad_knob({**bf16, 'dtype': 'float32'})
     assert L.bad_knob({**bf16, 'fsdp': True}) is None
     assert 'without --lora_rank' in L.bad_knob({**bf16, 'lora_rank': 0})
-    assert "'float32' or 'bfloat16'" in L.bad_knob({**bf16, 'lora_base_dtype': 'float16'})
+    assert "'auto', 'float32' or 'bfloat16'" in L.bad_knob({**bf16, 'lora_base_dtype': 'float16'})
+    assert L.bad_knob({**ok, 'lora_rank': 0, 'lora_base_dtype': 'auto', 'dtype': 'float32'}) is None
