@@ -137,10 +137,9 @@ def test_two_ranks_with_lora_match_one_process(one_process_lora, tmp_path, fsdp)
 
 
 def test_two_fsdp_ranks_with_a_bf16_lora_base_match_one_process(tmp_path):
-    """A bf16 LoRA base (lora_base_dtype='auto' on a bf16 snapshot) under FSDP2: the frozen base sharded in
-    bf16, the adapters in fp32,
-    each gathered in its own dtype; the run equals one process whose base is fp32 (a bf16 snapshot:
-    the same matmuls)."""
+    """A bf16 LoRA base (lora_base_dtype='auto' on a bf16 snapshot) under FSDP2: the frozen base
+    sharded in bf16, the adapters in fp32, each gathered in its own dtype; the run equals one
+    process whose base is fp32 (a bf16 snapshot: the same matmuls)."""
     from test_lora import write_base
     snap = write_base(tmp_path / 'snap', dtype=torch.bfloat16)
     args = [snap, '--dtype=bfloat16', *LORA[:4]]
