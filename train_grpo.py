@@ -565,12 +565,12 @@ def keep_best(step_done, row):
         die(f"--export_best={export_best!r}: the evaluation logs no such metric (it logs {logged})", 2)
     sign = 1 if export_best_mode == 'max' else -1
     if best['value'] is not None and sign * row[export_best] <= sign * best['value']:
-        best['since'] = best.get('since', 0) + 1  # early_stop: evaluations since the best
+        best['since'] += 1  # early_stop: evaluations since the best
         return
     done = save_export(out_dir, 'hf_best', model, tok, fsdp, master, config={
         **config, 'step': step_done, 'best': {export_best: row[export_best]}},
         dtype=getattr(torch, export_dtype or 'float32'))
-    best['since'] = 0 if done else best.get('since', 0) + 1
+    best['since'] = 0 if done else best['since'] + 1
     if done:
         best.update(value=row[export_best], step=step_done)
         if master:
@@ -1205,7 +1205,7 @@ def roll_back(why, lr_scale, rollbacks, guards):
 def stopped_early():
     """early_stop: True (and says so) when export_best's metric has had no new best for that many
     evaluations in a row."""
-    if not early_stop or best.get('since', 0) < early_stop:
+    if not early_stop or best['since'] < early_stop:
         return False
     if master:
         print(f"early_stop: {export_best} has not beaten {best['value']:.4f} (step {best['step']}) in "
