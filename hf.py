@@ -291,12 +291,13 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
     stored = set()  # the matrices' dtypes on disk ('BF16', ...): lora_base_dtype='auto' reads them
     for k, meta in expected.items():
         f, file = where[k]
-        shape = tuple(f.get_slice(k).get_shape())
+        header = f.get_slice(k)  # the tensor's shape and dtype, its data not read
+        shape = tuple(header.get_shape())
         if shape != meta.shape:
             raise ModelLoadError(f"{file}: tensor '{k}' has shape {shape}, "
                                  f"expected {tuple(meta.shape)}")
         if len(shape) >= 2:
-            stored.add(f.get_slice(k).get_dtype())
+            stored.add(header.get_dtype())
     model.snapshot_dtypes = sorted(stored)
     # device 'meta': every name and shape checked, no weight read (a config check)
     if torch.device(device).type != 'meta':
