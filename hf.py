@@ -32,21 +32,24 @@ def hf_layout(cfg, prefix):
         hd = cfg.head_dim
         inter = cfg.intermediate_size
         qkv_rows = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
-        # only qwen2 has q/k/v biases, only qwen3 q/k norms
+        # only qwen2 has q/k/v biases, only qwen3 and olmo2 q/k norms
         qkv_tensors = ('weight', 'bias') if cfg.arch == 'qwen2' else ('weight',)
-        norms = ('q_norm', 'k_norm') if cfg.arch == 'qwen3' else ()
+        norms = ('q_norm', 'k_norm') if cfg.arch in ('qwen3', 'olmo2') else ()
+        # ln_1, ln_2: the pre-norms of attention and MLP; olmo2's norms of their outputs
+        ln = (('post_attention_layernorm', 'post_feedforward_layernorm') if cfg.arch == 'olmo2'
+              else ('input_layernorm', 'post_attention_layernorm'))
         lay['wte.weight'] = ([prefix + 'embed_tokens.weight'], None, False)
         for i in range(cfg.n_layer):
             a = f'{prefix}layers.{i}.'
             p = f'h.{i}.'
-            lay[p + 'ln_1.weight'] = ([a + 'input_layernorm.weight'], None, False)
+            lay[p + 'ln_1.weight'] = ([a + ln[0] + '.weight'], None, False)
             for s in qkv_tensors:
                 qkv_names = [a + f'self_attn.{n}_proj.{s}' for n in 'qkv']
                 lay[p + f'attn.c_attn.{s}'] = (qkv_names, qkv_rows, False)
             lay[p + 'attn.c_proj.weight'] = ([a + 'self_attn.o_proj.weight'], None, False)
             for n in norms:
                 lay[p + f'attn.{n}.weight'] = ([a + f'self_attn.{n}.weight'], None, False)
-            lay[p + 'ln_2.weight'] = ([a + 'post_attention_layernorm.weight'], None, False)
+            lay[p + 'ln_2.weight'] = ([a + ln[1] + '.weight'], None, False)
             gate_up = [a + 'mlp.gate_proj.weight', a + 'mlp.up_proj.weight']
             lay[p + 'mlp.c_fc.weight'] = (gate_up, [inter, inter], False)
             lay[p + 'mlp.c_proj.weight'] = ([a + 'mlp.down_proj.weight'], None, False)
@@ -100,15 +103,21 @@ HF_KEYS = {
                  tie_word_embeddings=('tie_word_embeddings', True)),
 }
 # same fields; head_dim and rope_scaling read apart
-HF_KEYS['qwen3'] = HF_KEYS['llama'] = HF_KEYS['qwen2']
+HF_KEYS['qwen3'] = HF_KEYS['llama'] = HF_KEYS['mistral'] = HF_KEYS['olmo2'] = HF_KEYS['qwen2']
 HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
            'qwen3': dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3'),
            'llama': dict(architectures=['LlamaForCausalLM'], model_type='llama'),
+           'mistral': dict(architectures=['MistralForCausalLM'], model_type='mistral'),
+           'olmo2': dict(architectures=['Olmo2ForCausalLM'], model_type='olmo2'),
            'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
 CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification',
               'qwen3': 'Qwen3ForSequenceClassification',
               'llama': 'LlamaForSequenceClassification',
+              'mistral': 'MistralForSequenceClassification',
+              'olmo2': 'Olmo2ForSequenceClassification',
               'gpt2': 'GPT2ForSequenceClassification'}
+# the architectures with an explicit head_dim in config.json (else n_embd // n_head)
+HEAD_DIM = ('qwen3', 'llama', 'mistral', 'olmo2')
 LLAMA3_ROPE = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
 # config.json settings that change the math: the values we implement (save writes the first)
 SUPPORTED = {
@@ -116,6 +125,9 @@ SUPPORTED = {
     'qwen3': dict(hidden_act=['silu'], use_sliding_window=[False], attention_bias=[False]),
     'llama': dict(hidden_act=['silu'], attention_bias=[False], mlp_bias=[False],
                   pretraining_tp=[1]),
+    # no sliding window: every position attends to all earlier ones
+    'mistral': dict(hidden_act=['silu'], sliding_window=[None]),
+    'olmo2': dict(hidden_act=['silu'], attention_bias=[False]),
     'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
                  scale_attn_by_inverse_layer_idx=[False]),
 }
@@ -125,8 +137,8 @@ def config_from_hf(hf, file):
     """HF config.json dict -> ModelConfig; refuses variants this model does not implement."""
     arch = hf.get('model_type')
     if arch not in HF_KEYS:
-        raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama "
-                             "or gpt2; no mixture-of-experts)")
+        raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama, "
+                             "mistral, olmo2 or gpt2; no mixture-of-experts)")
     if arch != 'gpt2' and hf.get('rope_theta') is None:
         # transformers>=5 writes it inside rope_parameters
         hf = {**hf, **(hf.get('rope_parameters') or {})}
@@ -149,6 +161,13 @@ def config_from_hf(hf, file):
     if arch == 'gpt2':
         kw['n_kv_head'] = kw['n_head']
         kw['intermediate_size'] = kw['intermediate_size'] or 4 * kw['n_embd']
+    if arch == 'mistral':
+        # transformers' default is a 4,096-token window; one as long as the model's context is none
+        window = hf.get('sliding_window', 4096)
+        if window is not None and not (type(window) is int and window >= kw['max_seq_len']):
+            raise ModelLoadError(f"{file}: sliding_window={window!r} is not supported (shorter "
+                                 f"than max_position_embeddings={kw['max_seq_len']})")
+        hf = {**hf, 'sliding_window': None}
     for key, ok in SUPPORTED[arch].items():
         if key in hf and hf[key] not in ok:
             raise ModelLoadError(f"{file}: {key}={hf[key]!r} is not supported")
@@ -164,7 +183,7 @@ def config_from_hf(hf, file):
         raise ModelLoadError(f"{file}: field '{field}' has rope_type {kind!r}, not supported "
                              "(default or llama3)")
     hd = hf.get('head_dim')
-    if arch in ('qwen3', 'llama') and type(hd) is int and hd != kw['n_embd'] // kw['n_head']:
+    if arch in HEAD_DIM and type(hd) is int and hd != kw['n_embd'] // kw['n_head']:
         # kept only where it differs, so a config saved and loaded back compares equal
         kw['head_size'] = hd
     cfg = ModelConfig(**kw)
@@ -183,7 +202,7 @@ def config_to_hf(cfg, dtype):
     out.update({key: getattr(cfg, ours) for ours, (key, _) in HF_KEYS[cfg.arch].items()})
     out['bos_token_id'] = cfg.bos_token_id
     out['eos_token_id'] = cfg.eos_token_id
-    if cfg.arch in ('qwen3', 'llama'):
+    if cfg.arch in HEAD_DIM:
         out['head_dim'] = cfg.head_dim
     if cfg.rope_scaling:
         out['rope_scaling'] = dict(rope_type='llama3', **dict(zip(LLAMA3_ROPE, cfg.rope_scaling)))

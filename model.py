@@ -2,9 +2,10 @@
 One hand-written decoder-only transformer for these checkpoint families:
 - Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied
   head;
-- Qwen3 and Llama 3.x: the same without q/k/v biases, with an explicit head_dim; Qwen3 adds a
-  per-head RMSNorm on q and k before RoPE, Llama 3.x may scale RoPE frequencies ('llama3'
-  rope_scaling);
+- Qwen3, Llama 3.x, Mistral and OLMo 2: the same without q/k/v biases, with an explicit
+  head_dim; Qwen3 adds a per-head RMSNorm on q and k before RoPE, Llama 3.x may scale RoPE
+  frequencies ('llama3' rope_scaling), Mistral is Llama's network, OLMo 2 norms each sublayer's
+  output instead of its input and q and k over all heads at once (its norms and RoPE in fp32);
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
 Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated
 KV cache with per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is
@@ -29,7 +30,7 @@ except ImportError:
 
 @dataclass
 class ModelConfig:
-    arch: str = 'qwen2'              # 'qwen2', 'qwen3', 'llama' or 'gpt2'
+    arch: str = 'qwen2'              # 'qwen2', 'qwen3', 'llama', 'mistral', 'olmo2' or 'gpt2'
     vocab_size: int = 260            # rows of the embedding (and of the LM head)
     n_layer: int = 2                 # transformer blocks
     n_head: int = 4                  # query heads
@@ -41,7 +42,7 @@ class ModelConfig:
     rope_theta: float = 10000.0      # RoPE base (not gpt2)
     # 'llama3' RoPE: (factor, low_freq_factor, high_freq_factor, original max_len)
     rope_scaling: tuple | None = None
-    # explicit head_dim (qwen3/llama may differ from n_embd // n_head); 0: that
+    # explicit head_dim (qwen3/llama/mistral/olmo2 may differ from n_embd // n_head); 0: that
     head_size: int = 0
     norm_eps: float = 1e-6           # rms_norm_eps (qwen2) / layer_norm_epsilon (gpt2)
     tie_word_embeddings: bool = True  # LM head shares the token embedding matrix
@@ -66,11 +67,13 @@ def qwen25_05b_config():
 
 
 class Norm(nn.Module):
-    """RMSNorm (qwen2; computed in fp32 like HF) or LayerNorm with bias (gpt2)."""
+    """RMSNorm (qwen2; computed in fp32 like HF) or LayerNorm with bias (gpt2). fp32_gain (olmo2):
+    the gain too is applied in fp32, before rounding to x's dtype, as OLMo 2's RMSNorm does."""
 
-    def __init__(self, dim, eps, rms):
+    def __init__(self, dim, eps, rms, fp32_gain=False):
         super().__init__()
         self.eps = eps
+        self.fp32_gain = fp32_gain
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = None if rms else nn.Parameter(torch.zeros(dim))
 
@@ -79,6 +82,8 @@ class Norm(nn.Module):
             return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
         if x.dtype == torch.float32:  # the gain inside: one kernel on CUDA
             return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        if self.fp32_gain:
+            return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).to(x.dtype)
         # HF's order in half precision: normalized in fp32 and rounded to x's dtype (F.rms_norm
         # computes in fp32 whatever its input: one kernel on CUDA, no casts around it), then the gain
         return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
@@ -213,22 +218,32 @@ class Attention(nn.Module):
         # q, k, v in one matmul (GPT-2 stores them fused; Qwen2's three are concatenated on load)
         self.c_attn = nn.Linear(cfg.n_embd, sum(self.sizes), bias=cfg.arch in ('qwen2', 'gpt2'))
         self.c_proj = nn.Linear(cfg.n_head * hd, cfg.n_embd, bias=cfg.arch == 'gpt2')
-        # qwen3: a per-head RMSNorm of queries and of keys (weights of head_dim)
-        qk_norm = cfg.arch == 'qwen3'
-        self.q_norm = Norm(hd, cfg.norm_eps, True) if qk_norm else None
-        self.k_norm = Norm(hd, cfg.norm_eps, True) if qk_norm else None
+        # an RMSNorm of queries and of keys: qwen3 per head (weights of head_dim), olmo2 over all
+        # heads at once (weights of n_head * head_dim and n_kv_head * head_dim)
+        self.q_norm = self.k_norm = None
+        if cfg.arch == 'qwen3':
+            self.q_norm, self.k_norm = Norm(hd, cfg.norm_eps, True), Norm(hd, cfg.norm_eps, True)
+        elif cfg.arch == 'olmo2':
+            self.q_norm = Norm(self.sizes[0], cfg.norm_eps, True, fp32_gain=True)
+            self.k_norm = Norm(self.sizes[1], cfg.norm_eps, True, fp32_gain=True)
 
     def forward(self, x, shape, rope, mask, kv):
         """x (B*T, n_embd): the rows of shape (B, T), as every block keeps them (each matmul 2-D,
         no reshape around it) -> (B*T, n_embd)."""
         B, T = shape
         nh, nkv, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
+        qkv = self.c_attn(x)
+        if self.cfg.arch == 'olmo2':  # all queries RMS-normed together, all keys too, before RoPE
+            q, k, v = qkv.split(self.sizes, dim=-1)
+            qkv = torch.cat([self.q_norm(q), self.k_norm(k), v], dim=-1)
         # (B, T, heads, hd): queries, keys, values; RoPE and the cache write need no transpose
-        qk, v = self.c_attn(x).view(B, T, nh + 2 * nkv, hd).split([nh + nkv, nkv], dim=2)
-        if self.q_norm is not None:  # qwen3: each head's query and key RMS-normed before RoPE
+        qk, v = qkv.view(B, T, nh + 2 * nkv, hd).split([nh + nkv, nkv], dim=2)
+        if self.cfg.arch == 'qwen3':  # each head's query and key RMS-normed before RoPE
             qk = torch.cat([self.q_norm(qk[:, :, :nh]), self.k_norm(qk[:, :, nh:])], dim=2)
         if rope is not None:
             qk = apply_rope(qk, *rope)  # both at once: one set of kernels, not two
+            if self.cfg.arch == 'olmo2':  # rotated in fp32 (its cos/sin), then rounded back
+                qk = qk.to(v.dtype)
         q, k = qk.split([nh, nkv], dim=2)               # (B, T, nh, hd), (B, T, nkv, hd)
         if kv is not None:
             # this layer's cache (B, nkv, max_len, hd); new tokens go to pos (B, T)
@@ -293,15 +308,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-norm: ln_1 and ln_2 normalize the attention's and the MLP's inputs. olmo2 norms their
+    outputs instead, before each is added to the residual stream."""
+
     def __init__(self, cfg):
         super().__init__()
-        rms = cfg.arch != 'gpt2'
-        self.ln_1 = Norm(cfg.n_embd, cfg.norm_eps, rms)
+        rms, self.post_norm = cfg.arch != 'gpt2', cfg.arch == 'olmo2'
+        self.ln_1 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm)
         self.attn = Attention(cfg)
-        self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms)
+        self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm)
         self.mlp = MLP(cfg)
 
     def forward(self, x, shape, rope, mask, kv):
+        if self.post_norm:
+            x = x + self.ln_1(self.attn(x, shape, rope, mask, kv))
+            return x + self.ln_2(self.mlp(x))
         x = x + self.attn(self.ln_1(x), shape, rope, mask, kv)
         return x + self.mlp(self.ln_2(x))
 
@@ -390,19 +411,19 @@ class KVCache:
 
 
 class GPT(nn.Module):
-    """Qwen2, Qwen3, Llama or GPT-2, switched on cfg.arch. Parameter names follow nanoGPT; hf_layout
-    maps them to HF's."""
+    """Qwen2, Qwen3, Llama, Mistral, OLMo 2 or GPT-2, switched on cfg.arch. Parameter names follow
+    nanoGPT; hf_layout maps them to HF's."""
 
     def __init__(self, cfg):
         super().__init__()
-        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'gpt2'), cfg.arch
+        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'gpt2'), cfg.arch
         assert (cfg.head_size or cfg.n_embd % cfg.n_head == 0) and cfg.n_head % cfg.n_kv_head == 0
         assert cfg.arch != 'gpt2' or cfg.n_kv_head == cfg.n_head
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.arch == 'gpt2' else None
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-        self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, rms=cfg.arch != 'gpt2')
+        self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, cfg.arch != 'gpt2', cfg.arch == 'olmo2')
         # a tied head is not a module: one tensor, so loading with assign=True cannot untie it
         self.lm_head = None
         if not (cfg.tie_word_embeddings or cfg.num_labels):
@@ -509,7 +530,9 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(pos)
         else:
-            cos_sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
+            # OLMo 2 rotates in fp32 whatever the model's dtype, the others in theirs
+            dtype = torch.float32 if cfg.arch == 'olmo2' else x.dtype
+            cos_sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, dtype, cfg.rope_scaling)
             rope = tuple(t[:, :, None] for t in cos_sin)  # (B, T, 1, hd): over the heads
         x = x.view(B * T, -1)
         for i, block in enumerate(self.h):

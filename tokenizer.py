@@ -430,6 +430,10 @@ def _pattern_from_spec(spec, src):
                 raise TokenizerError(f"{src}: ByteLevel add_prefix_space=true is not supported")
             if step.get('use_regex', True) and pattern is None:
                 pattern = GPT2_PATTERN
+        elif step.get('type') == 'Metaspace':
+            raise TokenizerError(f"{src}: a sentencepiece-style tokenizer (pre_tokenizer Metaspace, "
+                                 "as Llama 2's and Mistral 7B's to v0.3) is not supported, only "
+                                 "byte-level BPE (GPT-2, Qwen, Llama 3, OLMo 2, Mistral's Tekken)")
         elif step:
             raise TokenizerError(f"{src}: unsupported pre_tokenizer step {step.get('type')!r}")
     if pattern is None:

@@ -471,8 +471,8 @@ for name, ev in extra_evals.items():
 model.grad_checkpoint = grad_checkpoint
 model.packed_attention = packed_attention
 weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-print(f"model: {init_from}, {model.num_params() / 1e6:.1f}M parameters ({weight_bytes / 2**30:.3g} GiB), "
-      f"compute {dtype} on {device}")
+print(f"model: {init_from} ({model.config.arch}), {model.num_params() / 1e6:.1f}M parameters "
+      f"({weight_bytes / 2**30:.3g} GiB), compute {dtype} on {device}")
 # the sampler: the model itself in fp32, else a low-precision copy (LoRA: of the merged weights),
 # refreshed after every update
 gen_model, sync_gen_model = sampler_model(model, ptdtype, fsdp)

@@ -117,7 +117,7 @@ def logprobs(net, rows, backend, grad):
         return completion_logprobs(net, rows, 0, temperature=0.9, share_prompt=True)
 
 
-@pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
+@pytest.mark.parametrize('arch', ['qwen2', 'olmo2', 'gpt2'])
 def test_flex_logprobs_and_gradients_equal_sdpa(arch, monkeypatch):
     """fp32, GQA (qwen2: 4 query heads on 2 kv heads) and plain heads (gpt2), three groups of
     different prompt lengths and sizes, completions of 1-60 tokens, padding: log-probs, entropies

@@ -590,7 +590,7 @@ def test_token_mean_weights_every_token_equally():
     assert abs(w[1].item() - 0.5 / 9) < 1e-7, "GRPO: sequences count equally instead"
 
 
-@pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
+@pytest.mark.parametrize('arch', ['qwen2', 'olmo2', 'gpt2'])
 def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch):
     """pack_groups() (each prompt once, its completions after it) must be exactly pack() (prompt +
     completion per row) for the model: the same log-prob for every completion token, in the same

@@ -1,4 +1,4 @@
-"""Qwen3 and Llama 3.x against transformers on tiny random checkpoints built here: logits of a full
+"""Qwen3, Llama 3.x, Mistral and OLMo 2 against transformers on tiny random checkpoints built here: logits of a full
 forward and of prefill + cached decode, export round trip, and one-line errors for the variants we
 refuse."""
 import json
@@ -39,6 +39,22 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
                                             num_key_value_heads=1, head_dim=12,
                                             tie_word_embeddings=False, rope_theta=500.0,
                                             rope_scaling=LLAMA3)),
+    # Mistral: Llama's network without RoPE scaling; no sliding window; Nemo's explicit head_dim
+    'mistral': ('MistralConfig', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=24, sliding_window=None,
+                                      tie_word_embeddings=False, max_position_embeddings=256,
+                                      rope_theta=1000.0)),
+    # OLMo 2: each sublayer's output normed (post-norm), q and k normed over all heads at once
+    'olmo2': ('Olmo2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, tie_word_embeddings=False,
+                                  max_position_embeddings=256, rope_theta=500.0,
+                                  rms_norm_eps=1e-6)),
+    'olmo2_tied_mha': ('Olmo2Config', dict(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=1, num_attention_heads=2,
+                                           tie_word_embeddings=True,
+                                           max_position_embeddings=256)),
 }
 
 
@@ -65,9 +81,12 @@ def maxdiff(a, b):
 def test_config_is_read_as_intended(snapshot):
     _, hf, ours = snapshot
     cfg = ours.config
-    assert cfg.arch == hf.config.model_type and cfg.head_dim == hf.config.head_dim
-    assert cfg.rope_scaling == (None if cfg.arch == 'qwen3' else (8.0, 1.0, 8.0, 64))
-    assert (ours.h[0].attn.q_norm is not None) == (cfg.arch == 'qwen3')
+    head_dim = getattr(hf.config, 'head_dim', None) or hf.config.hidden_size // cfg.n_head
+    assert cfg.arch == hf.config.model_type and cfg.head_dim == head_dim
+    llama3 = cfg.arch == 'llama'
+    assert cfg.rope_scaling == ((8.0, 1.0, 8.0, 64) if llama3 else None)
+    assert (ours.h[0].attn.q_norm is not None) == (cfg.arch in ('qwen3', 'olmo2'))
+    assert ours.h[0].post_norm == (cfg.arch == 'olmo2')
     assert ours.h[0].attn.c_attn.bias is None
 
 
@@ -102,6 +121,21 @@ def test_export_loads_in_transformers_and_back(snapshot, tmp_path):
     with open(tmp_path / 'snap' / 'config.json') as f:
         assert json.load(f)['architectures'] == [type(hf).__name__]
     assert type(check_export_round_trip(ours, tmp_path / 'snap', T=33, seed=3)) is type(hf)
+
+
+@torch.no_grad()
+def test_bf16_forward_rounds_as_transformers_does(snapshot):
+    """In bf16 each family rounds where transformers does (OLMo 2's norms apply their gain in fp32
+    before rounding, the others after): the logits of the same bf16 weights stay within a few bf16
+    steps of transformers' over two layers, far nearer than bf16 is to fp32."""
+    path, hf, _ = snapshot
+    ours, _ = H.from_pretrained(path, dtype=torch.bfloat16)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    idx = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(5))
+    ref = hf(idx).logits
+    d, gap = maxdiff(ours(idx), theirs(idx).logits), maxdiff(theirs(idx).logits, ref)
+    print(f'{ours.config.arch} bf16: ours vs transformers {d:.3e}, bf16 vs fp32 {gap:.3e}')
+    assert d <= gap / 4, f'bf16 logits {d:.3e} from transformers\' (bf16 vs fp32: {gap:.3e})'
 
 
 @torch.no_grad()
@@ -145,6 +179,38 @@ def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
     assert str(e.value).startswith(str(tmp_path / 'config.json')) and '\n' not in str(e.value)
 
 
+@pytest.mark.parametrize('name, changes, message', [
+    ('mistral', dict(sliding_window=64), r'sliding_window=64 is not supported \(shorter than '
+                                         r'max_position_embeddings=256\)'),
+    # absent: transformers' default, 4,096 positions
+    ('mistral', dict(sliding_window=None, max_position_embeddings=8192),
+     r"sliding_window=4096 is not supported \(shorter than max_position_embeddings=8192\)"),
+    ('olmo2', dict(attention_bias=True), r'attention_bias=True is not supported'),
+])
+def test_unsupported_mistral_and_olmo2_configs(tmp_path, name, changes, message):
+    make_hf_model(name).save_pretrained(tmp_path)
+    with open(tmp_path / 'config.json') as f:
+        cfg = json.load(f)
+    cfg.update(changes)
+    with open(tmp_path / 'config.json', 'w') as f:
+        json.dump({k: v for k, v in cfg.items() if v is not None}, f)
+    with pytest.raises(H.ModelLoadError, match=message) as e:
+        H.from_pretrained(tmp_path)
+    assert str(e.value).startswith(str(tmp_path / 'config.json')) and '\n' not in str(e.value)
+
+
+def test_a_window_as_long_as_the_context_is_no_window(tmp_path):
+    make_hf_model('mistral').save_pretrained(tmp_path)
+    with open(tmp_path / 'config.json') as f:
+        cfg = json.load(f)
+    with open(tmp_path / 'config.json', 'w') as f:
+        json.dump({**cfg, 'sliding_window': cfg['max_position_embeddings']}, f)
+    ours, _ = H.from_pretrained(tmp_path)
+    H.save_pretrained(ours, None, tmp_path / 'export')
+    with open(tmp_path / 'export' / 'config.json') as f:
+        assert json.load(f)['sliding_window'] is None
+
+
 def test_llama_with_mlp_bias_is_refused(tmp_path):
     cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=1, num_attention_heads=2, mlp_bias=True)
@@ -152,3 +218,89 @@ def test_llama_with_mlp_bias_is_refused(tmp_path):
     hf.save_pretrained(tmp_path)
     with pytest.raises(H.ModelLoadError, match=r'config\.json: mlp_bias=True is not supported'):
         H.from_pretrained(tmp_path)
+
+
+# OLMo 2 Instruct's chat template (allenai/OLMo-2-1124-*-Instruct, tokenizer_config.json): plain-text
+# role markers, <|endoftext|> as the bos written first and as the end of each assistant turn
+OLMO2_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ '<|system|>\\n' + message['content'] + '\\n' }}{% elif message['role'] == 'user' %}"
+    "{{ '<|user|>\\n' + message['content'] + '\\n' }}{% elif message['role'] == 'assistant' %}"
+    "{% if not loop.last %}{{ '<|assistant|>\\n'  + message['content'] + eos_token + '\\n' }}"
+    "{% else %}{{ '<|assistant|>\\n'  + message['content'] + eos_token }}{% endif %}{% endif %}"
+    "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}{% endfor %}")
+# GPT-4's split pattern, on which OLMo 2's tokenizer is built (digits in runs of up to three)
+CL100K_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def olmo2_instruct_snapshot(path):
+    """A tiny snapshot laid out as OLMo 2 Instruct's: transformers' Olmo2 weights (vocabulary 300),
+    a byte-level BPE trained here on GPT-4's split pattern with <|endoftext|> and <|pad|>, the
+    tokenizer config naming <|endoftext|> as bos and eos, and OLMo 2 Instruct's chat template."""
+    from tokenizers import (Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers,
+                            trainers)
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CL100K_PATTERN), behavior='isolated', invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=290, special_tokens=['<|endoftext|>', '<|pad|>'],
+                                  show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(['<|user|>\n<|assistant|>\nLiz has 80 books and sells 7. How many '
+                             'books does Liz have?\n#### 73 12 + 7 = 19'] * 50, trainer)
+    eos, pad = tok.token_to_id('<|endoftext|>'), tok.token_to_id('<|pad|>')
+    kw = {**HF_CONFIGS['olmo2'][1], 'eos_token_id': eos, 'pad_token_id': pad, 'bos_token_id': None}
+    perturbed_hf('Olmo2Config', kw).save_pretrained(path)
+    tok.save(str(path / 'tokenizer.json'))
+    (path / 'tokenizer_config.json').write_text(json.dumps({
+        'tokenizer_class': 'GPT2Tokenizer', 'bos_token': '<|endoftext|>',
+        'eos_token': '<|endoftext|>', 'pad_token': '<|pad|>', 'chat_template': OLMO2_TEMPLATE}))
+    return eos
+
+
+def test_an_olmo2_instruct_snapshot_prompts_trains_and_exports(tmp_path):
+    """Prompts through OLMo 2's template equal transformers' ids, generation stops at its
+    <|endoftext|>, and a GRPO run from the snapshot exports an OLMo 2 that transformers loads."""
+    from test_train import metrics, run
+    from tokenizer import load_tokenizer
+    snap = tmp_path / 'olmo2'
+    eos = olmo2_instruct_snapshot(snap)
+    ours, hf = load_tokenizer(str(snap)), transformers.AutoTokenizer.from_pretrained(snap)
+    msgs = [{'role': 'system', 'content': 'Be brief.'},
+            {'role': 'user', 'content': 'Liz has 80 books and sells 7. How many?'}]
+    for m in (msgs, msgs[1:]):
+        want = hf.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+        want = list(want['input_ids'] if hasattr(want, 'keys') else want)
+        assert ours.render_chat(m) == want, (ours.decode(ours.render_chat(m)), hf.decode(want))
+    assert ours.decode(ours.render_chat(msgs[1:])).startswith('<|endoftext|><|user|>\n')
+    assert eos in ours.stop_ids, 'OLMo 2 ends its turns with <|endoftext|>: generation must stop there'
+    out = tmp_path / 'run'
+    run(out, f'--init_from={snap}', '--max_steps=2', '--export_hf=True', '--max_new_tokens=12',
+        '--log_samples_every=1', timeout=300)
+    rows = [m for m in metrics(out) if 'reward/mean' in m]
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(m['loss'])) for m in rows)
+    with open(out / 'samples.jsonl') as f:
+        assert json.loads(f.readline())['prompt'].startswith('<|endoftext|><|user|>\n')
+    exported, _ = H.from_pretrained(out / 'hf')
+    assert exported.config.arch == 'olmo2' and exported.h[0].post_norm
+    with torch.no_grad():
+        check_export_round_trip(exported.eval(), out / 'hf', T=20, seed=6)
+    assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == ours.render_chat(msgs)
+
+
+def test_a_sentencepiece_tokenizer_is_one_clear_error(tmp_path):
+    """Mistral 7B to v0.3 (and Llama 2) ship sentencepiece-style BPE (Metaspace, byte fallback),
+    which tiktoken cannot reproduce: refused in one line naming the file and what is supported."""
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
+    from tokenizer import TokenizerError, load_tokenizer
+    tok = HFTokenizer(models.BPE(byte_fallback=True, unk_token='<unk>'))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first')
+    tok.train_from_iterator(['[INST] Liz has 80 books. [/INST]'] * 20, trainers.BpeTrainer(
+        vocab_size=60, special_tokens=['<unk>', '<s>', '</s>'], show_progress=False))
+    tok.save(str(tmp_path / 'tokenizer.json'))
+    with pytest.raises(TokenizerError, match=r'tokenizer\.json: a sentencepiece-style tokenizer '
+                       r'\(pre_tokenizer Metaspace.*only byte-level BPE') as e:
+        load_tokenizer(str(tmp_path))
+    assert '\n' not in str(e.value)

@@ -33,6 +33,10 @@ CLASSIFIERS = {  # name -> (config class, kwargs)
                                          tie_word_embeddings=False)),
     'gpt2_2labels': ('GPT2Config', dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4,
                                         n_positions=256, pad_token_id=PAD, num_labels=2)),
+    'olmo2_1label': ('Olmo2Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, max_position_embeddings=128,
+                                         pad_token_id=PAD, num_labels=1)),
 }
 EX = [{'question': 'Tom has 12 apples and gets 7 more. How many?', 'answer': '19'},
       {'question': 'What is 3 + 4?', 'answer': '7'}]

@@ -45,7 +45,7 @@ def naive_greedy(model, prompt, n):
     return ids[len(prompt):], lps
 
 
-@pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
+@pytest.mark.parametrize('arch', ['qwen2', 'olmo2', 'gpt2'])
 def test_greedy_cached_equals_uncached(arch):
     model = tiny(arch)
     out = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[])
