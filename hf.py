@@ -103,21 +103,23 @@ HF_KEYS = {
                  tie_word_embeddings=('tie_word_embeddings', True)),
 }
 # same fields; head_dim and rope_scaling read apart
-HF_KEYS['qwen3'] = HF_KEYS['llama'] = HF_KEYS['mistral'] = HF_KEYS['olmo2'] = HF_KEYS['qwen2']
+HF_KEYS.update(dict.fromkeys(('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3'), HF_KEYS['qwen2']))
 HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
            'qwen3': dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3'),
            'llama': dict(architectures=['LlamaForCausalLM'], model_type='llama'),
            'mistral': dict(architectures=['MistralForCausalLM'], model_type='mistral'),
            'olmo2': dict(architectures=['Olmo2ForCausalLM'], model_type='olmo2'),
+           'smollm3': dict(architectures=['SmolLM3ForCausalLM'], model_type='smollm3'),
            'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
 CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification',
               'qwen3': 'Qwen3ForSequenceClassification',
               'llama': 'LlamaForSequenceClassification',
               'mistral': 'MistralForSequenceClassification',
               'olmo2': 'Olmo2ForSequenceClassification',
+              'smollm3': 'SmolLM3ForSequenceClassification',
               'gpt2': 'GPT2ForSequenceClassification'}
 # the architectures with an explicit head_dim in config.json (else n_embd // n_head)
-HEAD_DIM = ('qwen3', 'llama', 'mistral', 'olmo2')
+HEAD_DIM = ('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3')
 LLAMA3_ROPE = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
 # config.json settings that change the math: the values we implement (save writes the first)
 SUPPORTED = {
@@ -128,6 +130,8 @@ SUPPORTED = {
     # no sliding window: every position attends to all earlier ones
     'mistral': dict(hidden_act=['silu'], sliding_window=[None]),
     'olmo2': dict(hidden_act=['silu'], attention_bias=[False]),
+    'smollm3': dict(hidden_act=['silu'], use_sliding_window=[False], attention_bias=[False],
+                    mlp_bias=[False]),
     'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
                  scale_attn_by_inverse_layer_idx=[False]),
 }
@@ -138,11 +142,13 @@ def config_from_hf(hf, file):
     arch = hf.get('model_type')
     if arch not in HF_KEYS:
         raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama, "
-                             "mistral, olmo2 or gpt2; no mixture-of-experts)")
+                             "mistral, olmo2, smollm3 or gpt2; no mixture-of-experts)")
     if arch != 'gpt2' and hf.get('rope_theta') is None:
         # transformers>=5 writes it inside rope_parameters
         hf = {**hf, **(hf.get('rope_parameters') or {})}
     kw = dict(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
+    if type(hf.get('pad_token_id')) is int:  # kept for the export (transformers' embedding reads it)
+        kw['pad_token_id'] = hf['pad_token_id']
     if CLASSIFIER[arch] in (hf.get('architectures') or []):
         if not isinstance(hf.get('pad_token_id'), int):
             raise ModelLoadError(f"{file}: missing field 'pad_token_id' (a classifier reads each "
@@ -182,6 +188,8 @@ def config_from_hf(hf, file):
     elif kind != 'default':
         raise ModelLoadError(f"{file}: field '{field}' has rope_type {kind!r}, not supported "
                              "(default or llama3)")
+    if arch == 'smollm3':
+        kw['no_rope_layers'] = no_rope_layers(hf, kw['n_layer'], file)
     hd = hf.get('head_dim')
     if arch in HEAD_DIM and type(hd) is int and hd != kw['n_embd'] // kw['n_head']:
         # kept only where it differs, so a config saved and loaded back compares equal
@@ -195,6 +203,22 @@ def config_from_hf(hf, file):
     return cfg
 
 
+def no_rope_layers(hf, n_layer, file):
+    """SmolLM3's RoPE layers: config.json's no_rope_layers (1 RoPE, 0 none, one per layer), else
+    every no_rope_layer_interval-th layer without, as transformers fills it in."""
+    flags = hf.get('no_rope_layers')
+    if flags is None:
+        every = hf.get('no_rope_layer_interval', 4)
+        if type(every) is not int or every < 1:
+            raise ModelLoadError(f"{file}: field 'no_rope_layer_interval' should be an int >= 1, "
+                                 f"got {every!r}")
+        flags = [int((i + 1) % every != 0) for i in range(n_layer)]
+    if not (isinstance(flags, list) and len(flags) == n_layer and set(flags) <= {0, 1}):
+        raise ModelLoadError(f"{file}: field 'no_rope_layers' should be {n_layer} zeros and ones "
+                             f"(one per layer), got {flags!r}")
+    return tuple(flags)
+
+
 def config_to_hf(cfg, dtype):
     """ModelConfig -> the HF config.json dict save_pretrained writes."""
     out = dict(HF_ARCH[cfg.arch])
@@ -202,14 +226,18 @@ def config_to_hf(cfg, dtype):
     out.update({key: getattr(cfg, ours) for ours, (key, _) in HF_KEYS[cfg.arch].items()})
     out['bos_token_id'] = cfg.bos_token_id
     out['eos_token_id'] = cfg.eos_token_id
+    # null where the snapshot had none: not the class's default (SmolLM3's 128,004 may lie outside a
+    # small vocabulary)
+    out['pad_token_id'] = cfg.pad_token_id
     if cfg.arch in HEAD_DIM:
         out['head_dim'] = cfg.head_dim
+    if cfg.no_rope_layers is not None:
+        out['no_rope_layers'] = list(cfg.no_rope_layers)
     if cfg.rope_scaling:
         out['rope_scaling'] = dict(rope_type='llama3', **dict(zip(LLAMA3_ROPE, cfg.rope_scaling)))
     out['torch_dtype'] = str(dtype).removeprefix('torch.')
     if cfg.num_labels:  # a classifier: its class and labels (architectures keeps its place)
         out['architectures'] = [CLASSIFIER[cfg.arch]]
-        out['pad_token_id'] = cfg.pad_token_id
         out['id2label'] = {i: f'LABEL_{i}' for i in range(cfg.num_labels)}
     return out
 

@@ -2,10 +2,11 @@
 One hand-written decoder-only transformer for these checkpoint families:
 - Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied
   head;
-- Qwen3, Llama 3.x, Mistral and OLMo 2: the same without q/k/v biases, with an explicit
+- Qwen3, Llama 3.x, Mistral, OLMo 2 and SmolLM3: the same without q/k/v biases, with an explicit
   head_dim; Qwen3 adds a per-head RMSNorm on q and k before RoPE, Llama 3.x may scale RoPE
   frequencies ('llama3' rope_scaling), Mistral is Llama's network, OLMo 2 norms each sublayer's
-  output instead of its input and q and k over all heads at once (its norms and RoPE in fp32);
+  output instead of its input and q and k over all heads at once (its norms and RoPE in fp32),
+  SmolLM3 leaves RoPE out of every fourth layer (NoPE);
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
 Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated
 KV cache with per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is
@@ -30,7 +31,8 @@ except ImportError:
 
 @dataclass
 class ModelConfig:
-    arch: str = 'qwen2'              # 'qwen2', 'qwen3', 'llama', 'mistral', 'olmo2' or 'gpt2'
+    # 'qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3' or 'gpt2'
+    arch: str = 'qwen2'
     vocab_size: int = 260            # rows of the embedding (and of the LM head)
     n_layer: int = 2                 # transformer blocks
     n_head: int = 4                  # query heads
@@ -42,7 +44,9 @@ class ModelConfig:
     rope_theta: float = 10000.0      # RoPE base (not gpt2)
     # 'llama3' RoPE: (factor, low_freq_factor, high_freq_factor, original max_len)
     rope_scaling: tuple | None = None
-    # explicit head_dim (qwen3/llama/mistral/olmo2 may differ from n_embd // n_head); 0: that
+    # smollm3: per layer, 1 where it applies RoPE, 0 where it sees no positions (NoPE); None: all
+    no_rope_layers: tuple | None = None
+    # explicit head_dim (all but qwen2 and gpt2 may differ from n_embd // n_head); 0: that
     head_size: int = 0
     norm_eps: float = 1e-6           # rms_norm_eps (qwen2) / layer_norm_epsilon (gpt2)
     tie_word_embeddings: bool = True  # LM head shares the token embedding matrix
@@ -50,7 +54,8 @@ class ModelConfig:
     eos_token_id: int | list | None = None  # same
     # > 0: a sequence classifier (reward model): a score head replaces the LM head
     num_labels: int = 0
-    # a classifier reads each row at its rightmost token that is not this id
+    # config.json's pad id, written back on export; a classifier reads each row at its rightmost
+    # token that is not this id
     pad_token_id: int | None = None
 
     @property
@@ -311,15 +316,18 @@ class Block(nn.Module):
     """Pre-norm: ln_1 and ln_2 normalize the attention's and the MLP's inputs. olmo2 norms their
     outputs instead, before each is added to the residual stream."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         rms, self.post_norm = cfg.arch != 'gpt2', cfg.arch == 'olmo2'
+        # smollm3: some layers apply no RoPE (NoPE)
+        self.rope = cfg.no_rope_layers is None or bool(cfg.no_rope_layers[layer])
         self.ln_1 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm)
         self.attn = Attention(cfg)
         self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm)
         self.mlp = MLP(cfg)
 
     def forward(self, x, shape, rope, mask, kv):
+        rope = rope if self.rope else None
         if self.post_norm:
             x = x + self.ln_1(self.attn(x, shape, rope, mask, kv))
             return x + self.ln_2(self.mlp(x))
@@ -411,18 +419,19 @@ class KVCache:
 
 
 class GPT(nn.Module):
-    """Qwen2, Qwen3, Llama, Mistral, OLMo 2 or GPT-2, switched on cfg.arch. Parameter names follow
-    nanoGPT; hf_layout maps them to HF's."""
+    """Qwen2, Qwen3, Llama, Mistral, OLMo 2, SmolLM3 or GPT-2, switched on cfg.arch. Parameter
+    names follow nanoGPT; hf_layout maps them to HF's."""
 
     def __init__(self, cfg):
         super().__init__()
-        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'gpt2'), cfg.arch
+        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'gpt2')
+        assert cfg.no_rope_layers is None or len(cfg.no_rope_layers) == cfg.n_layer
         assert (cfg.head_size or cfg.n_embd % cfg.n_head == 0) and cfg.n_head % cfg.n_kv_head == 0
         assert cfg.arch != 'gpt2' or cfg.n_kv_head == cfg.n_head
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.arch == 'gpt2' else None
-        self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.h = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)])
         self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, cfg.arch != 'gpt2', cfg.arch == 'olmo2')
         # a tied head is not a module: one tensor, so loading with assign=True cannot untie it
         self.lm_head = None

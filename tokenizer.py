@@ -422,6 +422,10 @@ def _pattern_from_spec(spec, src):
     pre = spec.get('pre_tokenizer') or {}
     steps = pre.get('pretokenizers', [pre]) if pre.get('type') == 'Sequence' else [pre]
     pattern = None
+    splits = [step for step in steps if step.get('type') == 'Split']
+    if len(splits) > 1:  # each splits the pieces of the one before: not one tiktoken pattern
+        raise TokenizerError(f"{src}: {len(splits)} Split steps in pre_tokenizer are not supported "
+                             "(tiktoken applies one split pattern)")
     for step in steps:
         if step.get('type') == 'Split':
             pattern = step['pattern'].get('Regex') or step['pattern'].get('String')

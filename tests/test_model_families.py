@@ -1,6 +1,7 @@
-"""Qwen3, Llama 3.x, Mistral and OLMo 2 against transformers on tiny random checkpoints built here: logits of a full
-forward and of prefill + cached decode, export round trip, and one-line errors for the variants we
-refuse."""
+"""Qwen3, Llama 3.x, Mistral, OLMo 2 and SmolLM3 against transformers on tiny random checkpoints
+built here: logits of a full forward and of prefill + cached decode (fp32 and bf16), export round
+trip, GRPO from an OLMo 2 Instruct-shaped snapshot, and one-line errors for the variants and
+tokenizers we refuse."""
 import json
 
 import pytest
@@ -51,6 +52,13 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
                                   num_key_value_heads=2, tie_word_embeddings=False,
                                   max_position_embeddings=256, rope_theta=500.0,
                                   rms_norm_eps=1e-6)),
+    # SmolLM3: Llama's network, every no_rope_layer_interval-th layer without RoPE (here the 2nd
+    # of 3), tied head
+    'smollm3': ('SmolLM3Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, no_rope_layer_interval=2,
+                                      max_position_embeddings=256, rope_theta=5000.0,
+                                      pad_token_id=None, bos_token_id=1, eos_token_id=2)),
     'olmo2_tied_mha': ('Olmo2Config', dict(vocab_size=V, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=2,
                                            tie_word_embeddings=True,
@@ -87,6 +95,10 @@ def test_config_is_read_as_intended(snapshot):
     assert cfg.rope_scaling == ((8.0, 1.0, 8.0, 64) if llama3 else None)
     assert (ours.h[0].attn.q_norm is not None) == (cfg.arch in ('qwen3', 'olmo2'))
     assert ours.h[0].post_norm == (cfg.arch == 'olmo2')
+    nope = getattr(hf.config, 'no_rope_layers', None)
+    assert [b.rope for b in ours.h] == [bool(f) for f in nope or [1] * cfg.n_layer]
+    if cfg.arch == 'smollm3':
+        assert nope == [1, 0, 1], nope
     assert ours.h[0].attn.c_attn.bias is None
 
 
@@ -139,6 +151,19 @@ def test_bf16_forward_rounds_as_transformers_does(snapshot):
 
 
 @torch.no_grad()
+def test_smollm3s_layers_without_rope_change_the_logits(tmp_path):
+    """Applying RoPE in SmolLM3's NoPE layer too changes the logits clearly: the per-layer switch
+    is what matches transformers above."""
+    hf = make_hf_model('smollm3')
+    hf.save_pretrained(tmp_path)
+    ours, _ = H.from_pretrained(tmp_path)
+    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(4))
+    want = ours.eval()(idx)
+    ours.h[1].rope = True
+    assert maxdiff(ours(idx), want) > 100 * TOL
+
+
+@torch.no_grad()
 def test_llama3_scaling_changes_the_logits():
     """The scaled frequencies matter at the tested positions: the same weights with plain RoPE
     differ clearly."""
@@ -186,8 +211,12 @@ def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
     ('mistral', dict(sliding_window=None, max_position_embeddings=8192),
      r"sliding_window=4096 is not supported \(shorter than max_position_embeddings=8192\)"),
     ('olmo2', dict(attention_bias=True), r'attention_bias=True is not supported'),
+    ('smollm3', dict(use_sliding_window=True, sliding_window=64),
+     r'use_sliding_window=True is not supported'),
+    ('smollm3', dict(no_rope_layers=[1, 0]),
+     r"field 'no_rope_layers' should be 3 zeros and ones \(one per layer\), got \[1, 0\]"),
 ])
-def test_unsupported_mistral_and_olmo2_configs(tmp_path, name, changes, message):
+def test_unsupported_mistral_olmo2_and_smollm3_configs(tmp_path, name, changes, message):
     make_hf_model(name).save_pretrained(tmp_path)
     with open(tmp_path / 'config.json') as f:
         cfg = json.load(f)
@@ -302,5 +331,25 @@ def test_a_sentencepiece_tokenizer_is_one_clear_error(tmp_path):
     tok.save(str(tmp_path / 'tokenizer.json'))
     with pytest.raises(TokenizerError, match=r'tokenizer\.json: a sentencepiece-style tokenizer '
                        r'\(pre_tokenizer Metaspace.*only byte-level BPE') as e:
+        load_tokenizer(str(tmp_path))
+    assert '\n' not in str(e.value)
+
+
+def test_a_tokenizer_that_splits_twice_is_one_clear_error(tmp_path):
+    """DeepSeek V3's tokenizer splits digits, then CJK, then GPT-4's pattern over the pieces: one
+    tiktoken pattern cannot reproduce that, and taking the last would encode differently from
+    transformers without a word. Refused in one line."""
+    from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
+    from tokenizer import TokenizerError, load_tokenizer
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r'\p{N}{1,3}'), behavior='isolated', invert=False),
+        pre_tokenizers.Split(Regex(CL100K_PATTERN), behavior='isolated', invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.train_from_iterator(['Liz has 80 books. 12345'] * 20, trainers.BpeTrainer(
+        vocab_size=270, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / 'tokenizer.json'))
+    with pytest.raises(TokenizerError, match=r'tokenizer\.json: 2 Split steps in pre_tokenizer '
+                       'are not supported') as e:
         load_tokenizer(str(tmp_path))
     assert '\n' not in str(e.value)
