@@ -6,6 +6,7 @@ it is installed, and atomic saving.
 """
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -30,8 +31,10 @@ def hf_layout(cfg, prefix):
     lay = {}
     if cfg.arch != 'gpt2':
         hd = cfg.head_dim
-        inter = cfg.intermediate_size
-        qkv_rows = [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
+        fused = cfg.arch == 'phi3'  # q/k/v and gate/up stored as one tensor each, as ours are
+        qkv, gate_up = (['qkv'], ['gate_up']) if fused else (['q', 'k', 'v'], ['gate', 'up'])
+        qkv_rows = None if fused else [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
+        gate_up_rows = None if fused else [cfg.intermediate_size] * 2
         # only qwen2 has q/k/v biases, only qwen3 and olmo2 q/k norms
         qkv_tensors = ('weight', 'bias') if cfg.arch == 'qwen2' else ('weight',)
         norms = ('q_norm', 'k_norm') if cfg.arch in ('qwen3', 'olmo2') else ()
@@ -44,14 +47,14 @@ def hf_layout(cfg, prefix):
             p = f'h.{i}.'
             lay[p + 'ln_1.weight'] = ([a + ln[0] + '.weight'], None, False)
             for s in qkv_tensors:
-                qkv_names = [a + f'self_attn.{n}_proj.{s}' for n in 'qkv']
+                qkv_names = [a + f'self_attn.{n}_proj.{s}' for n in qkv]
                 lay[p + f'attn.c_attn.{s}'] = (qkv_names, qkv_rows, False)
             lay[p + 'attn.c_proj.weight'] = ([a + 'self_attn.o_proj.weight'], None, False)
             for n in norms:
                 lay[p + f'attn.{n}.weight'] = ([a + f'self_attn.{n}.weight'], None, False)
             lay[p + 'ln_2.weight'] = ([a + ln[1] + '.weight'], None, False)
-            gate_up = [a + 'mlp.gate_proj.weight', a + 'mlp.up_proj.weight']
-            lay[p + 'mlp.c_fc.weight'] = (gate_up, [inter, inter], False)
+            gate_up_names = [a + f'mlp.{n}_proj.weight' for n in gate_up]
+            lay[p + 'mlp.c_fc.weight'] = (gate_up_names, gate_up_rows, False)
             lay[p + 'mlp.c_proj.weight'] = ([a + 'mlp.down_proj.weight'], None, False)
         lay['ln_f.weight'] = ([prefix + 'norm.weight'], None, False)
     else:
@@ -103,13 +106,15 @@ HF_KEYS = {
                  tie_word_embeddings=('tie_word_embeddings', True)),
 }
 # same fields; head_dim and rope_scaling read apart
-HF_KEYS.update(dict.fromkeys(('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3'), HF_KEYS['qwen2']))
+HF_KEYS.update(dict.fromkeys(('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3'),
+                             HF_KEYS['qwen2']))
 HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
            'qwen3': dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3'),
            'llama': dict(architectures=['LlamaForCausalLM'], model_type='llama'),
            'mistral': dict(architectures=['MistralForCausalLM'], model_type='mistral'),
            'olmo2': dict(architectures=['Olmo2ForCausalLM'], model_type='olmo2'),
            'smollm3': dict(architectures=['SmolLM3ForCausalLM'], model_type='smollm3'),
+           'phi3': dict(architectures=['Phi3ForCausalLM'], model_type='phi3'),
            'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
 CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification',
               'qwen3': 'Qwen3ForSequenceClassification',
@@ -117,9 +122,10 @@ CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification',
               'mistral': 'MistralForSequenceClassification',
               'olmo2': 'Olmo2ForSequenceClassification',
               'smollm3': 'SmolLM3ForSequenceClassification',
+              'phi3': 'Phi3ForSequenceClassification',
               'gpt2': 'GPT2ForSequenceClassification'}
 # the architectures with an explicit head_dim in config.json (else n_embd // n_head)
-HEAD_DIM = ('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3')
+HEAD_DIM = ('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3')
 LLAMA3_ROPE = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
 # config.json settings that change the math: the values we implement (save writes the first)
 SUPPORTED = {
@@ -132,6 +138,7 @@ SUPPORTED = {
     'olmo2': dict(hidden_act=['silu'], attention_bias=[False]),
     'smollm3': dict(hidden_act=['silu'], use_sliding_window=[False], attention_bias=[False],
                     mlp_bias=[False]),
+    'phi3': dict(hidden_act=['silu'], sliding_window=[None]),
     'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
                  scale_attn_by_inverse_layer_idx=[False]),
 }
@@ -142,7 +149,7 @@ def config_from_hf(hf, file):
     arch = hf.get('model_type')
     if arch not in HF_KEYS:
         raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama, "
-                             "mistral, olmo2, smollm3 or gpt2; no mixture-of-experts)")
+                             "mistral, olmo2, smollm3, phi3 or gpt2; no mixture-of-experts)")
     if arch != 'gpt2' and hf.get('rope_theta') is None:
         # transformers>=5 writes it inside rope_parameters
         hf = {**hf, **(hf.get('rope_parameters') or {})}
@@ -167,9 +174,10 @@ def config_from_hf(hf, file):
     if arch == 'gpt2':
         kw['n_kv_head'] = kw['n_head']
         kw['intermediate_size'] = kw['intermediate_size'] or 4 * kw['n_embd']
-    if arch == 'mistral':
-        # transformers' default is a 4,096-token window; one as long as the model's context is none
-        window = hf.get('sliding_window', 4096)
+    if arch in ('mistral', 'phi3'):
+        # transformers' default: Mistral a 4,096-token window, Phi-3 none; one as long as the
+        # model's context is none
+        window = hf.get('sliding_window', 4096 if arch == 'mistral' else None)
         if window is not None and not (type(window) is int and window >= kw['max_seq_len']):
             raise ModelLoadError(f"{file}: sliding_window={window!r} is not supported (shorter "
                                  f"than max_position_embeddings={kw['max_seq_len']})")
@@ -180,6 +188,8 @@ def config_from_hf(hf, file):
     field = 'rope_scaling' if hf.get('rope_scaling') else 'rope_parameters'
     rope = hf.get(field) or {}
     kind = rope.get('rope_type', rope.get('type', 'default'))
+    if arch == 'phi3':
+        kind = read_phi3_rope(hf, rope, kind, kw, f"{file}: field '{field}'")
     if kind == 'llama3' and arch != 'gpt2':
         if any(not isinstance(rope.get(k), (int, float)) for k in LLAMA3_ROPE):
             raise ModelLoadError(f"{file}: field '{field}' of rope_type 'llama3' needs numbers "
@@ -201,6 +211,33 @@ def config_from_hf(hf, file):
                              f"{cfg.n_head}, kv heads {cfg.n_kv_head}, "
                              f"head_dim {hf.get('head_dim')})")
     return cfg
+
+
+def read_phi3_rope(hf, rope, kind, kw, where):
+    """Phi-3's partial rotary (partial_rotary_factor, at the top or among the RoPE parameters) and
+    'longrope' (legacy names 'su', 'yarn') into kw; returns the kind left to read ('default')."""
+    head = hf.get('head_dim') or kw['n_embd'] // kw['n_head']
+    part = rope.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0))
+    if not isinstance(part, (int, float)) or not 0 < part <= 1 or int(head * part) % 2:
+        raise ModelLoadError(f"{where}: partial_rotary_factor={part!r} does not give an even number "
+                             f"of the head's {head} channels")
+    kw['rotary_dim'] = 0 if int(head * part) == head else int(head * part)
+    if kind not in ('longrope', 'su', 'yarn'):
+        return kind
+    orig = rope.get('original_max_position_embeddings', hf.get('original_max_position_embeddings'))
+    short, long = rope.get('short_factor'), rope.get('long_factor')
+    n = int(head * part) // 2
+    if type(orig) is not int or any(not (isinstance(f, list) and len(f) == n) for f in (short, long)):
+        raise ModelLoadError(f"{where} of rope_type 'longrope' needs original_max_position_embeddings "
+                             f"and short_factor and long_factor of {n} numbers each")
+    factor = rope.get('factor') or kw['max_seq_len'] / orig
+    attention = rope.get('attention_factor') or (
+        1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig)))
+    # positions past orig would switch transformers to long_factor: max_seq_len stops them
+    kw['longrope'] = (kw['max_seq_len'], float(attention), tuple(map(float, short)),
+                      tuple(map(float, long)))
+    kw['max_seq_len'] = orig
+    return 'default'
 
 
 def no_rope_layers(hf, n_layer, file):
@@ -233,6 +270,14 @@ def config_to_hf(cfg, dtype):
         out['head_dim'] = cfg.head_dim
     if cfg.no_rope_layers is not None:
         out['no_rope_layers'] = list(cfg.no_rope_layers)
+    if cfg.arch == 'phi3':
+        out['partial_rotary_factor'] = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
+    if cfg.longrope:
+        out['max_position_embeddings'], attention, short, long = cfg.longrope
+        out['original_max_position_embeddings'] = cfg.max_seq_len
+        out['rope_scaling'] = dict(rope_type='longrope', short_factor=list(short),
+                                   long_factor=list(long), attention_factor=attention,
+                                   original_max_position_embeddings=cfg.max_seq_len)
     if cfg.rope_scaling:
         out['rope_scaling'] = dict(rope_type='llama3', **dict(zip(LLAMA3_ROPE, cfg.rope_scaling)))
     out['torch_dtype'] = str(dtype).removeprefix('torch.')

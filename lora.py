@@ -31,6 +31,7 @@ from hf import atomic_dir, hf_layout
 # as peft's 'all-linear'. GPT-2's c_proj: attention's and the MLP's (peft matches both too).
 ALL_LINEAR = {
     'gpt2': ('c_attn', 'c_proj', 'c_fc'),
+    'phi3': ('qkv_proj', 'o_proj', 'gate_up_proj', 'down_proj'),
     'other': ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'),
 }
 
@@ -94,7 +95,7 @@ def short(path):
 def targets_of(cfg, targets):
     """lora_targets ('all-linear' or comma-separated HF module names) -> the tuple of names;
     ValueError names a bad one."""
-    known = ALL_LINEAR['gpt2' if cfg.arch == 'gpt2' else 'other']
+    known = ALL_LINEAR.get(cfg.arch, ALL_LINEAR['other'])
     if targets == 'all-linear':
         names = known
     else:

@@ -2,11 +2,12 @@
 One hand-written decoder-only transformer for these checkpoint families:
 - Qwen2 / Qwen2.5: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP, biased q/k/v, tied or untied
   head;
-- Qwen3, Llama 3.x, Mistral, OLMo 2 and SmolLM3: the same without q/k/v biases, with an explicit
-  head_dim; Qwen3 adds a per-head RMSNorm on q and k before RoPE, Llama 3.x may scale RoPE
-  frequencies ('llama3' rope_scaling), Mistral is Llama's network, OLMo 2 norms each sublayer's
-  output instead of its input and q and k over all heads at once (its norms and RoPE in fp32),
-  SmolLM3 leaves RoPE out of every fourth layer (NoPE);
+- Qwen3, Llama 3.x, Mistral, OLMo 2, SmolLM3 and Phi-3 / Phi-4-mini: the same without q/k/v
+  biases, with an explicit head_dim; Qwen3 adds a per-head RMSNorm on q and k before RoPE, Llama
+  3.x may scale RoPE frequencies ('llama3' rope_scaling), Mistral is Llama's network, OLMo 2 norms
+  each sublayer's output instead of its input and q and k over all heads at once (its norms and
+  RoPE in fp32), SmolLM3 leaves RoPE out of every fourth layer (NoPE), Phi-3 rotates part of each
+  head (and scales RoPE by 'longrope') and stores q/k/v and gate/up fused as we do;
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
 Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated
 KV cache with per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is
@@ -31,7 +32,7 @@ except ImportError:
 
 @dataclass
 class ModelConfig:
-    # 'qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3' or 'gpt2'
+    # 'qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3' or 'gpt2'
     arch: str = 'qwen2'
     vocab_size: int = 260            # rows of the embedding (and of the LM head)
     n_layer: int = 2                 # transformer blocks
@@ -46,6 +47,12 @@ class ModelConfig:
     rope_scaling: tuple | None = None
     # smollm3: per layer, 1 where it applies RoPE, 0 where it sees no positions (NoPE); None: all
     no_rope_layers: tuple | None = None
+    # phi3: RoPE on the first rotary_dim channels of each head, the others passed through; 0: all
+    rotary_dim: int = 0
+    # phi3's 'longrope': (max_position_embeddings, attention factor, short_factor, long_factor).
+    # Positions stop at max_seq_len, its original_max_position_embeddings, up to which transformers
+    # divides the frequencies by short_factor and scales cos/sin by the attention factor
+    longrope: tuple | None = None
     # explicit head_dim (all but qwen2 and gpt2 may differ from n_embd // n_head); 0: that
     head_size: int = 0
     norm_eps: float = 1e-6           # rms_norm_eps (qwen2) / layer_norm_epsilon (gpt2)
@@ -94,13 +101,17 @@ class Norm(nn.Module):
         return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
 
 
-def rope_cos_sin(pos, head_dim, theta, dtype, scaling=None):
+def rope_cos_sin(pos, head_dim, theta, dtype, scaling=None, longrope=None):
     """cos/sin for integer positions pos (..., T) -> (..., T, head_dim), computed in fp32 exactly as
     HF's Qwen2 does, then cast; the sin's first half negated for apply_rope. Computed once per
     forward rather than kept as a buffer: model.to(bfloat16) would cast a buffer and lose precision
-    at large positions."""
+    at large positions. head_dim: the rotated channels (phi3: rotary_dim)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device=pos.device) / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
+    if longrope:  # phi3: each frequency divided by its short_factor, as HF's longrope (op for op)
+        short = torch.tensor(longrope[2], dtype=torch.float, device=pos.device)
+        inv_freq = 1.0 / (short * theta ** exponents)
+    else:
+        inv_freq = 1.0 / (theta ** exponents)
     # llama3: long wavelengths slowed by factor, short kept, smooth in between (as HF's, op for op)
     if scaling:
         factor, lo, hi, old = scaling
@@ -109,13 +120,20 @@ def rope_cos_sin(pos, head_dim, theta, dtype, scaling=None):
         inv_freq = torch.where(wavelen > old / lo, inv_freq / factor, torch.where(
             wavelen < old / hi, inv_freq, (1 - smooth) * inv_freq / factor + smooth * inv_freq))
     freqs = pos[..., None].float() * inv_freq
-    return torch.cat((freqs, freqs), -1).cos().to(dtype), torch.cat((-freqs, freqs), -1).sin().to(dtype)
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((-freqs, freqs), -1).sin()
+    if longrope:
+        cos, sin = cos * longrope[1], sin * longrope[1]
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x, cos, sin):
     """HF's x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1) for x's halves (x1, x2): the
     halves swapped by a roll and the sign carried by rope_cos_sin's sin (sin(-f) = -sin(f), the
-    same numbers), four kernels instead of six."""
+    same numbers), four kernels instead of six. cos narrower than x (phi3): only x's first channels
+    rotate."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin
 
 
@@ -419,12 +437,12 @@ class KVCache:
 
 
 class GPT(nn.Module):
-    """Qwen2, Qwen3, Llama, Mistral, OLMo 2, SmolLM3 or GPT-2, switched on cfg.arch. Parameter
-    names follow nanoGPT; hf_layout maps them to HF's."""
+    """Qwen2, Qwen3, Llama, Mistral, OLMo 2, SmolLM3, Phi-3 or GPT-2, switched on cfg.arch.
+    Parameter names follow nanoGPT; hf_layout maps them to HF's."""
 
     def __init__(self, cfg):
         super().__init__()
-        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'gpt2')
+        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3', 'gpt2')
         assert cfg.no_rope_layers is None or len(cfg.no_rope_layers) == cfg.n_layer
         assert (cfg.head_size or cfg.n_embd % cfg.n_head == 0) and cfg.n_head % cfg.n_kv_head == 0
         assert cfg.arch != 'gpt2' or cfg.n_kv_head == cfg.n_head
@@ -541,7 +559,8 @@ class GPT(nn.Module):
         else:
             # OLMo 2 rotates in fp32 whatever the model's dtype, the others in theirs
             dtype = torch.float32 if cfg.arch == 'olmo2' else x.dtype
-            cos_sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, dtype, cfg.rope_scaling)
+            cos_sin = rope_cos_sin(pos, cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, dtype,
+                                   cfg.rope_scaling, cfg.longrope)
             rope = tuple(t[:, :, None] for t in cos_sin)  # (B, T, 1, hd): over the heads
         x = x.view(B * T, -1)
         for i, block in enumerate(self.h):

@@ -3,6 +3,7 @@ built here: logits of a full forward and of prefill + cached decode (fp32 and bf
 trip, GRPO from an OLMo 2 Instruct-shaped snapshot, and one-line errors for the variants and
 tokenizers we refuse."""
 import json
+import math
 
 import pytest
 import torch
@@ -59,6 +60,15 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
                                       num_key_value_heads=2, no_rope_layer_interval=2,
                                       max_position_embeddings=256, rope_theta=5000.0,
                                       pad_token_id=None, bos_token_id=1, eos_token_id=2)),
+    # Phi-3 / Phi-4-mini: q/k/v and gate/up stored fused, RoPE on half of each head (8 of 16
+    # channels), 'longrope' short factors (positions up to 64 here) with its attention factor
+    'phi3': ('Phi3Config', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                partial_rotary_factor=0.5, max_position_embeddings=256,
+                                original_max_position_embeddings=64, tie_word_embeddings=True,
+                                rope_scaling=dict(type='longrope', short_factor=[1.0, 1.5, 4.0, 9.0],
+                                                  long_factor=[2.0, 3.0, 8.0, 20.0]),
+                                pad_token_id=None, bos_token_id=1, eos_token_id=2)),
     'olmo2_tied_mha': ('Olmo2Config', dict(vocab_size=V, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=2,
                                            tie_word_embeddings=True,
@@ -164,6 +174,33 @@ def test_smollm3s_layers_without_rope_change_the_logits(tmp_path):
 
 
 @torch.no_grad()
+def test_phi3s_partial_rotary_and_longrope_change_the_logits_and_bound_the_context(tmp_path):
+    """Rotating every channel, or plain RoPE instead of longrope's short factors and attention
+    factor, changes the logits clearly: what matches transformers above is each of them. Past
+    original_max_position_embeddings transformers would switch to long_factor: generation there is
+    refused."""
+    import dataclasses
+    from sample import generate
+    from tokenizer import byte_tokenizer
+    hf = make_hf_model('phi3')
+    hf.save_pretrained(tmp_path)
+    ours, _ = H.from_pretrained(tmp_path)
+    cfg = ours.config
+    assert cfg.rotary_dim == 8 and cfg.max_seq_len == 64 and cfg.longrope[0] == 256
+    assert cfg.longrope[1] == pytest.approx((1 + math.log(4) / math.log(64)) ** 0.5)
+    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(4))
+    logits = []
+    for change in ({}, dict(longrope=None), dict(longrope=None, rotary_dim=0)):
+        ours.config = dataclasses.replace(cfg, **change)
+        logits.append(ours.eval()(idx))
+    ours.config = cfg
+    assert maxdiff(logits[1], logits[0]) > 100 * TOL, 'longrope changed nothing'
+    assert maxdiff(logits[2], logits[1]) > 100 * TOL, 'rotating all channels changed nothing'
+    with pytest.raises(ValueError, match=r"exceeds the model's max_seq_len 64"):
+        generate(ours, byte_tokenizer(), [[5] * 40], 1, 30)
+
+
+@torch.no_grad()
 def test_llama3_scaling_changes_the_logits():
     """The scaled frequencies matter at the tested positions: the same weights with plain RoPE
     differ clearly."""
@@ -213,10 +250,15 @@ def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
     ('olmo2', dict(attention_bias=True), r'attention_bias=True is not supported'),
     ('smollm3', dict(use_sliding_window=True, sliding_window=64),
      r'use_sliding_window=True is not supported'),
+    # a window as Phi-3-mini-4k's (2,047 of 4,096)
+    ('phi3', dict(sliding_window=32), r'sliding_window=32 is not supported'),
+    ('phi3', dict(rope_scaling=dict(type='longrope', short_factor=[1.0], long_factor=[1.0])),
+     r"field 'rope_scaling' of rope_type 'longrope' needs original_max_position_embeddings and "
+     r"short_factor and long_factor of 4 numbers each"),
     ('smollm3', dict(no_rope_layers=[1, 0]),
      r"field 'no_rope_layers' should be 3 zeros and ones \(one per layer\), got \[1, 0\]"),
 ])
-def test_unsupported_mistral_olmo2_and_smollm3_configs(tmp_path, name, changes, message):
+def test_unsupported_mistral_olmo2_smollm3_and_phi3_configs(tmp_path, name, changes, message):
     make_hf_model(name).save_pretrained(tmp_path)
     with open(tmp_path / 'config.json') as f:
         cfg = json.load(f)
