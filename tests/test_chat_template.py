@@ -275,6 +275,59 @@ def test_a_chat_template_of_the_runs_own_replaces_the_snapshots_and_rides_in_its
         set_chat_template(load_tokenizer(path), str(tmp_path / 'nope.jinja'))
 
 
+# DeepSeek-R1-Distill-Qwen's template, less its tool branches: the system text straight after the
+# bos, fullwidth-bar role tokens, and a generation prompt that opens <think>
+R1_DISTILL = (
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"
+    "{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') %}"
+    "{%- for message in messages %}{%- if message['role'] == 'system' %}"
+    "{% set ns.system_prompt = message['content'] %}{%- endif %}{%- endfor %}"
+    "{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}"
+    "{%- if message['role'] == 'user' %}{%- set ns.is_tool = false -%}"
+    "{{'<｜User｜>' + message['content']}}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['content'] is not none %}"
+    "{% set content = message['content'] %}{% if '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}{%- endif %}{%- endfor -%}"
+    "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜><think>\\n'}}{% endif %}")
+
+
+def test_a_deepseek_r1_distill_snapshot_prompts_as_transformers_and_stops_at_its_end(tmp_path):
+    """The most used base of small reasoning RL runs: Qwen2.5's BPE with DeepSeek's specials
+    instead of ChatML's, its tokenizer config as published (tokens as AddedToken dicts, a Llama
+    tokenizer class, add_bos_token) and its template: the prompt ids equal transformers', the
+    generation prompt opens <think>, and <｜end▁of▁sentence｜> ends a completion."""
+    specials = ['<｜begin▁of▁sentence｜>', '<｜end▁of▁sentence｜>', '<｜User｜>', '<｜Assistant｜>',
+                '<think>', '</think>']
+    tok = HFTokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([Q, 'Reason step by step.'] * 50, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / 'tokenizer.json'))
+
+    def added(text):
+        return {'__type': 'AddedToken', 'content': text, 'lstrip': False, 'normalized': True,
+                'rstrip': False, 'single_word': False}
+    (tmp_path / 'tokenizer_config.json').write_text(json.dumps({
+        'add_bos_token': True, 'add_eos_token': False, 'bos_token': added(specials[0]),
+        'eos_token': added(specials[1]), 'pad_token': added(specials[1]), 'legacy': True,
+        'tokenizer_class': 'LlamaTokenizerFast', 'chat_template': R1_DISTILL}))
+    ours, hf = load_tokenizer(str(tmp_path)), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for msgs in (CONVERSATIONS['system'], CONVERSATIONS['no-system']):
+        want, got = hf_ids(hf, msgs, True), ours.render_chat(msgs)
+        assert got == want, f' ours {ours.decode(got)!r}\n   hf {hf.decode(want)!r}'
+    text = ours.decode(ours.render_chat(CONVERSATIONS['system']))
+    assert text.startswith('<｜begin▁of▁sentence｜>Reason step by step.<｜User｜>'), text
+    assert text.endswith('<｜Assistant｜><think>\n'), text
+    end = tok.token_to_id(specials[1])
+    assert ours.eos_id == end and ours.stop_ids == [end]
+
+
 def test_byte_tokenizer_keeps_hand_written_chatml(tmp_path):
     tok = byte_tokenizer()
     assert tok.template is None
