@@ -227,7 +227,7 @@ def _examples(cases):
 
 
 @_examples(ADVERSARIAL)
-@settings(max_examples=4_000, deadline=1000, database=None,
+@settings(max_examples=1_500, deadline=1000, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(strings)
 def test_fuzz_extraction_never_raises_and_stays_fast(text):
