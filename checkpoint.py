@@ -67,6 +67,17 @@ def list_checkpoints(out_dir):
     return sorted(glob.glob(os.path.join(out_dir, 'ckpt_*.pt')), reverse=True)
 
 
+def run_chat_date(out_dir):
+    """The chat_date of the run whose checkpoints out_dir holds, from its config.json (None: no
+    checkpoint, or a run from before the knob)."""
+    try:
+        with open(os.path.join(out_dir, 'config.json')) as f:
+            day = json.load(f).get('chat_date')
+    except (OSError, ValueError):
+        return None
+    return day if list_checkpoints(out_dir) and day else None
+
+
 def save_checkpoint(out_dir, step, state, keep_last):
     path = os.path.join(out_dir, f'ckpt_{step:07d}.pt')
     atomic_write(path, lambda f: torch.save(state, f))

@@ -777,6 +777,9 @@ if __name__ == '__main__':
     # variables every chat-template render gets, e.g. {'enable_thinking': False}; None: the run's,
     # else {}
     chat_template_kwargs = None
+    # the day a chat template prints as today (Llama 3.2's "Today Date"), 'YYYY-MM-DD'; None: the
+    # run's (its export carries it), else today's
+    chat_date = None
     # a task with tools: None = the run's, else the task's calls (or 4), 5.0 s, 1 step
     max_tool_calls = None
     tool_timeout = None
@@ -795,7 +798,7 @@ if __name__ == '__main__':
     from configurator import configure, save_config
     from data import question_messages
     from hf import load_model
-    from tokenizer import set_chat_template, set_chat_template_kwargs
+    from tokenizer import pin_template_date, set_chat_template, set_chat_template_kwargs
 
     def task_knobs(s):  # the task's knobs, their defaults the run's values
         run = run_config(s['init_from'])
@@ -811,13 +814,13 @@ if __name__ == '__main__':
                 'max_prompt_len': run.get('max_prompt_len'),
                 'system_prompt': run.get('system_prompt'), 'instruction': run.get('instruction'),
                 'chat_template_kwargs': run.get('chat_template_kwargs'),
-                'stop_strings': run.get('stop_strings'),
+                'chat_date': run.get('chat_date'), 'stop_strings': run.get('stop_strings'),
                 'chat_template': run.get('chat_template') if init_from.endswith('.pt') else None,
                 **{k: run.get(k) for k in ('max_tool_calls', 'tool_timeout', 'tool_delay_steps')}}
     fallback = {'task': 'gsm8k', 'data_dir': '', 'num_examples': 0, 'max_new_tokens': 512,
                 'max_prompt_len': 0, 'batch_size': 64, 'seed': 1337, 'max_tool_calls': None,
                 'tool_timeout': 5.0, 'tool_delay_steps': 1, 'chat_template_kwargs': {}, 'stop_strings': [],
-                'chat_template': ''}
+                'chat_template': '', 'chat_date': ''}
     try:  # (task spec, data_dir, name) of each other held-out set
         if config['eval_tasks'] is not None:
             extra_sets = tasks.eval_entries(config['eval_tasks'], [])
@@ -844,6 +847,11 @@ if __name__ == '__main__':
     error = bad_device(device) or bad_range(config, ranges)
     if error is None and not isinstance(getattr(torch, dtype, None), torch.dtype):
         error = f"--dtype={dtype!r}: a torch dtype, such as 'bfloat16' or 'float32'"
+    if error is None and chat_date:
+        try:
+            pin_template_date(chat_date, '--chat_date')
+        except ValueError as e:
+            error = str(e)
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

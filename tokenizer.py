@@ -196,6 +196,42 @@ def _generation_tag():
     return Generation
 
 
+# the day every chat template's strftime_now prints (Llama 3.2's and SmolLM3's "Today Date"): a
+# datetime.date pinned by pin_template_date, or None: today, by the clock
+TEMPLATE_DATE = None
+
+
+def pin_template_date(text, knob='--chat_date'):
+    """From here on, in this process, chat templates print the day text ('YYYY-MM-DD') as today:
+    a run's prompts stay the same from one day to the next (its resume, its export evaluated
+    later). Returns the date; one ValueError naming the knob for anything but such a date."""
+    global TEMPLATE_DATE
+    if not (isinstance(text, str) and re.fullmatch(r'\d{4}-\d{2}-\d{2}', text)):
+        raise TokenizerError(f"{knob}={text!r}: a day as 'YYYY-MM-DD', e.g. '2026-11-28'")
+    try:
+        TEMPLATE_DATE = datetime.date.fromisoformat(text)
+    except ValueError:
+        raise TokenizerError(f"{knob}={text!r}: no such day") from None
+    return TEMPLATE_DATE
+
+
+def prints_date(tok):
+    """Whether tok's chat template prints the day (a user turn rendered on two days differs)."""
+    global TEMPLATE_DATE
+    if tok.template is None:
+        return False
+    kept, seen = TEMPLATE_DATE, set()
+    try:
+        for day in (datetime.date(2001, 2, 3), datetime.date(2002, 4, 5)):
+            TEMPLATE_DATE = day
+            seen.add(tuple(tok.render_chat([{'role': 'user', 'content': 'x'}])))
+    except TokenizerError:  # a template that wants more than one user turn: not probed
+        return False
+    finally:
+        TEMPLATE_DATE = kept
+    return len(seen) > 1
+
+
 def compile_chat_template(source, where):
     """A chat template compiled as transformers compiles it: jinja2's immutable sandbox (a template
     from a download cannot reach Python internals, the OS or mutate its arguments),
@@ -211,8 +247,10 @@ def compile_chat_template(source, where):
     env.filters['tojson'] = tojson
     env.globals['raise_exception'] = _raise
 
-    def strftime_now(fmt):
-        return datetime.datetime.now().strftime(fmt)
+    def strftime_now(fmt):  # transformers': the clock's now; here the pinned day, if any
+        day = TEMPLATE_DATE
+        now = datetime.datetime.now() if day is None else datetime.datetime.combine(day, datetime.time())
+        return now.strftime(fmt)
     env.globals['strftime_now'] = strftime_now
     try:
         return env.from_string(source)

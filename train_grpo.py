@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+from datetime import date, datetime, timezone
 
 import torch
 
@@ -43,6 +44,9 @@ chat_template = ''
 # variables every chat-template render gets (prompts, tool answers), as transformers'
 # apply_chat_template(..., **kwargs) takes them: Qwen3's {'enable_thinking': False}
 chat_template_kwargs = {}
+# the day a chat template prints as today (strftime_now: Llama 3.2's and SmolLM3's "Today Date"),
+# 'YYYY-MM-DD'; '' = the day (UTC) the run first started, kept by its resumes and its export
+chat_date = ''
 # more tasks whose training problems join task's (verl's several train_files by data_source): 'math',
 # ('math', data_dir) or ('math', data_dir, times), times x its train split (0.5: a seeded half); each
 # problem keeps its task's prompts, grade and default rewards; each test split evaluated as eval/<name>/
@@ -292,7 +296,7 @@ from batch import mini_batch_groups, pad_micro_batches, sampled_entropies  # noq
 from batch import sampled_tokens, train_rows, zero_std_rows  # noqa: E402
 from checkpoint import load_checkpoint, load_newest_everywhere, load_state  # noqa: E402
 from checkpoint import reference_model, reference_path, resume_run, save_reference  # noqa: E402
-from checkpoint import save_export, save_run  # noqa: E402
+from checkpoint import run_chat_date, save_export, save_run  # noqa: E402
 from data import indices_at  # noqa: E402
 from hf import load_model  # noqa: E402
 from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spread  # noqa: E402
@@ -303,7 +307,8 @@ from reward import declared_facts, merge_scores, resolve_rewards, score  # noqa:
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
 from sample import fit_prompts, prompt_limit, tool_settings  # noqa: E402
 from sft import warm_start  # noqa: E402
-from tokenizer import set_chat_template, set_chat_template_kwargs, vocabulary_mismatch  # noqa: E402
+from tokenizer import pin_template_date, prints_date, set_chat_template, set_chat_template_kwargs  # noqa: E402
+from tokenizer import vocabulary_mismatch  # noqa: E402
 
 # ------------------------------------------------------------------------- checks and setup
 error = safety.bad_knob(config) or lora.bad_knob(config)  # a typo fails here, not in the loop
@@ -350,6 +355,15 @@ for knob, on, use in ((f'--sft_steps={sft_steps}', sft_steps > 0, 'warm start on
 rank, world, device = setup(device, batch_prompts, fsdp)
 ddp = world > 1 or rank > 0
 master = rank == 0  # the one rank that prints, logs, plots and writes
+if not chat_date:  # the day the run first started (config.json beside its checkpoints), or today
+    chat_date = (run_chat_date(out_dir) if resume != 'never' else None) or str(
+        datetime.now(timezone.utc).date())
+try:
+    day = pin_template_date(chat_date).toordinal()
+except ValueError as e:
+    die(str(e), 2)
+day = date.fromordinal(int(all_reduce([day], device, 'max')[0]))  # every rank the same (midnight)
+chat_date = config['chat_date'] = str(pin_template_date(str(day)))
 if master:
     try:
         save_config(config, out_dir)
@@ -402,6 +416,8 @@ try:
     model, tok = load_model(init_from, torch.float32, device, seed, **shape)
     set_chat_template(tok, chat_template)
     set_chat_template_kwargs(tok, chat_template_kwargs)
+    if prints_date(tok):  # Llama 3.2's, SmolLM3's "Today Date"
+        print(f"chat template: prints today's date; {chat_date} throughout this run (chat_date)")
     # LoRA (lora_rank > 0): the base frozen, adapters added; otherwise nothing changes
     base_dtype = lora.base_dtype(lora_base_dtype, dtype, getattr(model, 'snapshot_dtypes', None))
     lora.apply(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets,

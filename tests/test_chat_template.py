@@ -390,6 +390,55 @@ def test_chat_template_kwargs_reach_the_run_its_export_and_sample_py(trained, tm
     assert "expects dict (default {}), got bool False" in lines[0], lines
 
 
+# a template that prints the day, as Llama 3.2's and SmolLM3's print "Today Date"
+DATED = ("{{ 'Today: ' + strftime_now('%d %b %Y') + '\\n' }}{% for m in messages %}"
+         "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+         "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+
+
+def test_a_template_that_prints_the_date_prints_the_runs_first_day(tmp_path):
+    """A run renders every prompt with the day it first started (chat_date '' = today, UTC, saved in
+    config.json); resumed on any later day with the same command it keeps that day, so its prompts
+    and its resume stay exact; sample.py on its export renders the same day; another day given on
+    resume changes the run (refused); a malformed day is one line and exit 2."""
+    import sys
+    from datetime import date, datetime, timezone
+
+    from test_train import ROOT, env, run
+    dated = f'--chat_template={DATED}'
+    out = tmp_path / 'today'
+    days = {str(datetime.now(timezone.utc).date())}
+    p = run(out, dated, '--max_steps=1', '--log_samples_every=1')
+    days.add(str(datetime.now(timezone.utc).date()))
+    day = json.loads((out / 'config.json').read_text())['chat_date']
+    assert day in days and "chat template: prints today's date; " + day in p.stdout, p.stdout
+    prompt = json.loads((out / 'samples.jsonl').read_text().splitlines()[0])['prompt']
+    assert prompt.startswith(f"Today: {date.fromisoformat(day).strftime('%d %b %Y')}\nuser: "), prompt
+
+    old = tmp_path / 'old'  # a run that started on 31 Jan 2020, resumed without naming the day
+    run(old, dated, '--max_steps=1', '--log_samples_every=1', '--chat_date=2020-01-31')
+    p = run(old, dated, '--max_steps=2', '--log_samples_every=1', '--export_hf=True',
+            '--resume_changed=True')  # (max_steps changes the schedule; the day does not differ)
+    assert 'resume:' in p.stdout and 'chat_date' not in p.stdout.split('resume:')[1], p.stdout
+    rows = [json.loads(line) for line in (old / 'samples.jsonl').read_text().splitlines()]
+    assert {r['step'] for r in rows} == {1, 2}
+    assert all(r['prompt'].startswith('Today: 31 Jan 2020\nuser: ') for r in rows), rows
+    assert json.loads((old / 'hf' / 'grpo_run.json').read_text())['chat_date'] == '2020-01-31'
+    evaluated = tmp_path / 'eval'
+    p = warm.run([sys.executable, str(ROOT / 'sample.py'), f'--init_from={old / "hf"}',
+                  '--device=cpu', '--dtype=float32', '--num_examples=2', '--max_new_tokens=2',
+                  f'--out_dir={evaluated}'], cwd=ROOT, env=env(), capture_output=True, text=True,
+                 timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((evaluated / 'config.json').read_text())['chat_date'] == '2020-01-31'
+
+    p = run(old, dated, '--max_steps=3', '--chat_date=2020-02-01', check=False)
+    assert p.returncode != 0 and "chat_date: '2020-01-31' -> '2020-02-01'" in p.stdout + p.stderr
+    p = run(tmp_path / 'bad', '--chat_date=31.01.2020', check=False)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].endswith(
+        "--chat_date='31.01.2020': a day as 'YYYY-MM-DD', e.g. '2026-11-28'"), p.stderr
+
+
 @settings(max_examples=300, deadline=None, database=None)
 @given(st.text(alphabet='ab \nhé日🤖<>/', min_size=1, max_size=40), st.data())
 def test_stop_strings_are_seen_at_the_token_that_completes_them(bpe_tok, text, data):
