@@ -201,6 +201,29 @@ def test_phi3s_partial_rotary_and_longrope_change_the_logits_and_bound_the_conte
 
 
 @torch.no_grad()
+def test_phi4_minis_published_config_layout_reads_as_transformers_5s(tmp_path):
+    """Phi-4-mini's config.json as published (transformers 4): partial_rotary_factor and
+    original_max_position_embeddings at the top, rope_scaling {'type': 'longrope', ...}, a
+    sliding_window longer than its context. It reads into the same model as the rope_parameters
+    layout transformers 5 writes, with transformers' logits."""
+    hf = make_hf_model('phi3')
+    hf.save_pretrained(tmp_path)
+    new, _ = H.from_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / 'config.json').read_text())
+    rope = cfg.pop('rope_parameters')
+    cfg.update(rope_theta=rope['rope_theta'], partial_rotary_factor=0.5, sliding_window=1024,
+               original_max_position_embeddings=64,
+               rope_scaling={'type': 'longrope', 'short_factor': rope['short_factor'],
+                             'long_factor': rope['long_factor']})
+    (tmp_path / 'config.json').write_text(json.dumps(cfg))
+    old, _ = H.from_pretrained(tmp_path)
+    assert old.config == new.config
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(7))
+    assert maxdiff(old.eval()(idx), theirs(idx).logits) <= TOL
+
+
+@torch.no_grad()
 def test_llama3_scaling_changes_the_logits():
     """The scaled frequencies matter at the tested positions: the same weights with plain RoPE
     differ clearly."""
