@@ -34,6 +34,11 @@ MODELS = {
     'Qwen3-1.7B': ModelConfig(arch='qwen3', vocab_size=151936, n_layer=28, n_head=16, n_kv_head=8,
                               n_embd=2048, intermediate_size=6144, head_size=128,
                               tie_word_embeddings=True),
+    'SmolLM3-3B': ModelConfig(arch='smollm3', vocab_size=128256, n_layer=36, n_head=16, n_kv_head=4,
+                              n_embd=2048, intermediate_size=11008, tie_word_embeddings=True),
+    # q/k/v and gate/up fused as stored: one adapter each (peft's qkv_proj, gate_up_proj)
+    'Phi-4-mini': ModelConfig(arch='phi3', vocab_size=200064, n_layer=32, n_head=24, n_kv_head=8,
+                              n_embd=3072, intermediate_size=8192, tie_word_embeddings=True),
     'Qwen2.5-7B': ModelConfig(arch='qwen2', vocab_size=152064, n_layer=28, n_head=28, n_kv_head=4,
                               n_embd=3584, intermediate_size=18944, tie_word_embeddings=False),
 }
