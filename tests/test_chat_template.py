@@ -97,7 +97,7 @@ CONVERSATIONS = {
 }
 
 
-def qwen_bpe(corpus, vocab_size):
+def qwen_bpe(corpus, vocab_size, specials=SPECIALS):
     """A byte-level BPE trained with `tokenizers` on corpus, as Qwen2's is built: NFC, its
     pre-tokenizer pattern, its specials (SPECIALS)."""
     tok = HFTokenizer(models.BPE())
@@ -106,7 +106,7 @@ def qwen_bpe(corpus, vocab_size):
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)
@@ -299,15 +299,7 @@ def test_a_deepseek_r1_distill_snapshot_prompts_as_transformers_and_stops_at_its
     generation prompt opens <think>, and <｜end▁of▁sentence｜> ends a completion."""
     specials = ['<｜begin▁of▁sentence｜>', '<｜end▁of▁sentence｜>', '<｜User｜>', '<｜Assistant｜>',
                 '<think>', '</think>']
-    tok = HFTokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([Q, 'Reason step by step.'] * 50, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = qwen_bpe([Q, 'Reason step by step.'] * 50, 400, specials)
     tok.save(str(tmp_path / 'tokenizer.json'))
 
     def added(text):
