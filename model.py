@@ -50,8 +50,9 @@ class ModelConfig:
     # phi3: RoPE on the first rotary_dim channels of each head, the others passed through; 0: all
     rotary_dim: int = 0
     # phi3's 'longrope': (max_position_embeddings, attention factor, short_factor, long_factor).
-    # Positions stop at max_seq_len, its original_max_position_embeddings, up to which transformers
-    # divides the frequencies by short_factor and scales cos/sin by the attention factor
+    # Positions stop at max_seq_len, its original_max_position_embeddings (GPT.hidden refuses more),
+    # up to which transformers divides the frequencies by short_factor and scales cos/sin by the
+    # attention factor
     longrope: tuple | None = None
     # explicit head_dim (all but qwen2 and gpt2 may differ from n_embd // n_head); 0: that
     head_size: int = 0
@@ -514,8 +515,8 @@ class GPT(nn.Module):
         if cache is None:
             mask = attn_mask
             L = T
-            if pos is not None and self.wpe is not None:
-                L = int(pos.max()) + 1  # (a sync: GPT-2 only)
+            if pos is not None and (self.wpe is not None or cfg.longrope):
+                L = int(pos.max()) + 1  # (a sync: GPT-2 and phi3's longrope only)
             if mask is not None and mask.dim() == 2:
                 # packed groups' segment ids: the mask is built here, on device
                 mask = packed_mask(mask, packed_backend(self.packed_attention, mask.device))
@@ -546,7 +547,10 @@ class GPT(nn.Module):
                 mask = mask.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)
                 mask = mask[..., :L]
             rows = torch.arange(B, device=idx.device)[:, None]
-        if self.wpe is not None and L > cfg.max_seq_len:
+        # GPT-2's position table ends at max_seq_len; past phi3's (its original context)
+        # transformers switches longrope to long_factor (a static cache: sample.py's check)
+        static = cache is not None and cache.static
+        if L > cfg.max_seq_len and (self.wpe is not None or cfg.longrope and not static):
             raise ValueError(f'sequence of {L} positions exceeds the model maximum '
                              f'{cfg.max_seq_len}')
         # the blocks work on rows (B*T, n_embd): each matmul 2-D, no reshape around it

@@ -178,7 +178,7 @@ def test_phi3s_partial_rotary_and_longrope_change_the_logits_and_bound_the_conte
     """Rotating every channel, or plain RoPE instead of longrope's short factors and attention
     factor, changes the logits clearly: what matches transformers above is each of them. Past
     original_max_position_embeddings transformers would switch to long_factor: generation there is
-    refused."""
+    refused, and a forward there (plain, packed by its positions, or one step of a cache)."""
     import dataclasses
     from sample import generate
     from tokenizer import byte_tokenizer
@@ -198,6 +198,17 @@ def test_phi3s_partial_rotary_and_longrope_change_the_logits_and_bound_the_conte
     assert maxdiff(logits[2], logits[1]) > 100 * TOL, 'rotating all channels changed nothing'
     with pytest.raises(ValueError, match=r"exceeds the model's max_seq_len 64"):
         generate(ours, byte_tokenizer(), [[5] * 40], 1, 30)
+    ours(torch.zeros(1, 64, dtype=torch.long))  # the original context, whole: fine
+    far = r'sequence of 65 positions exceeds the model maximum 64'
+    with pytest.raises(ValueError, match=far):  # a forward
+        ours(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match=far):  # packed rows: their positions, not their length
+        ours(torch.zeros(1, 70, dtype=torch.long), pos=torch.arange(70)[None] % 65)
+    ours(torch.zeros(1, 70, dtype=torch.long), pos=torch.arange(70)[None] % 64)
+    cache = M.KVCache(cfg, 1, 80, torch.float32, 'cpu')
+    ours(torch.zeros(1, 64, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match=far):  # a cache: one step past it
+        ours(torch.zeros(1, 1, dtype=torch.long), kv_cache=cache)
 
 
 @torch.no_grad()
