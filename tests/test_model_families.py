@@ -217,16 +217,12 @@ def test_phi4_minis_published_config_layout_reads_as_transformers_5s(tmp_path):
     original_max_position_embeddings at the top, rope_scaling {'type': 'longrope', ...}, a
     sliding_window longer than its context. It reads into the same model as the rope_parameters
     layout transformers 5 writes, with transformers' logits."""
-    hf = make_hf_model('phi3')
-    hf.save_pretrained(tmp_path)
-    new, _ = H.from_pretrained(tmp_path)
-    cfg = json.loads((tmp_path / 'config.json').read_text())
-    rope = cfg.pop('rope_parameters')
-    cfg.update(rope_theta=rope['rope_theta'], partial_rotary_factor=0.5, sliding_window=1024,
-               original_max_position_embeddings=64,
-               rope_scaling={'type': 'longrope', 'short_factor': rope['short_factor'],
-                             'long_factor': rope['long_factor']})
-    (tmp_path / 'config.json').write_text(json.dumps(cfg))
+    write_config(tmp_path / 'new', 'phi3')
+    new, _ = H.from_pretrained(tmp_path / 'new')
+    factors = {k: HF_CONFIGS['phi3'][1]['rope_scaling'][k] for k in ('short_factor', 'long_factor')}
+    write_config(tmp_path, 'phi3', rope_parameters=None, rope_theta=1e4, partial_rotary_factor=0.5,
+                 sliding_window=1024, original_max_position_embeddings=64,
+                 rope_scaling={'type': 'longrope', **factors})
     old, _ = H.from_pretrained(tmp_path)
     assert old.config == new.config
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -246,14 +242,15 @@ def test_llama3_scaling_changes_the_logits():
     assert maxdiff(hf(idx).logits, hf_plain(idx).logits) > 100 * TOL
 
 
-def write_config(path, **changes):
-    """A valid tiny Qwen3 snapshot at path with config.json fields changed (None deletes one)."""
-    make_hf_model('qwen3_tied').save_pretrained(path)
+def write_config(path, name='qwen3_tied', **changes):
+    """A valid tiny snapshot of HF_CONFIGS[name] at path with config.json fields changed (None
+    deletes one)."""
+    make_hf_model(name).save_pretrained(path)
     with open(path / 'config.json') as f:
         cfg = json.load(f)
     cfg.update(changes)
     with open(path / 'config.json', 'w') as f:
-        json.dump({k: v for k, v in cfg.items() if v is not None}, f)
+        json.dump({k: v for k, v in cfg.items() if k not in changes or v is not None}, f)
 
 
 @pytest.mark.parametrize('changes, message', [
@@ -289,27 +286,21 @@ def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
     ('phi3', dict(rope_scaling=dict(type='longrope', short_factor=[1.0], long_factor=[1.0])),
      r"field 'rope_scaling' of rope_type 'longrope' needs original_max_position_embeddings and "
      r"short_factor and long_factor of 4 numbers each"),
+    # none of the head's 16 channels rotated (which rotary_dim 0 would read as all of them)
+    ('phi3', dict(rope_parameters=None, rope_theta=1e4, partial_rotary_factor=0.01),
+     r"partial_rotary_factor=0.01 does not give a positive even number of the head's 16 channels"),
     ('smollm3', dict(no_rope_layers=[1, 0]),
      r"field 'no_rope_layers' should be 3 zeros and ones \(one per layer\), got \[1, 0\]"),
 ])
 def test_unsupported_mistral_olmo2_smollm3_and_phi3_configs(tmp_path, name, changes, message):
-    make_hf_model(name).save_pretrained(tmp_path)
-    with open(tmp_path / 'config.json') as f:
-        cfg = json.load(f)
-    cfg.update(changes)
-    with open(tmp_path / 'config.json', 'w') as f:
-        json.dump({k: v for k, v in cfg.items() if v is not None}, f)
+    write_config(tmp_path, name, **changes)
     with pytest.raises(H.ModelLoadError, match=message) as e:
         H.from_pretrained(tmp_path)
     assert str(e.value).startswith(str(tmp_path / 'config.json')) and '\n' not in str(e.value)
 
 
 def test_a_window_as_long_as_the_context_is_no_window(tmp_path):
-    make_hf_model('mistral').save_pretrained(tmp_path)
-    with open(tmp_path / 'config.json') as f:
-        cfg = json.load(f)
-    with open(tmp_path / 'config.json', 'w') as f:
-        json.dump({**cfg, 'sliding_window': cfg['max_position_embeddings']}, f)
+    write_config(tmp_path, 'mistral', sliding_window=HF_CONFIGS['mistral'][1]['max_position_embeddings'])
     ours, _ = H.from_pretrained(tmp_path)
     H.save_pretrained(ours, None, tmp_path / 'export')
     with open(tmp_path / 'export' / 'config.json') as f:
