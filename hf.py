@@ -218,15 +218,16 @@ def read_phi3_rope(hf, rope, kind, kw, where):
     'longrope' (legacy names 'su', 'yarn') into kw; returns the kind left to read ('default')."""
     head = hf.get('head_dim') or kw['n_embd'] // kw['n_head']
     part = rope.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0))
-    if not isinstance(part, (int, float)) or not 0 < part <= 1 or int(head * part) % 2:
-        raise ModelLoadError(f"{where}: partial_rotary_factor={part!r} does not give an even number "
-                             f"of the head's {head} channels")
-    kw['rotary_dim'] = 0 if int(head * part) == head else int(head * part)
+    rotated = int(head * part) if isinstance(part, (int, float)) and 0 < part <= 1 else 0
+    if not rotated or rotated % 2:  # (none would read as rotary_dim 0: all of them)
+        raise ModelLoadError(f"{where}: partial_rotary_factor={part!r} does not give a positive even "
+                             f"number of the head's {head} channels")
+    kw['rotary_dim'] = 0 if rotated == head else rotated
     if kind not in ('longrope', 'su', 'yarn'):
         return kind
     orig = rope.get('original_max_position_embeddings', hf.get('original_max_position_embeddings'))
     short, long = rope.get('short_factor'), rope.get('long_factor')
-    n = int(head * part) // 2
+    n = rotated // 2
     if type(orig) is not int or any(not (isinstance(f, list) and len(f) == n) for f in (short, long)):
         raise ModelLoadError(f"{where} of rope_type 'longrope' needs original_max_position_embeddings "
                              f"and short_factor and long_factor of {n} numbers each")
