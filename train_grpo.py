@@ -359,11 +359,12 @@ if not chat_date:  # the day the run first started (config.json beside its check
     chat_date = (run_chat_date(out_dir) if resume != 'never' else None) or str(
         datetime.now(timezone.utc).date())
 try:
-    day = pin_template_date(chat_date).toordinal()
+    day = pin_template_date(chat_date)
 except ValueError as e:
     die(str(e), 2)
-day = date.fromordinal(int(all_reduce([day], device, 'max')[0]))  # every rank the same (midnight)
-chat_date = config['chat_date'] = str(pin_template_date(str(day)))
+if ddp:  # every rank the same day (a start across midnight)
+    day = pin_template_date(str(date.fromordinal(int(all_reduce([day.toordinal()], device, 'max')[0]))))
+chat_date = config['chat_date'] = str(day)
 if master:
     try:
         save_config(config, out_dir)
