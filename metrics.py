@@ -3,18 +3,22 @@ What a step reports: the metrics row (rewards, lengths, timing, memory, the upda
 the one line it prints, samples.jsonl, and the metrics log (metrics.jsonl, and Weights & Biases
 when wandb_log is on). curves.png is drawn from metrics.jsonl by plot.py.
 """
+import atexit
+import io
 import json
 import math
 import os
 import resource
 import secrets
 import socket
+import subprocess
 import sys
 import time
 
 import torch
 
 import tasks
+from parallel import BEFORE_EXIT
 from sample import sampled_count
 
 
@@ -465,20 +469,92 @@ def log_samples(path, step, comps, batch, prompts, totals, *, tok, task):
     return rows
 
 
+# the process that copies what is written to file descriptors 1 and 2 (console_log) to where they
+# pointed and to the log: argv is the log's fd, then (pipe's read end, destination fd) pairs
+COPIER = r"""
+import os, select, signal, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)  # the run decides when it ends; this ends when its pipes close
+log, fds = int(sys.argv[1]), [int(a) for a in sys.argv[2:]]
+route = dict(zip(fds[::2], fds[1::2]))
+while route:
+    for r in select.select(list(route), [], [])[0]:
+        data = os.read(r, 1 << 16)
+        for fd in (route[r], log) if data else ():
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                except OSError:  # a terminal gone: the other one still gets it
+                    break
+        if not data:
+            del route[r]
+"""
+
+
 def console_log(out_dir):
-    """From here on, what this process prints (stdout and stderr, tracebacks and the out-of-memory
-    report included) also goes to out_dir/console.log, appended (a resumed run adds to it), so the
-    run doctor finds what ended a crashed run beside its metrics. What is written straight to the
-    file descriptors (a C++ library's messages, a child process's output) is not copied."""
-    log = open(os.path.join(out_dir, 'console.log'), 'a', buffering=1, encoding='utf-8', errors='replace')
-    sys.stdout, sys.stderr = Tee(sys.stdout, log), Tee(sys.stderr, log)
+    """From here on, what this process prints also goes to out_dir/console.log, appended (a resumed
+    run adds to it), so the run doctor finds what ended a crashed run beside its metrics. Python's
+    own output (sys.stdout, sys.stderr: step lines, tracebacks, the out-of-memory report) is written
+    to both by Tee. What is written to file descriptors 1 and 2 below Python (a C++ library: NCCL's
+    watchdog, a CUDA device-side assert; faulthandler's stacks; child processes) goes through a pipe
+    to a small process, COPIER, that writes it to where it went before and to the log: it outlives
+    this one, so a segfault, an abort or a SIGKILL loses nothing written before it. Without that
+    process (it cannot start), the Python output alone is copied."""
+    path = os.path.join(out_dir, 'console.log')
+    log = open(path, 'a', buffering=1, encoding='utf-8', errors='replace')
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    ends, kept = {}, {}  # fd: the pipe's (read, write) ends; fd: a copy of where fd pointed
+    try:
+        for fd in (1, 2):
+            ends[fd], kept[fd] = os.pipe(), os.dup(fd)
+        route = [n for fd in (1, 2) for n in (ends[fd][0], kept[fd])]
+        copier = subprocess.Popen([sys.executable, '-I', '-S', '-c', COPIER, *map(str, [log.fileno(), *route])],
+                                  stdin=subprocess.DEVNULL, pass_fds=(log.fileno(), *route))
+    except OSError as e:
+        for n in [n for pair in ends.values() for n in pair] + list(kept.values()):
+            os.close(n)
+        sys.stdout, sys.stderr = Tee(sys.stdout, log), Tee(sys.stderr, log)
+        print(f"console.log: copying file descriptors 1 and 2 failed ({e}); Python's output only", file=sys.stderr)
+        return
+    for fd in (1, 2):
+        os.dup2(ends[fd][1], fd)
+        os.close(ends[fd][0])
+        os.close(ends[fd][1])
+
+    def stream_to(fd, like):  # a text stream like the old one, to where fd pointed
+        return io.TextIOWrapper(open(kept[fd], 'wb', closefd=False), encoding=like.encoding, errors=like.errors,
+                                line_buffering=True)
+    sys.stdout = Tee(stream_to(1, sys.stdout), log, fileno=1)
+    sys.stderr = Tee(stream_to(2, sys.stderr), log, fileno=2)
+
+    closed = []
+
+    def close():  # at exit: 1 and 2 point where they did, the copier reads the end of its pipes and exits
+        if closed:
+            return
+        closed.append(True)
+        for fd in (1, 2):
+            try:
+                getattr(sys, ('stdout', 'stderr')[fd - 1]).flush()
+            except (OSError, RuntimeError):  # (in a signal handler, a write it interrupted)
+                pass
+            os.dup2(kept[fd], fd)
+        try:
+            copier.wait(timeout=2)  # (longer: a child process of the run still holds a pipe)
+        except subprocess.TimeoutExpired:
+            pass
+    atexit.register(close)
+    BEFORE_EXIT.append(close)  # the exits that skip atexit (parallel.hard_exit)
 
 
 class Tee:
-    """A text stream that writes to stream and to log (console_log)."""
+    """A text stream that writes to stream and to log (console_log); its fileno is fileno, if given
+    (a pipe console_log's copier reads: faulthandler's stacks go to both), else the stream's."""
 
-    def __init__(self, stream, log):
-        self.stream, self.log = stream, log
+    def __init__(self, stream, log, fileno=None):
+        self.stream, self.log, self._fileno = stream, log, fileno
 
     def write(self, text):
         self.log.write(text)
@@ -488,7 +564,10 @@ class Tee:
         self.log.flush()
         self.stream.flush()
 
-    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
+    def fileno(self):
+        return self.stream.fileno() if self._fileno is None else self._fileno
+
+    def __getattr__(self, name):  # isatty, encoding, ...: the stream's own
         return getattr(self.stream, name)
 
 

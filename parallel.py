@@ -90,6 +90,17 @@ def gather_tensor(x):
     return torch.cat(parts).to(x.device)
 
 
+# what must run before this process ends by os._exit, which skips atexit's functions (console.log's copy)
+BEFORE_EXIT = []
+
+
+def hard_exit(code):
+    """os._exit(code), after BEFORE_EXIT's functions."""
+    for fn in BEFORE_EXIT:
+        fn()
+    os._exit(code)
+
+
 def finish(code=0, together=True):
     """Exit. Under torchrun: (when every rank gets here together) a barrier and the process group
     torn down, then os._exit, skipping interpreter teardown: gloo's worker threads may still be
@@ -105,7 +116,7 @@ def finish(code=0, together=True):
         if together:
             dist.barrier()
             dist.destroy_process_group()
-        os._exit(code)
+        hard_exit(code)
     sys.exit(code)
 
 

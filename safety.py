@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from parallel import finish
+from parallel import finish, hard_exit
 from reward import MODEL_REWARDS
 
 # a model reward that ties all G completions in more than this share of groups is likely broken
@@ -420,7 +420,7 @@ def start_watchdog(last_progress, watchdog_s, out_dir, exit_after):
                         stream.flush()
                         faulthandler.dump_traceback(file=stream, all_threads=True)
                 if exit_after:
-                    os._exit(4)
+                    hard_exit(4)
     if watchdog_s > 0:
         threading.Thread(target=watch, daemon=True).start()
 
@@ -436,7 +436,7 @@ def catch_signals(again_after_s=1.0):
         if caught and time.time() - caught[1] >= again_after_s:
             msg = f"signal {sig} again: exiting now, no checkpoint (the newest one on disk stays)\n"
             os.write(2, msg.encode())
-            os._exit(128 + sig)
+            hard_exit(128 + sig)
         if not caught:
             caught.extend([sig, time.time()])
             msg = (f"signal {sig}: saving at the end of this step, then exiting "

@@ -15,6 +15,7 @@ setup, then a loop of named stages, each a function of this file:
     python train_grpo.py --plot=out/gsm8k           # redraw curves.png from metrics.jsonl
 """
 import contextlib
+import faulthandler
 import glob
 import math
 import os
@@ -372,6 +373,7 @@ if master:
         die(f"--out_dir={out_dir}: cannot write there ({e})", 2)
     metrics.console_log(out_dir)  # what the run prints, also in out_dir/console.log (the doctor reads it)
     safety.startup_warnings(config)
+faulthandler.enable(all_threads=True)  # a segfault or an abort prints the Python stacks (in console.log too)
 torch.manual_seed(seed)
 if deterministic or (deterministic is None and torch.device(device).type == 'cpu'):
     os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # what cuBLAS needs to repeat

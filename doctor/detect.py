@@ -642,11 +642,13 @@ def detect_memory(run):
                       "vLLM, a lower gpu_memory_utilization")]
 
 
-# a traceback's function names -> the phase it ran out of memory in; the update's names first (its
-# backward runs through the log-prob functions), then generation's, the log-probs', evaluation's.
-# Ours, TRL's (training_step: _generate_and_score_completions, then compute_loss), verl's workers
-OOM_PHASE_NAMES = [
+# a stack's function names -> the phase it died in; the update's names first (its backward runs
+# through the log-prob functions), then the reward's (it runs inside our sample_step), generation's,
+# the log-probs', evaluation's. Ours, TRL's (training_step: _generate_and_score_completions, then
+# compute_loss), verl's workers
+PHASE_NAMES = [
     ('update', ('micro_loss', 'update', 'compute_loss', 'update_policy', 'update_actor', 'backward')),
+    ('reward', ('score', '_calculate_rewards', 'compute_score', 'compute_reward')),
     ('generation', ('rollout', 'sample_step', 'generate', 'generate_with_tools', 'generate_sequences',
                     '_generate', '_generate_single_turn')),
     ('old/reference log-probs', ('side_logprobs', 'compute_log_prob', 'compute_ref_log_prob',
@@ -688,7 +690,7 @@ OOM_TRAINERS = [('verl', '/verl/'), ('trl', '/trl/'), ('ours', 'train_grpo.py')]
 
 def oom_phase(crash):
     """The phase an out-of-memory error stopped: named by our own report after it, else read from
-    its traceback's function names (OOM_PHASE_NAMES); None when neither says."""
+    its traceback's function names (PHASE_NAMES); None when neither says."""
     for line in crash['after']:
         m = OURS_OOM.search(line)
         if m:
@@ -696,7 +698,12 @@ def oom_phase(crash):
     names = {m.group(1) for line in crash['before'] for m in FRAME.finditer(line)}
     # Ray's 'ray::WorkerDict.actor_rollout_ref_update_actor()': verl's worker method, role-prefixed
     methods = {m.group(1) for line in crash['before'] + [crash['text']] for m in RAY_METHOD.finditer(line)}
-    for phase, marks in OOM_PHASE_NAMES:
+    return phase_of(names, methods)
+
+
+def phase_of(names, methods=()):
+    """The phase a stack's function names (and Ray worker methods) run in (PHASE_NAMES), or None."""
+    for phase, marks in PHASE_NAMES:
         if names & set(marks) or any(m == k or m.endswith('_' + k) for m in methods for k in marks):
             return phase
     return None
@@ -808,7 +815,21 @@ FATAL_TELLS = {
          "an index out of range in a gather or an embedding (a pad or label id of -100 used as an index)",
          "a kernel or driver bug"],
         "rerun with CUDA_LAUNCH_BLOCKING=1 for the true stack; compare len(tokenizer) with the model's vocab_size"),
+    'native_crash': (
+        "the process died in native code (a segmentation fault, an abort): no Python exception, no traceback, nothing "
+        "saved then",
+        ["a compiled extension built for another torch, CUDA or Python (flash-attn, apex, bitsandbytes, a custom "
+         "kernel): the stack's innermost frame names the call into it",
+         "a C++ exception nothing caught (`terminate called after throwing`): its what() line says what",
+         "a library's or the driver's bug, memory corruption (a ctypes call, a kernel writing out of bounds)"],
+        "read the Python stack faulthandler printed (ours enables it; elsewhere `python -X faulthandler`): it names "
+        "the line that called into native code; reinstall an extension against this torch, or rerun that step alone"),
 }
+# faulthandler's report: the crashing thread's header, then its frames, innermost first
+CURRENT_THREAD = re.compile(r'^Current thread 0x[0-9a-f]+ \(most recent call first\):')
+NATIVE_FRAME = re.compile(r'^\s+File "([^"]*)", line (\d+) in (\S+)')
+WHAT = re.compile(r'^\s*what\(\):\s*(.+)')  # a C++ exception's message after `terminate called`
+
 NCCL_WORK = re.compile(r'\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), '
                        r'OpType=(\w+).*?Timeout\(ms\)=(\d+)\)')
 TORCHRUN_RANK = re.compile(r'^\s*rank\s*: (\d+) \(local_rank')  # torchrun's failure summary, one per rank
@@ -834,7 +855,31 @@ def fatal_detail(kind, crash, crashes):
         failed = next((m.group(1) for line in lines for m in [ASSERTION.search(line)] if m), None)
         if failed:
             return f"; the assertion: `{failed}`"
+    if kind == 'native_crash':
+        what = next((m.group(1).strip() for line in crash['after'] for m in [WHAT.match(line)] if m), None)
+        frames = native_stack(crash['after'])
+        phase = phase_of({fn for _, _, fn in frames})
+        return ''.join([f"; the C++ exception: `{what[:120]}`" if what else '',
+                        f", in {phase}" if phase else '',
+                        "; the crashing thread's stack, innermost first: " + ', '.join(
+                            f"{fn} ({'/'.join(path.split('/')[-2:])}:{n})" for path, n, fn in frames[:3])
+                        if frames else ''])
     return ''
+
+
+def native_stack(lines):
+    """The crashing thread's frames in faulthandler's report, (file, line, function) innermost
+    first; [] when the log has none."""
+    frames, inside = [], False
+    for line in lines:
+        if CURRENT_THREAD.match(line):
+            inside = True
+        elif inside:
+            m = NATIVE_FRAME.match(line)
+            if not m:
+                break
+            frames.append((m.group(1), int(m.group(2)), m.group(3)))
+    return frames
 
 
 def detect_fatal(run):
@@ -847,6 +892,11 @@ def detect_fatal(run):
         if kind not in kinds or (kind == 'killed' and 'host_out_of_memory' in kinds):
             continue
         crashes = [c for c in run['crashes'] if c['kind'] == kind]
+        if kind == 'native_crash':  # the abort an error of another kind ended in (NCCL's watchdog, CUDA's) is that
+            told = {c['after_step'] for c in run['crashes'] if c['kind'] != kind}
+            crashes = [c for c in crashes if c['after_step'] not in told]
+            if not crashes:
+                continue
         crash, after = crashes[0], crashes[0]['after_step']
         where = f"after step {after}" if after is not None else "before any step was logged"
         resume = "; then resume from the last checkpoint" if after is not None else ''

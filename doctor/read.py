@@ -444,6 +444,10 @@ FATAL = [
     ('nonfinite_probabilities', re.compile(r'probability tensor contains either')),  # torch.multinomial's
     ('cuda_error', re.compile(r'device-side assert triggered|illegal memory access|CUBLAS_STATUS_\w+|'
                               r'CUDA error: ')),
+    # the process died below Python: faulthandler's report, the shell's, torchrun's, C++'s std::terminate
+    ('native_crash', re.compile(r'Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception|'
+                                r'Illegal instruction)|Segmentation fault \(core dumped\)|'
+                                r'Signal (11|6|7|4|8) \(SIG(SEGV|ABRT|BUS|ILL|FPE)\)|terminate called after throwing')),
 ]
 TRL_ROW = re.compile(r"\{'(?:loss|reward|eval_\w+|grad_norm|learning_rate)': .*\}")  # a printed log dict
 TQDM_STEP = re.compile(r'\| *(\d+)/(\d+) \[')  # tqdm's bar, '| 25/500 [03:12<1:00:58, 7.70s/it]'

@@ -1,10 +1,21 @@
 """Reward functions the training tests name as 'grpo_test_rewards:fn' (tests/ is put on
 PYTHONPATH)."""
+import ctypes
+import os
 
 
 def digit_fraction(completion, example, **kwargs):
     """Easy to learn from a random init: a byte model only has to favour 10 of its 260 tokens."""
     return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+def segfault_after_step_1(completion, example, step):
+    """From the second step on: a line written below Python, then a read of address 0, as a broken
+    compiled extension would do (the process dies of SIGSEGV)."""
+    if step >= 1:
+        os.write(2, b"native library: about to fail\n")
+        ctypes.string_at(0)
+    return digit_fraction(completion, example)
 
 
 def always_zero(completion, example):

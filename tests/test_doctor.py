@@ -178,6 +178,30 @@ def test_a_fatal_error_says_what_the_lines_around_it_add(tmp_path):
     assert 'fp16' in findings(tmp_path / 'nan.log')['nonfinite_probabilities']['causes'][0]
 
 
+def test_an_abort_is_named_by_the_error_that_caused_it(tmp_path):
+    """NCCL's watchdog ends the process with an uncaught C++ exception and an abort: that is the
+    collective's timeout, not a second finding; an abort alone is a native crash, with the C++
+    exception's message, the phase and the stack faulthandler printed."""
+    abort = ("terminate called after throwing an instance of '{}'\n  what():  {}\nFatal Python error: Aborted\n\n"
+             "Current thread 0x00007f5e2a1b7740 (most recent call first):\n"
+             '  File "/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 825 in '
+             '_engine_run_backward\n  File "/work/train_grpo.py", line 1010 in update\n'
+             '  File "/work/train_grpo.py", line 1290 in <module>\n\n')
+    shutil.copy(os.path.join(FIX, 'nccl_timeout.log'), tmp_path / 'nccl.log')
+    with open(tmp_path / 'nccl.log', 'a') as f:
+        f.write(abort.format('c10::DistBackendError', '[PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog '
+                             'thread terminated with exception: [Rank 0] Watchdog caught collective operation timeout'))
+    nccl = findings(tmp_path / 'nccl.log')
+    assert 'collective_timeout' in nccl and 'native_crash' not in nccl, sorted(nccl)
+    (tmp_path / 'abort.log').write_text(open(os.path.join(FIX, 'ours_healthy', 'train.log')).read()
+                                        + abort.format('std::runtime_error', 'a custom kernel: bad launch'))
+    crash = findings(tmp_path / 'abort.log')['native_crash']
+    assert crash['severity'] == 'error' and 'the C++ exception: `a custom kernel: bad launch`, in update' in \
+        crash['evidence'], crash['evidence']
+    assert ("stack, innermost first: _engine_run_backward (autograd/graph.py:825), update (work/train_grpo.py:1010), "
+            "<module> (work/train_grpo.py:1290)") in crash['evidence'], crash['evidence']
+
+
 def test_rays_worker_method_alone_names_the_phase():
     """verl's error as Ray's driver prints it when the worker's frames are cut off: the worker method
     (role prefix and all) says which phase."""

@@ -274,6 +274,63 @@ def test_out_of_memory_names_its_phase_and_the_fix(tmp_path):
     assert oom['severity'] == 'warning' and 'resumed and went on to step 3' in oom['evidence'], oom
 
 
+# prints on both streams in each way a run's process can: Python's, below Python (a C++ library's
+# write to the file descriptor), a child process's; then ends as argv[2] says
+CONSOLE_SCRIPT = """
+import os, signal, subprocess, sys
+import metrics
+metrics.console_log(sys.argv[1])
+print('python out')
+print('python err', file=sys.stderr)
+os.write(1, b'native out\\n')
+os.write(2, b'native err\\n')
+subprocess.run(['sh', '-c', 'echo child out; echo child err >&2'])
+os.write(2, b'last words\\n')
+if sys.argv[2] == 'kill':
+    os.kill(os.getpid(), signal.SIGKILL)
+print('python end')
+"""
+
+
+def test_console_log_holds_what_is_written_below_python(tmp_path):
+    """out_dir/console.log gets what a C++ library or a child process writes to file descriptors 1
+    and 2 as well as Python's prints, and the terminal still gets each on its own stream; a process
+    killed by SIGKILL loses nothing it wrote before."""
+    for end in ('exit', 'kill'):
+        (tmp_path / end).mkdir()
+        p = subprocess.run([sys.executable, '-c', CONSOLE_SCRIPT, str(tmp_path / end), end], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == (0 if end == 'exit' else -signal.SIGKILL), p.stderr[-2000:]
+        out = ['python out', 'native out', 'child out'] + (['python end'] if end == 'exit' else [])
+        err = ['python err', 'native err', 'child err', 'last words']
+        log = (tmp_path / end / 'console.log').read_text()
+        assert all(line in log for line in out + err), (end, log)
+        assert all(line in p.stdout for line in out) and not any(line in p.stdout for line in err), (end, p.stdout)
+        assert all(line in p.stderr for line in err) and not any(line in p.stderr for line in out), (end, p.stderr)
+
+
+def test_a_crash_below_python_is_in_console_log_and_the_doctor_names_it(tmp_path):
+    """A reward function that segfaults in step 2, as a broken compiled extension would: the run
+    dies of SIGSEGV with no Python traceback, yet console.log holds the line the library wrote and
+    faulthandler's stacks, and the run doctor, given the out_dir, says what ended it, after which
+    step, in which phase and from which line."""
+    p = run(tmp_path, '--max_steps=3', "--rewards=[{'name': 'grpo_test_rewards:segfault_after_step_1'}]",
+            check=False)
+    assert p.returncode == -signal.SIGSEGV, p.stderr[-2000:]
+    log, deadline = '', time.time() + 30
+    while 'Extension modules' not in log and time.time() < deadline:  # (the copier outlives the run)
+        time.sleep(0.1)
+        log = (tmp_path / 'console.log').read_text()
+    assert 'step     1 |' in log and 'native library: about to fail' in log, log[-3000:]
+    assert 'Fatal Python error: Segmentation fault' in log and 'segfault_after_step_1' in log, log[-3000:]
+    import doctor
+    found = {f['name']: f for f in doctor.diagnose(doctor.load(str(tmp_path)))}
+    crash = found['native_crash']
+    assert crash['severity'] == 'error' and 'after step 1, in reward' in crash['evidence'], crash
+    assert 'string_at (ctypes/__init__.py:' in crash['evidence'], crash['evidence']
+    assert 'segfault_after_step_1 (tests/grpo_test_rewards.py:' in crash['evidence'], crash['evidence']
+
+
 def test_early_stop_after_evaluations_without_a_new_best(tmp_path):
     """eval/truncated (mode 'min') at every step: early_stop=2 ends the run after the second
     evaluation in a row that is no new best (a tie is none), with a checkpoint and exit 0; rerunning
@@ -916,6 +973,7 @@ def test_watchdog_dumps_the_stalled_stack(tmp_path):
     assert p.returncode == 4, p.stderr[-2000:]
     assert 'watchdog: no progress' in p.stderr and 'injected_stall' in p.stderr, p.stderr[-3000:]
     assert 'injected_stall' in (tmp_path / 'watchdog_stacks.txt').read_text()
+    assert 'injected_stall' in (tmp_path / 'console.log').read_text()  # faulthandler's write, below Python
 
 
 def test_profile_step_writes_the_steps_operators(tmp_path):
