@@ -39,9 +39,9 @@ def compile_totals():
 def mem_stats(device):
     """Memory in GiB: CUDA's allocator on a GPU; on a CPU the resident set and its peak."""
     if device.startswith('cuda'):
-        return {'mem/allocated_gb': torch.cuda.memory_allocated() / 2**30,
-                'mem/reserved_gb': torch.cuda.memory_reserved() / 2**30,
-                'mem/peak_gb': torch.cuda.max_memory_allocated() / 2**30}
+        return {'mem/allocated_gb': torch.cuda.memory_allocated(device) / 2**30,
+                'mem/reserved_gb': torch.cuda.memory_reserved(device) / 2**30,
+                'mem/peak_gb': torch.cuda.max_memory_allocated(device) / 2**30}
     with open('/proc/self/statm') as f:
         resident_pages = int(f.read().split()[1])
     rss = os.sysconf('SC_PAGE_SIZE') * resident_pages / 2**30

@@ -19,6 +19,8 @@ def setup(device, batch_prompts, fsdp):
     if int(os.environ.get('RANK', -1)) == -1:
         if fsdp:
             die("--fsdp=True shards the model across ranks: launch with torchrun (see README)", 2)
+        if device.startswith('cuda'):  # 'cuda:1' the current device too: CUDA's RNG state, memory
+            torch.cuda.set_device(device)  # statistics, CUDA graphs and Triton's launches use that one
         return 0, 1, device
     rank = int(os.environ['RANK'])
     world = int(os.environ['WORLD_SIZE'])

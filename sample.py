@@ -855,6 +855,8 @@ if __name__ == '__main__':
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    if device.startswith('cuda'):
+        torch.cuda.set_device(device)  # 'cuda:1': CUDA graphs and Triton's launches use the current device
     try:
         task_mod = tasks.resolve(task)
         tasks.set_knobs(task_mod, config)

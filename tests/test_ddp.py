@@ -282,6 +282,18 @@ def test_sigterm_to_torchrun_saves_on_every_rank_then_resumes(one_process, tmp_p
     assert_same_run(one_process, tmp_path, 'DDP after SIGTERM + resume')
 
 
+def test_one_process_on_a_numbered_gpu_makes_it_the_current_device(monkeypatch):
+    """--device=cuda:1 without torchrun: GPU 1 becomes torch's current device, the one CUDA's RNG
+    state (saved in checkpoints), the memory statistics, CUDA graphs and Triton's launches use;
+    without it they would use GPU 0 while the tensors live on GPU 1."""
+    import parallel
+    chosen = []
+    monkeypatch.delenv('RANK', raising=False)
+    monkeypatch.setattr(torch.cuda, 'set_device', chosen.append)
+    assert parallel.setup('cuda:1', 4, False) == (0, 1, 'cuda:1') and chosen == ['cuda:1']
+    assert parallel.setup('cpu', 4, False) == (0, 1, 'cpu') and chosen == ['cuda:1']
+
+
 def test_batch_not_divisible_by_ranks_is_a_clear_error(tmp_path):
     p = run(tmp_path, 2, '--batch_prompts=3', check=False)
     assert p.returncode != 0, p.stderr[-2000:]
