@@ -1,8 +1,9 @@
 """
 Reading a run's logs into the doctor's series: each source's metric names map onto the few series
-of SERIES through a table (OURS, TRL, VERL, WANDB, OPENRLHF, PRIME_RL, CONSOLE); names a table does
-not know are counted in the report and listed in --json, never dropped unsaid. load(path) finds the
-log of a path (an out_dir, a TRL output directory or checkpoint, a verl or nanoGPT console log, a
+of SERIES through a table (OURS, TRL, VERL, WANDB, OPENRLHF, PRIME_RL, CONSOLE, NANOCHAT); names a
+table does not know are counted in the report and listed in --json, never dropped unsaid. load(path)
+finds the log of a path (an out_dir, a TRL output directory or checkpoint, a verl, nanochat or
+nanoGPT console log, a
 W&B history CSV, TensorBoard event files) and returns the run: {step: value} per series, the
 unknown names and one line per unreadable row.
 """
@@ -145,6 +146,15 @@ CONSOLE = {  # console lines: nanoGPT's 'iter N: loss X, time Yms, mfu Z%' and o
     'clip_low': 'clip_low', 'clip_high': 'clip_high', 'gen': 'time_gen', 'rew': 'time_reward',
     'ref': 'time_ref', 'old': 'time_old', 'upd': 'time_update', 'mfu': None, 'lr': None,
     'compile': None,
+}
+# nanochat's scripts/chat_rl.py (karpathy/nanochat at da4d9b5): its console lines, the words before
+# each value joined by '_' (console_pairs). 'Step N/M | Average reward: R | Average sequence length:
+# L' ends a step (the length counts the prompt); 'Step N/M | Example step E | Pass P | loss: X |
+# Average reward: R' is one micro-batch's (its loss a share of the step's: their sum is the step's);
+# 'Step N | Pass@1: A, Pass@2: B, ...' an evaluation before step N
+NANOCHAT = {
+    'Average_reward': 'reward', 'Average_sequence_length': 'resp_len', 'loss': 'loss', 'Pass@1': 'heldout',
+    'Pass@*': None,
 }
 # OpenRLHF (openrlhf/trainer/ppo_trainer.py, ray/ppo_actor.py; main at 3c3be62, 2026): its loggers
 # write a step's status as 'train/<name>' (TensorBoard's SummaryWriter and W&B alike) and an
@@ -455,6 +465,7 @@ SOURCE_LINE = re.compile(r'(raise|except)\b|File "')  # a traceback's quoted sou
 CRASH_CONTEXT = 200  # lines kept before such an error (its traceback) and after it (a report)
 VERL_LINE = re.compile(r'\bstep:(\d+) - (.*)')  # verl's console logger: 'step:N - key:value - ...'
 ITER_LINE = re.compile(r'\biter (\d+):(.*)')  # nanoGPT: 'iter N: loss X, time Yms, mfu Z%'
+NANOCHAT_LINE = re.compile(r'^Step (\d+)(?:/\d+)? \| (.*)')  # nanochat's chat_rl.py (NANOCHAT)
 STEP_LINE = re.compile(r'^step\s+(\d+)\s*[|:](.*)')  # ours: 'step     1 | reward ... | ...'
 NUM = r'[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf)'
 VALUE = re.compile(rf'({NUM})(?:([±/])({NUM}))?(ms|s|%|GB)?', re.IGNORECASE)
@@ -470,6 +481,7 @@ def read_console(path, run, rows=True):
     # TRL: the last progress bar's (step, total) before the first row, whose total is then the
     # training bar's (loading weights and evaluation draw bars of their own); its step; rows so far
     last_bar, bar_total, bar_step, trl_rows = None, None, None, 0
+    pass_loss = {}  # nanochat: step -> the sum of its micro-batches' losses so far
     recent = collections.deque(maxlen=CRASH_CONTEXT)
     with open(path, errors='replace') as f:
         for n, line in enumerate(f, 1):
@@ -502,10 +514,21 @@ def read_console(path, run, rows=True):
                     add_row(run, last_step, row, [TRL], where)
                 continue
             m = VERL_LINE.search(line)
+            nanochat = None if m else NANOCHAT_LINE.match(line)
             if m:
                 kinds.add('verl')
                 row, bad = verl_pairs(m.group(2))
                 tables = [VERL]
+            elif nanochat:
+                m = nanochat
+                kinds.add('nanochat')
+                row, tables = console_pairs(m.group(2)), [NANOCHAT]
+                if 'Example_step' in row:  # a micro-batch: its loss counts in the step's line
+                    pass_loss[int(m.group(1))] = pass_loss.get(int(m.group(1)), 0.0) + row.get('loss', math.nan)
+                    last_step = int(m.group(1))
+                    continue
+                if 'Average_reward' in row and int(m.group(1)) in pass_loss:
+                    row['loss'] = pass_loss.pop(int(m.group(1)))
             else:
                 m = ITER_LINE.search(line) or STEP_LINE.search(line)
                 if not m:

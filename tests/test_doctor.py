@@ -68,6 +68,8 @@ FAILURES = [
     ('verl_host_oom.log', 0, 'host_out_of_memory', 'error', [3]),
     ('nccl_timeout.log', 0, 'collective_timeout', 'error', [4]),
     ('cuda_assert.log', 0, 'cuda_error', 'error', []),
+    ('nanochat_rl_dies.log', 0, 'reward_collapse', 'error', range(64, 80)),
+    ('nanochat_rl_dies.log', 0, 'zero_loss', 'error', range(64, 80)),
 ]
 
 
@@ -526,6 +528,17 @@ def test_a_panel_export_of_several_runs_is_refused(tmp_path, capsys):
     assert code == 2 and out == ''
     assert err == (f"doctor: {path}: a chart export of 2 runs (qwen2.5-0.5b-grpo-gsm8k, run-b): the "
                    "doctor reads one run; hide the others in the chart and export again\n")
+
+
+def test_nanochat_console():
+    """nanochat's chat_rl.py: a step's loss is the sum of its micro-batches' (each printed on its
+    own line, with that micro-batch's reward, which is not the step's); the step's line gives the
+    reward and the sequence length; pass@1 of an evaluation is held-out accuracy."""
+    run = run_of('nanochat_rl_dies.log')
+    assert run['source'] == 'nanochat' and run['rows'] == 82 and not run['unknown'], run['unknown']
+    assert run['series']['loss'][0] == pytest.approx(0.032892 + 0.030665 + 0.004764 - 0.019975)
+    assert run['series']['reward'][0] == 0.30859375 and run['series']['resp_len'][0] == 268.61
+    assert run['series']['heldout'] == {0: 0.08, 60: 0.1}
 
 
 def test_nanogpt_console():
