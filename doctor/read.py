@@ -3,9 +3,8 @@ Reading a run's logs into the doctor's series: each source's metric names map on
 of SERIES through a table (OURS, TRL, VERL, WANDB, OPENRLHF, PRIME_RL, CONSOLE, NANOCHAT); names a
 table does not know are counted in the report and listed in --json, never dropped unsaid. load(path)
 finds the log of a path (an out_dir, a TRL output directory or checkpoint, a verl, nanochat or
-nanoGPT console log, a
-W&B history CSV, TensorBoard event files) and returns the run: {step: value} per series, the
-unknown names and one line per unreadable row.
+nanoGPT console log, a W&B history CSV, TensorBoard event files) and returns the run: {step: value}
+per series, the unknown names and one line per unreadable row.
 """
 import ast
 import collections
