@@ -1,8 +1,8 @@
 """
-Tokenizers on tiktoken: a byte-level BPE read from an HF snapshot's tokenizer files, and a byte
-encoding for scratch models. A snapshot's own chat template (tokenizer_config.json's 'chat_template'
-or chat_template.jinja) is rendered with jinja2 in its immutable sandbox, as transformers renders
-it; without one, ChatML is plain code here.
+Tokenizers on tiktoken: a byte-level BPE read from an HF snapshot's tokenizer files (or a
+sentencepiece-style one: SentencePieceBPE), and a byte encoding for scratch models. A snapshot's own
+chat template (tokenizer_config.json's 'chat_template' or chat_template.jinja) is rendered with
+jinja2 in its immutable sandbox, as transformers renders it; without one, ChatML is plain code here.
 
 tiktoken's ranks are its token ids and it merges the pair whose joined bytes have the lowest rank.
 An HF byte-level BPE gives the same tokens when each merge creates a token whose id grows with the
@@ -27,6 +27,82 @@ CHATML = ("{% for message in messages %}"
 
 class TokenizerError(ValueError):
     pass
+
+
+class SentencePieceBPE:
+    """A sentencepiece-style BPE as transformers runs it (Llama 2's, Mistral 7B's to v0.3, Phi-3's:
+    pieces with '▁' for a space, a character the vocabulary lacks as the <0xXX> tokens of its bytes,
+    no split before the BPE), with the methods Tokenizer uses of a tiktoken Encoding. tiktoken merges
+    bytes where HF's BPE merges characters, so tiktoken's ranks here are not the ids: every byte,
+    then the leading bytes of each multi-byte character of the vocabulary, then the characters (so
+    characters form before any merge), then each merge's token in merge order; encode maps ranks to
+    ids, the leading bytes of a character the vocabulary lacks to their <0xXX> ids. prefix: where a
+    space goes before the text, as HF's Metaspace prepend_scheme: 'first' (at the start of the
+    input), 'always' (before each stretch between special tokens), not before text that starts with
+    one; 'prepend' (Llama 2's legacy normalizer: before each stretch, always); 'never'. decode drops
+    that space from the start, as HF's decoder does."""
+
+    def __init__(self, name, vocab, merges, specials, prefix, src):
+        self.prefix, self._special_tokens = prefix, dict(specials)
+        self.byte_id, self.id_bytes, id_of = {}, {}, {}  # byte -> its <0xXX> id; id -> bytes; bytes -> id
+        for piece, i in vocab.items():
+            fallback = re.fullmatch(r'<0x([0-9A-Fa-f]{2})>', piece)
+            if piece in specials:
+                continue
+            if fallback:
+                self.byte_id[int(fallback.group(1), 16)] = i
+                self.id_bytes[i] = bytes([int(fallback.group(1), 16)])
+            else:
+                self.id_bytes[i] = piece.replace('▁', ' ').encode()
+                id_of[self.id_bytes[i]] = i
+        missing = [b for b in range(256) if b not in self.byte_id]
+        if missing:
+            raise TokenizerError(f"{src}: byte_fallback without the <0x{missing[0]:02X}> token "
+                                 f"({len(missing)} of the 256 byte tokens missing)")
+        ranks = {}
+        chars = [p.replace('▁', ' ').encode() for p in vocab if len(p) == 1 and p not in specials]
+        for piece in ([bytes([b]) for b in range(256)] + [c[:k] for c in chars for k in range(2, len(c))]
+                      + chars + [(a + b).replace('▁', ' ').encode() for a, b in merges]):
+            ranks.setdefault(piece, len(ranks))  # a token's rank: its first place in this order
+        for k, (a, b) in enumerate(merges):
+            if (a + b) not in vocab:
+                raise TokenizerError(f"{src}: merge #{k} ({a!r} {b!r}) makes no token of the vocabulary")
+        self.rank_bytes = {r: t for t, r in ranks.items()}
+        # rank -> id; None: leading bytes of a character, written as their <0xXX> ids
+        self.to_id = [id_of.get(t, self.byte_id[t[0]] if len(t) == 1 else None) for t in self.rank_bytes.values()]
+        self.n_vocab = max([*self.id_bytes, *specials.values()]) + 1
+        self._mergeable_ranks = ranks
+        self.bpe = tiktoken.Encoding(name=name, pat_str=r'[\s\S]+', mergeable_ranks=ranks, special_tokens={})
+        longest_first = sorted(specials, key=len, reverse=True)
+        self._special_re = re.compile('|'.join(map(re.escape, longest_first)) or r'(?!)')
+
+    def encode_ordinary(self, text, first=True):
+        """HF's ids of text with no special tokens; first: it starts the input (prefix 'first')."""
+        text = text.replace('▁', ' ')
+        if text and (self.prefix == 'prepend' or not text.startswith(' ') and (
+                self.prefix == 'always' or self.prefix == 'first' and first)):
+            text = ' ' + text
+        ids = []
+        for r in self.bpe.encode_ordinary(text):
+            i = self.to_id[r]
+            ids += [i] if i is not None else [self.byte_id[b] for b in self.rank_bytes[r]]
+        return ids
+
+    def encode(self, text, allowed_special='all'):
+        """Special-token strings in text as their ids, the text between them as encode_ordinary."""
+        ids, pos = [], 0
+        for m in self._special_re.finditer(text):
+            ids += self.encode_ordinary(text[pos:m.start()], first=pos == 0) + [self._special_tokens[m.group()]]
+            pos = m.end()
+        return ids + self.encode_ordinary(text[pos:], first=pos == 0)
+
+    def decode_single_token_bytes(self, i):
+        special = {v: k for k, v in self._special_tokens.items()}.get(i)
+        return special.encode() if special is not None else self.id_bytes.get(i, b'')
+
+    def decode(self, ids, errors='replace'):
+        text = b''.join(map(self.decode_single_token_bytes, ids)).decode('utf-8', errors=errors)
+        return text[1:] if self.prefix != 'never' and text.startswith(' ') else text
 
 
 def bytes_to_unicode():
@@ -73,10 +149,13 @@ class Tokenizer:
         longest_first = sorted(self.special, key=len, reverse=True)
         self._special_re = re.compile('|'.join(map(re.escape, longest_first)) or r'(?!)')
 
-    def encode(self, text):
+    def encode(self, text, first=True):
         """Ordinary text: special-token strings in it are plain text, so user data cannot inject a
-        turn end."""
+        turn end. first: the text starts the input (a sentencepiece-style tokenizer's space before
+        it, SentencePieceBPE)."""
         text = unicodedata.normalize('NFC', text) if self.nfc else text
+        if isinstance(self.enc, SentencePieceBPE):
+            return self.enc.encode_ordinary(text, first)
         return self.enc.encode_ordinary(text)
 
     def encode_with_special(self, text):
@@ -147,16 +226,16 @@ class Tokenizer:
                                     **{**self.template_vars, **kwargs})
         swapped = re.compile('([' + ''.join(map(re.escape, mark.values())) + '])') if mark else None
 
-        def encode_stretch(stretch):
+        def encode_stretch(stretch, first):
             if swapped is None:
-                return self.encode(stretch)
-            return [i for piece in swapped.split(stretch) if piece
-                    for i in self.encode(piece.translate(back))]
+                return self.encode(stretch, first)
+            pieces = [piece for piece in swapped.split(stretch) if piece]
+            return [i for k, piece in enumerate(pieces) for i in self.encode(piece.translate(back), first and k == 0)]
         ids, pos = [], 0
         for m in self._special_re.finditer(text):
-            ids += encode_stretch(text[pos:m.start()]) + [self.special[m.group()]]
+            ids += encode_stretch(text[pos:m.start()], pos == 0) + [self.special[m.group()]]
             pos = m.end()
-        return ids + encode_stretch(text[pos:])
+        return ids + encode_stretch(text[pos:], pos == 0)
 
     def save(self, out_dir):
         """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated
@@ -331,8 +410,9 @@ def vocabulary_mismatch(a, b):
     if a.special != b.special:
         diff = sorted(set(a.special.items()) ^ set(b.special.items()), key=lambda kv: kv[1])
         return f"special tokens differ, first at id {diff[0][1]} ({diff[0][0]!r})"
-    if a.enc._mergeable_ranks != b.enc._mergeable_ranks:
-        ids_a, ids_b = ({i: t for t, i in x.enc._mergeable_ranks.items()} for x in (a, b))
+    ids_a, ids_b = (getattr(x.enc, 'id_bytes', None) or {i: t for t, i in x.enc._mergeable_ranks.items()}
+                    for x in (a, b))
+    if ids_a != ids_b:
         bad = min(i for i in ids_a.keys() | ids_b.keys() if ids_a.get(i) != ids_b.get(i))
         return f"id {bad} is {ids_a.get(bad)!r} in one and {ids_b.get(bad)!r} in the other"
     return None
@@ -383,6 +463,12 @@ def load_tokenizer(path):
         vocab, merges = model['vocab'], model.get('merges', [])
         merges = [m.split(' ') if isinstance(m, str) else m for m in merges]
         added = {t['content']: t['id'] for t in spec.get('added_tokens', [])}
+        model_type = _read(os.path.join(path, 'config.json'), 'config.json')[1].get('model_type') \
+            if os.path.isfile(os.path.join(path, 'config.json')) else None
+        prefix = sentencepiece_prefix(spec, files.get('tokenizer_config.json', (None, {}))[1], model_type, src)
+        if prefix is not None:
+            enc = SentencePieceBPE(os.path.basename(os.path.abspath(path)), vocab, merges, added, prefix, src)
+            return _tokenizer(path, files, enc, eos=None)
         pattern, nfc, eos = *_pattern_from_spec(spec, src), None
     elif 'vocab.json' in files and 'merges.txt' in files:
         src = os.path.join(path, 'vocab.json')
@@ -424,17 +510,61 @@ def load_tokenizer(path):
             raise TokenizerError(f"{src}: merge #{k} ({a!r} {b!r}) does not create tokens in "
                                  "increasing id order; tiktoken cannot reproduce this BPE")
         last = rank
-    specials = {t: i for t, i in added.items()}
     enc = tiktoken.Encoding(name=os.path.basename(os.path.abspath(path)), pat_str=pattern,
-                            mergeable_ranks=ranks, special_tokens=specials)
+                            mergeable_ranks=ranks, special_tokens=dict(added))
+    return _tokenizer(path, files, enc, eos, nfc)
+
+
+def _tokenizer(path, files, enc, eos, nfc=False):
+    """The Tokenizer of a snapshot's encoding, with its chat template, turn end and stops."""
+    specials = enc._special_tokens
     template, where, variables = _chat_template(path, files)
     raw_files = {n: raw for n, (raw, _) in files.items()}
     named_eos = variables.get('eos_token')  # tokenizer_config.json's (special_tokens_map.json's)
     if eos is None and not {'<|im_end|>', '<|endoftext|>'} & set(specials):
-        eos = named_eos  # neither ChatML's turn end nor GPT-2's text end (Llama 3)
+        eos = named_eos  # neither ChatML's turn end nor GPT-2's text end (Llama 3, Llama 2)
     return Tokenizer(enc, nfc=nfc, files=raw_files, eos=eos, template=template,
                      template_file=where, template_vars=variables,
                      stops=_stop_ids(path, named_eos, specials))
+
+
+# transformers 5's LlamaTokenizer builds a sentencepiece-style BPE's steps itself, from the config's
+# legacy and add_prefix_space, for the snapshots that name it (Llama 2, TinyLlama, Vicuna, ...) except
+# where the model's type sends AutoTokenizer to the file's own steps (TokenizersBackend): Mistral's
+# (its MistralCommonBackend when mistral_common is installed, which is not read here) and Phi-3's
+SENTENCEPIECE_CLASS = 'LlamaTokenizer'
+FILE_STEPS_TYPES = ('mistral', 'phi3')
+LEGACY_NORMALIZER = [{'type': 'Prepend', 'prepend': '▁'}, {'type': 'Replace', 'pattern': {'String': ' '},
+                                                             'content': '▁'}]
+
+
+def sentencepiece_prefix(spec, conf, model_type, src):
+    """None for a byte-level BPE; for a sentencepiece-style one (byte_fallback, '▁' pieces), where
+    transformers' AutoTokenizer puts a space before the text (SentencePieceBPE's prefix).
+    LlamaTokenizer's rule (SENTENCEPIECE_CLASS, model_type not in FILE_STEPS_TYPES): 'never' when
+    add_prefix_space is false, else 'always' when legacy is true, else 'first'. The file's steps:
+    a Metaspace pre-tokenizer with split false gives its prepend_scheme, Llama 2's legacy normalizer
+    (Prepend '▁', Replace ' ') 'prepend', a Replace alone 'never'. Anything else: one
+    TokenizerError."""
+    model = spec.get('model') or {}
+    if not model.get('byte_fallback') or not any('▁' in p for p in model.get('vocab', {})):
+        return None
+    llama = str(conf.get('tokenizer_class')).removesuffix('Fast') == SENTENCEPIECE_CLASS
+    if llama and model_type not in FILE_STEPS_TYPES:
+        if conf.get('add_prefix_space') is False:
+            return 'never'
+        return 'always' if conf.get('legacy') else 'first'
+    norm, pre = spec.get('normalizer') or {}, spec.get('pre_tokenizer') or {}
+    steps = norm.get('normalizers', [norm]) if norm.get('type') == 'Sequence' else [norm] if norm else []
+    if not norm and pre.get('type') == 'Metaspace' and pre.get('split') is False:
+        return pre.get('prepend_scheme', 'always')
+    if not pre and steps in (LEGACY_NORMALIZER, LEGACY_NORMALIZER[1:]):
+        return 'prepend' if len(steps) == 2 else 'never'
+    split = f" split {pre.get('split')!r}" if pre else ''
+    raise TokenizerError(f"{src}: this sentencepiece-style tokenizer's steps are not supported (normalizer "
+                         f"{norm.get('type')!r}, pre_tokenizer {pre.get('type')!r}{split}): read are a Metaspace "
+                         "pre-tokenizer with split false, Llama 2's normalizer (Prepend, Replace), or "
+                         "LlamaTokenizer's own (tokenizer_config.json's tokenizer_class)")
 
 
 def _stop_ids(path, named_eos, specials):
@@ -473,9 +603,8 @@ def _pattern_from_spec(spec, src):
             if step.get('use_regex', True) and pattern is None:
                 pattern = GPT2_PATTERN
         elif step.get('type') == 'Metaspace':
-            raise TokenizerError(f"{src}: a sentencepiece-style tokenizer (pre_tokenizer Metaspace, "
-                                 "as Llama 2's and Mistral 7B's to v0.3) is not supported, only "
-                                 "byte-level BPE (GPT-2, Qwen, Llama 3, OLMo 2, Mistral's Tekken)")
+            raise TokenizerError(f"{src}: pre_tokenizer Metaspace without byte_fallback is not supported "
+                                 "(sentencepiece-style tokenizers fall back to <0xXX> byte tokens)")
         elif step:
             raise TokenizerError(f"{src}: unsupported pre_tokenizer step {step.get('type')!r}")
     if pattern is None:

@@ -386,20 +386,38 @@ def test_an_olmo2_instruct_snapshot_prompts_trains_and_exports(tmp_path):
     assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == ours.render_chat(msgs)
 
 
-def test_a_sentencepiece_tokenizer_is_one_clear_error(tmp_path):
-    """Mistral 7B to v0.3 (and Llama 2) ship sentencepiece-style BPE (Metaspace, byte fallback),
-    which tiktoken cannot reproduce: refused in one line naming the file and what is supported."""
-    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, trainers
-    from tokenizer import TokenizerError, load_tokenizer
-    tok = HFTokenizer(models.BPE(byte_fallback=True, unk_token='<unk>'))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first')
-    tok.train_from_iterator(['[INST] Liz has 80 books. [/INST]'] * 20, trainers.BpeTrainer(
-        vocab_size=60, special_tokens=['<unk>', '<s>', '</s>'], show_progress=False))
-    tok.save(str(tmp_path / 'tokenizer.json'))
-    with pytest.raises(TokenizerError, match=r'tokenizer\.json: a sentencepiece-style tokenizer '
-                       r'\(pre_tokenizer Metaspace.*only byte-level BPE') as e:
-        load_tokenizer(str(tmp_path))
-    assert '\n' not in str(e.value)
+def test_a_mistral_instruct_snapshot_with_its_sentencepiece_tokenizer_trains_and_exports(tmp_path):
+    """Mistral 7B Instruct to v0.3 ships a sentencepiece-style tokenizer (transformers'
+    LlamaTokenizer, [INST] and [/INST] control tokens): prompts through its template equal
+    transformers' ids, generation stops at </s>, and a GRPO run from the snapshot exports a Mistral
+    whose tokenizer transformers loads with the same prompts."""
+    from test_tokenizer import MISTRAL_TEMPLATE, sentencepiece_snapshot
+    from test_train import metrics, run
+    from tokenizer import load_tokenizer
+    snap = sentencepiece_snapshot(tmp_path / 'mistral', {'tokenizer_class': 'LlamaTokenizer', 'legacy': False},
+                                  ['[INST]', '[/INST]'], MISTRAL_TEMPLATE, vocab_size=500, metaspace_file=True)
+    n = load_tokenizer(str(snap)).vocab_size
+    kw = {**HF_CONFIGS['mistral'][1], 'vocab_size': n, 'bos_token_id': 1, 'eos_token_id': 2}
+    perturbed_hf(HF_CONFIGS['mistral'][0], kw).save_pretrained(snap)  # (its config.json: AutoTokenizer reads it)
+    ours, hf = load_tokenizer(str(snap)), transformers.AutoTokenizer.from_pretrained(snap)
+    assert ours.vocab_size == len(hf) == n
+    msgs = [{'role': 'user', 'content': 'Liz has 80 books and sells 7. How many?'}]
+    want = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    assert ours.render_chat(msgs) == list(want['input_ids'] if hasattr(want, 'keys') else want)
+    assert ours.stop_ids == [2] and ours.decode(ours.render_chat(msgs)).startswith('<s>[INST] Liz has')
+    out = tmp_path / 'run'
+    run(out, f'--init_from={snap}', '--max_steps=2', '--export_hf=True', '--max_new_tokens=12',
+        '--log_samples_every=1', timeout=300)
+    rows = [m for m in metrics(out) if 'reward/mean' in m]
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(m['loss'])) for m in rows)
+    with open(out / 'samples.jsonl') as f:
+        assert json.loads(f.readline())['prompt'].startswith('<s>[INST] ')
+    exported, _ = H.from_pretrained(out / 'hf')
+    assert exported.config.arch == 'mistral'
+    again = transformers.AutoTokenizer.from_pretrained(out / 'hf')
+    want = again.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == list(want['input_ids'] if hasattr(want, 'keys')
+                                                                      else want) == ours.render_chat(msgs)
 
 
 def test_a_tokenizer_that_splits_twice_is_one_clear_error(tmp_path):

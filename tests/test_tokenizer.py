@@ -182,3 +182,152 @@ def test_bad_tokenizer_files(tmp_path):
     (tmp_path / 'tokenizer.json').write_text(json.dumps(unigram))
     with pytest.raises(TokenizerError, match='byte-level BPE'):
         load_tokenizer(str(tmp_path))
+
+
+# ---------------------------------------------------------------- sentencepiece-style BPE (Llama 2)
+LLAMA2_TEMPLATE = (  # Llama-2-chat's tokenizer_config.json
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}"
+    "{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}"
+    "{% endfor %}")
+PHI3_TEMPLATE = (  # Phi-3-mini-instruct's
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|system|>' + '\\n' + "
+    "message['content'] + '<|end|>' + '\\n'}}{% elif (message['role'] == 'user') %}{{'<|user|>' + '\\n' + "
+    "message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{message['content'] + '<|end|>' + '\\n'}}{% endif %}{% endfor %}")
+MISTRAL_TEMPLATE = (  # Mistral 7B Instruct's, [INST] and [/INST] control tokens as in v0.3
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + '[/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' ' + message['content'] + eos_token }}{% endif %}{% endfor %}")
+
+
+def sentencepiece_snapshot(path, config, specials=(), template=None, *, metaspace_file=False, vocab_size=700,
+                           model_type=None):
+    """A sentencepiece-style BPE trained on GSM8K questions by `tokenizers`, written as transformers'
+    converter writes Llama 2's, Mistral 7B's and Phi-3's tokenizer.json: <unk>, <s>, </s>, the 256
+    <0xXX> byte tokens, the merged pieces by rank, the single characters last (sentencepiece's
+    order); every split of a piece into two pieces a merge, ranked by the piece; byte fallback.
+    config: tokenizer_config.json; metaspace_file: the steps written as a Metaspace pre-tokenizer
+    (split false) rather than Llama 2's legacy normalizer; model_type: a config.json of that type
+    (transformers' AutoTokenizer picks the class by it)."""
+    tok = HFTokenizer(models.BPE(unk_token='<unk>', byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first', split=False)
+    fallback = [f'<0x{b:02X}>' for b in range(256)]
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=['<unk>', '<s>', '</s>'] + fallback, show_progress=False))
+    vocab = tok.get_vocab()
+    fixed = ['<unk>', '<s>', '</s>'] + fallback
+    chars = sorted(p for p in vocab if len(p) == 1 and p not in fixed)
+    pieces = sorted((p for p in vocab if p not in fixed and p not in chars), key=vocab.get)
+    ids = {p: i for i, p in enumerate(fixed + pieces + chars + list(specials))}
+    merges = sorted((ids[p], ids[p[:k]], ids[p[k:]], p[:k], p[k:]) for p in pieces for k in range(1, len(p))
+                    if p[:k] in ids and p[k:] in ids)
+    added = [{'id': ids[t], 'content': t, 'single_word': False, 'lstrip': False, 'rstrip': False,
+              'normalized': False, 'special': True} for t in ['<unk>', '<s>', '</s>', *specials]]
+    steps = ({'normalizer': None, 'pre_tokenizer': {'type': 'Metaspace', 'replacement': '\u2581',
+                                                     'prepend_scheme': 'first', 'split': False}}
+             if metaspace_file else
+             {'normalizer': {'type': 'Sequence', 'normalizers': [{'type': 'Prepend', 'prepend': '\u2581'}, {
+                 'type': 'Replace', 'pattern': {'String': ' '}, 'content': '\u2581'}]}, 'pre_tokenizer': None})
+    spec = {'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added, **steps,
+            'post_processor': None,
+            'decoder': {'type': 'Sequence', 'decoders': [
+                {'type': 'Replace', 'pattern': {'String': '\u2581'}, 'content': ' '}, {'type': 'ByteFallback'},
+                {'type': 'Fuse'}, {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0}]},
+            'model': {'type': 'BPE', 'dropout': None, 'unk_token': '<unk>', 'continuing_subword_prefix': None,
+                      'end_of_word_suffix': None, 'fuse_unk': True, 'byte_fallback': True, 'ignore_merges': False,
+                      'vocab': ids, 'merges': [[a, b] for *_, a, b in merges]}}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / 'tokenizer.json').write_text(json.dumps(spec, ensure_ascii=False))
+    conf = {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'add_bos_token': True, **config}
+    if template:
+        conf['chat_template'] = template
+    (path / 'tokenizer_config.json').write_text(json.dumps(conf))
+    if model_type:
+        (path / 'config.json').write_text(json.dumps({'model_type': model_type}))
+    return path
+
+
+# layout -> (tokenizer_config.json, Metaspace file, config.json's model_type, the space's rule): transformers'
+# LlamaTokenizer from the config (it rebuilds the steps), or the file's steps (another class; a Mistral, a Phi-3)
+SENTENCEPIECE_LAYOUTS = {
+    'llama2-legacy': ({'tokenizer_class': 'LlamaTokenizer', 'legacy': True}, False, 'llama', 'always'),
+    'llama-first': ({'tokenizer_class': 'LlamaTokenizerFast', 'legacy': False}, False, None, 'first'),
+    'llama-no-prefix': ({'tokenizer_class': 'LlamaTokenizer', 'add_prefix_space': False}, False, None, 'never'),
+    'metaspace-file': ({'tokenizer_class': 'PreTrainedTokenizerFast'}, True, None, 'first'),
+    'mistral-metaspace-file': ({'tokenizer_class': 'LlamaTokenizer', 'legacy': True}, True, 'mistral', 'first'),
+    'phi3-legacy-file': ({'tokenizer_class': 'LlamaTokenizer', 'legacy': False}, False, 'phi3', 'prepend'),
+}
+
+
+@pytest.mark.parametrize('layout', SENTENCEPIECE_LAYOUTS)
+def test_a_sentencepiece_bpe_encodes_and_decodes_as_transformers(tmp_path, layout):
+    """Llama 2's, Mistral 7B's and Phi-3's tokenizers: the ids and text of transformers'
+    AutoTokenizer for every sample string (with <s>, </s> and control tokens among the text:
+    transformers puts its space before the text where its layout says), unknown characters as
+    their bytes, and decode with the space the encoder added taken off."""
+    import transformers
+    config, metaspace_file, model_type, prefix = SENTENCEPIECE_LAYOUTS[layout]
+    path = sentencepiece_snapshot(tmp_path / layout, config, specials=['[INST]', '[/INST]'],
+                                  metaspace_file=metaspace_file, model_type=model_type)
+    ours, hf = load_tokenizer(str(path)), transformers.AutoTokenizer.from_pretrained(path)
+    assert ours.enc.prefix == prefix and ours.vocab_size == len(hf)
+    rng = random.Random(1)
+    strings = sample_strings() + ['\u2581x', ' \u2581', '[INST] Hi[/INST]', '<s>[INST] a</s>', 'x<s>y', '</s> z']
+    strings += [''.join(rng.choice(['<s>', '[INST]', ' ', 'a b', '\n', '日', '🤖', 'é']) for _ in range(6))
+                for _ in range(300)]
+    for s in strings:
+        want = hf.encode(s, add_special_tokens=False)
+        assert ours.encode_with_special(s) == want, (s, hf.convert_ids_to_tokens(want))
+        assert ours.decode(want) == hf.decode(want), s
+    assert ours.encode('<s>') != [ours.special['<s>']]  # ordinary text cannot inject a special
+
+
+@pytest.mark.parametrize('name, template, specials', [
+    ('llama', LLAMA2_TEMPLATE, []), ('mistral', MISTRAL_TEMPLATE, ['[INST]', '[/INST]']),
+    ('phi3', PHI3_TEMPLATE, ['<|endoftext|>', '<|assistant|>', '<|system|>', '<|end|>', '<|user|>'])])
+def test_a_sentencepiece_chat_template_prompts_as_transformers(tmp_path, name, template, specials):
+    """A chat through Llama 2's, Mistral's and Phi-3's templates, each snapshot with its model's
+    config.json: transformers' apply_chat_template(tokenize=True) ids for the legacy layout and the
+    later one, LlamaTokenizer's steps or the file's (the space before the text at the start of the
+    rendered prompt only, or after every special token)."""
+    import transformers
+    msgs = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Liz has 80 books. How many?'},
+            {'role': 'assistant', 'content': '  80 books.'}, {'role': 'user', 'content': 'And\n now 日?'}]
+    for legacy in (True, False):
+        path = sentencepiece_snapshot(tmp_path / f'{name}-{legacy}', {'tokenizer_class': 'LlamaTokenizer',
+                                                                       'legacy': legacy}, specials, template,
+                                      metaspace_file=not legacy, model_type=name)
+        ours, hf = load_tokenizer(str(path)), transformers.AutoTokenizer.from_pretrained(path)
+        for m in (msgs, msgs[1:], msgs[1:2]):
+            if name == 'mistral' and m[0]['role'] == 'system':
+                continue  # (this template drops a system turn)
+            want = hf.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+            want = list(want['input_ids'] if hasattr(want, 'keys') else want)
+            assert ours.render_chat(m) == want, (legacy, ours.decode(ours.render_chat(m)), hf.decode(want))
+
+
+def test_a_sentencepiece_layout_it_does_not_reproduce_is_one_clear_error(tmp_path):
+    """A Metaspace pre-tokenizer that splits at every space, or a normalizer other than Llama 2's,
+    where transformers keeps the file's steps: one line naming the file, its steps and what is
+    read."""
+    path = sentencepiece_snapshot(tmp_path / 'split', {'tokenizer_class': 'PreTrainedTokenizerFast'},
+                                  metaspace_file=True)
+    spec = json.loads((path / 'tokenizer.json').read_text())
+    spec['pre_tokenizer']['split'] = True
+    (path / 'tokenizer.json').write_text(json.dumps(spec))
+    nfkc = sentencepiece_snapshot(tmp_path / 'nfkc', {'tokenizer_class': 'LlamaTokenizer'}, model_type='phi3')
+    spec = json.loads((nfkc / 'tokenizer.json').read_text())
+    spec['normalizer']['normalizers'].insert(0, {'type': 'NFKC'})
+    (nfkc / 'tokenizer.json').write_text(json.dumps(spec))
+    for p, steps in ((path, "normalizer None, pre_tokenizer 'Metaspace' split True"),
+                     (nfkc, "normalizer 'Sequence', pre_tokenizer None")):
+        with pytest.raises(TokenizerError, match=r"tokenizer\.json: this sentencepiece-style tokenizer's steps are "
+                           rf"not supported \({steps}\): read are a Metaspace") as e:
+            load_tokenizer(str(p))
+        assert '\n' not in str(e.value)
