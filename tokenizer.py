@@ -55,6 +55,7 @@ class SentencePieceBPE:
             else:
                 self.id_bytes[i] = piece.replace('▁', ' ').encode()
                 id_of[self.id_bytes[i]] = i
+        self.fallback_ids = set(self.byte_id.values())
         missing = [b for b in range(256) if b not in self.byte_id]
         if missing:
             raise TokenizerError(f"{src}: byte_fallback without the <0x{missing[0]:02X}> token "
@@ -101,7 +102,22 @@ class SentencePieceBPE:
         return special.encode() if special is not None else self.id_bytes.get(i, b'')
 
     def decode(self, ids, errors='replace'):
-        text = b''.join(map(self.decode_single_token_bytes, ids)).decode('utf-8', errors=errors)
+        """HF's text of ids: each run of <0xXX> tokens its UTF-8, or one U+FFFD per byte where that
+        is not valid (HF's ByteFallback decoder); the space before the text taken off."""
+        parts, run = [], []
+        for i in [*ids, None]:
+            if i is not None and i in self.fallback_ids:
+                run.append(self.id_bytes[i])
+                continue
+            if run:
+                try:
+                    parts.append(b''.join(run).decode('utf-8'))
+                except UnicodeDecodeError:
+                    parts.append('\ufffd' * len(run))
+                run = []
+            if i is not None:
+                parts.append(self.decode_single_token_bytes(i).decode('utf-8', errors=errors))
+        text = ''.join(parts)
         return text[1:] if self.prefix != 'never' and text.startswith(' ') else text
 
 

@@ -285,6 +285,9 @@ def test_a_sentencepiece_bpe_encodes_and_decodes_as_transformers(tmp_path, layou
         want = hf.encode(s, add_special_tokens=False)
         assert ours.encode_with_special(s) == want, (s, hf.convert_ids_to_tokens(want))
         assert ours.decode(want) == hf.decode(want), s
+    for _ in range(500):  # any ids, as a completion cut anywhere: byte tokens that are no character among them
+        ids = rng.choices(range(len(hf)), k=rng.randint(1, 8))
+        assert ours.decode(ids) == hf.decode(ids), hf.convert_ids_to_tokens(ids)
     assert ours.encode('<s>') != [ours.special['<s>']]  # ordinary text cannot inject a special
 
 
