@@ -35,12 +35,14 @@ def hf_layout(cfg, prefix):
         qkv, gate_up = (['qkv'], ['gate_up']) if fused else (['q', 'k', 'v'], ['gate', 'up'])
         qkv_rows = None if fused else [cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd]
         gate_up_rows = None if fused else [cfg.intermediate_size] * 2
-        # only qwen2 has q/k/v biases, only qwen3 and olmo2 q/k norms
+        # only qwen2 has q/k/v biases, only qwen3, olmo2 and gemma3_text q/k norms
         qkv_tensors = ('weight', 'bias') if cfg.arch == 'qwen2' else ('weight',)
-        norms = ('q_norm', 'k_norm') if cfg.arch in ('qwen3', 'olmo2') else ()
-        # ln_1, ln_2: the pre-norms of attention and MLP; olmo2's norms of their outputs
-        ln = (('post_attention_layernorm', 'post_feedforward_layernorm') if cfg.arch == 'olmo2'
-              else ('input_layernorm', 'post_attention_layernorm'))
+        norms = ('q_norm', 'k_norm') if cfg.arch in ('qwen3', 'olmo2', 'gemma3_text') else ()
+        # ln_1, ln_2: the pre-norms of attention and MLP; olmo2's norms of their outputs;
+        # gemma3_text has both (ln_1a, ln_2a: the outputs')
+        ln = {'olmo2': ('post_attention_layernorm', 'post_feedforward_layernorm'),
+              'gemma3_text': ('input_layernorm', 'pre_feedforward_layernorm')}.get(
+                  cfg.arch, ('input_layernorm', 'post_attention_layernorm'))
         lay['wte.weight'] = ([prefix + 'embed_tokens.weight'], None, False)
         for i in range(cfg.n_layer):
             a = f'{prefix}layers.{i}.'
@@ -53,6 +55,9 @@ def hf_layout(cfg, prefix):
             for n in norms:
                 lay[p + f'attn.{n}.weight'] = ([a + f'self_attn.{n}.weight'], None, False)
             lay[p + 'ln_2.weight'] = ([a + ln[1] + '.weight'], None, False)
+            if cfg.arch == 'gemma3_text':
+                lay[p + 'ln_1a.weight'] = ([a + 'post_attention_layernorm.weight'], None, False)
+                lay[p + 'ln_2a.weight'] = ([a + 'post_feedforward_layernorm.weight'], None, False)
             gate_up_names = [a + f'mlp.{n}_proj.weight' for n in gate_up]
             lay[p + 'mlp.c_fc.weight'] = (gate_up_names, gate_up_rows, False)
             lay[p + 'mlp.c_proj.weight'] = ([a + 'mlp.down_proj.weight'], None, False)
@@ -106,7 +111,7 @@ HF_KEYS = {
                  tie_word_embeddings=('tie_word_embeddings', True)),
 }
 # same fields; head_dim and rope_scaling read apart
-HF_KEYS.update(dict.fromkeys(('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3'),
+HF_KEYS.update(dict.fromkeys(('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3', 'gemma3_text'),
                              HF_KEYS['qwen2']))
 HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2'),
            'qwen3': dict(architectures=['Qwen3ForCausalLM'], model_type='qwen3'),
@@ -115,6 +120,7 @@ HF_ARCH = {'qwen2': dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2')
            'olmo2': dict(architectures=['Olmo2ForCausalLM'], model_type='olmo2'),
            'smollm3': dict(architectures=['SmolLM3ForCausalLM'], model_type='smollm3'),
            'phi3': dict(architectures=['Phi3ForCausalLM'], model_type='phi3'),
+           'gemma3_text': dict(architectures=['Gemma3ForCausalLM'], model_type='gemma3_text'),
            'gpt2': dict(architectures=['GPT2LMHeadModel'], model_type='gpt2')}
 CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification',
               'qwen3': 'Qwen3ForSequenceClassification',
@@ -123,9 +129,10 @@ CLASSIFIER = {'qwen2': 'Qwen2ForSequenceClassification',
               'olmo2': 'Olmo2ForSequenceClassification',
               'smollm3': 'SmolLM3ForSequenceClassification',
               'phi3': 'Phi3ForSequenceClassification',
+              'gemma3_text': 'Gemma3TextForSequenceClassification',
               'gpt2': 'GPT2ForSequenceClassification'}
 # the architectures with an explicit head_dim in config.json (else n_embd // n_head)
-HEAD_DIM = ('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3')
+HEAD_DIM = ('qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3', 'gemma3_text')
 LLAMA3_ROPE = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
 # config.json settings that change the math: the values we implement (save writes the first)
 SUPPORTED = {
@@ -139,6 +146,9 @@ SUPPORTED = {
     'smollm3': dict(hidden_act=['silu'], use_sliding_window=[False], attention_bias=[False],
                     mlp_bias=[False]),
     'phi3': dict(hidden_act=['silu'], sliding_window=[None]),
+    'gemma3_text': dict(hidden_activation=['gelu_pytorch_tanh'], attention_bias=[False],
+                        final_logit_softcapping=[None], attn_logit_softcapping=[None],
+                        use_bidirectional_attention=[False]),
     'gpt2': dict(activation_function=['gelu_new', 'gelu_pytorch_tanh'], scale_attn_weights=[True],
                  scale_attn_by_inverse_layer_idx=[False]),
 }
@@ -149,11 +159,14 @@ def config_from_hf(hf, file):
     arch = hf.get('model_type')
     if arch not in HF_KEYS:
         raise ModelLoadError(f"{file}: model_type {arch!r} is not supported (qwen2, qwen3, llama, "
-                             "mistral, olmo2, smollm3, phi3 or gpt2; no mixture-of-experts)")
+                             "mistral, olmo2, smollm3, phi3, gemma3_text or gpt2; no mixture-of-experts)")
+    kw = {}
+    if arch == 'gemma3_text':
+        hf = read_gemma3(hf, kw, file)
     if arch != 'gpt2' and hf.get('rope_theta') is None:
         # transformers>=5 writes it inside rope_parameters
         hf = {**hf, **(hf.get('rope_parameters') or {})}
-    kw = dict(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
+    kw.update(arch=arch, bos_token_id=hf.get('bos_token_id'), eos_token_id=hf.get('eos_token_id'))
     if type(hf.get('pad_token_id')) is int:  # kept for the export (transformers' embedding reads it)
         kw['pad_token_id'] = hf['pad_token_id']
     if CLASSIFIER[arch] in (hf.get('architectures') or []):
@@ -200,6 +213,8 @@ def config_from_hf(hf, file):
                              "(default or llama3)")
     if arch == 'smollm3':
         kw['no_rope_layers'] = no_rope_layers(hf, kw['n_layer'], file)
+    if arch == 'gemma3_text':  # positions stop at the window (read_gemma3)
+        kw['max_positions'], kw['max_seq_len'] = kw['max_seq_len'], min(kw['max_seq_len'], kw['sliding_window'])
     hd = hf.get('head_dim')
     if arch in HEAD_DIM and type(hd) is int and hd != kw['n_embd'] // kw['n_head']:
         # kept only where it differs, so a config saved and loaded back compares equal
@@ -241,6 +256,41 @@ def read_phi3_rope(hf, rope, kind, kw, where):
     return 'default'
 
 
+def read_gemma3(hf, kw, file):
+    """Gemma 3's own fields into kw (its sliding-window layers from layer_types, or every
+    sliding_window_pattern-th layer global as transformers fills them in; the window; each kind's
+    RoPE base from rope_parameters by layer type, or rope_theta and rope_local_base_freq;
+    query_pre_attn_scalar); returns hf with the global layers' RoPE settings where the others
+    are read."""
+    n = hf.get('num_hidden_layers')
+    types = hf.get('layer_types')
+    if types is None and type(n) is int:
+        every = hf.get('sliding_window_pattern', 6)
+        types = ['sliding_attention' if (i + 1) % every else 'full_attention' for i in range(n)]
+    if not (isinstance(types, list) and len(types) == n and set(types) <= {'sliding_attention', 'full_attention'}):
+        raise ModelLoadError(f"{file}: field 'layer_types' should be {n} of 'sliding_attention' and "
+                             f"'full_attention', got {types!r}")
+    window = hf.get('sliding_window', 4096)
+    if type(window) is not int or window < 1:
+        raise ModelLoadError(f"{file}: field 'sliding_window' should be a positive int, got {window!r}")
+    scalar = hf.get('query_pre_attn_scalar', 256)
+    if not isinstance(scalar, (int, float)) or scalar <= 0:
+        raise ModelLoadError(f"{file}: field 'query_pre_attn_scalar' should be a positive number, got {scalar!r}")
+    rope = hf.get('rope_parameters') or {}
+    full, local = rope.get('full_attention') or {}, rope.get('sliding_attention') or {}
+    if local.get('rope_type', 'default') != 'default':
+        raise ModelLoadError(f"{file}: field 'rope_parameters' has rope_type {local.get('rope_type')!r} for "
+                             "sliding_attention, not supported (default)")
+    kw.update(sliding_layers=tuple(int(t == 'sliding_attention') for t in types), sliding_window=window,
+              query_pre_attn_scalar=float(scalar),
+              local_rope_theta=float(local.get('rope_theta', hf.get('rope_local_base_freq', 10000.0))))
+    hf = {k: v for k, v in hf.items() if k != 'rope_parameters'}
+    hf.setdefault('rope_theta', full.get('rope_theta', 1e6))
+    if full.get('rope_type', 'default') != 'default':
+        hf['rope_scaling'] = full
+    return hf
+
+
 def no_rope_layers(hf, n_layer, file):
     """SmolLM3's RoPE layers: config.json's no_rope_layers (1 RoPE, 0 none, one per layer), else
     every no_rope_layer_interval-th layer without, as transformers fills it in."""
@@ -273,6 +323,11 @@ def config_to_hf(cfg, dtype):
         out['no_rope_layers'] = list(cfg.no_rope_layers)
     if cfg.arch == 'phi3':
         out['partial_rotary_factor'] = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
+    if cfg.arch == 'gemma3_text':
+        out.update(max_position_embeddings=cfg.max_positions, sliding_window=cfg.sliding_window,
+                   query_pre_attn_scalar=int(cfg.query_pre_attn_scalar) if cfg.query_pre_attn_scalar.is_integer()
+                   else cfg.query_pre_attn_scalar, rope_local_base_freq=cfg.local_rope_theta,
+                   layer_types=['sliding_attention' if s else 'full_attention' for s in cfg.sliding_layers])
     if cfg.longrope:
         out['max_position_embeddings'], attention, short, long = cfg.longrope
         out['original_max_position_embeddings'] = cfg.max_seq_len

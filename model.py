@@ -8,6 +8,10 @@ One hand-written decoder-only transformer for these checkpoint families:
   each sublayer's output instead of its input and q and k over all heads at once (its norms and
   RoPE in fp32), SmolLM3 leaves RoPE out of every fourth layer (NoPE), Phi-3 rotates part of each
   head (and scales RoPE by 'longrope') and stores q/k/v and gate/up fused as we do;
+- Gemma 3 (text: 270M, 1B): the embedding scaled by sqrt(width), every RMSNorm's gain 1 + w in
+  fp32, q and k RMS-normed per head, attention scaled by query_pre_attn_scalar, GELU (tanh) gate,
+  norms before and after each sublayer, its sliding-window layers with their own RoPE base
+  (max_seq_len stops at the window, so no position falls outside it);
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
 Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated
 KV cache with per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is
@@ -32,7 +36,7 @@ except ImportError:
 
 @dataclass
 class ModelConfig:
-    # 'qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3' or 'gpt2'
+    # 'qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3', 'gemma3_text' or 'gpt2'
     arch: str = 'qwen2'
     vocab_size: int = 260            # rows of the embedding (and of the LM head)
     n_layer: int = 2                 # transformer blocks
@@ -54,6 +58,15 @@ class ModelConfig:
     # up to which transformers divides the frequencies by short_factor and scales cos/sin by the
     # attention factor
     longrope: tuple | None = None
+    # gemma3_text: per layer, 1 for a sliding-window layer (RoPE base local_rope_theta); the window;
+    # max_position_embeddings (max_seq_len stops at the window: no position falls outside it, so
+    # every layer attends to all earlier ones, as transformers' does within it); attention scores
+    # scaled by query_pre_attn_scalar ** -0.5 instead of head_dim's
+    sliding_layers: tuple | None = None
+    local_rope_theta: float = 10000.0
+    sliding_window: int = 0
+    max_positions: int = 0
+    query_pre_attn_scalar: float = 0.0
     # explicit head_dim (all but qwen2 and gpt2 may differ from n_embd // n_head); 0: that
     head_size: int = 0
     norm_eps: float = 1e-6           # rms_norm_eps (qwen2) / layer_norm_epsilon (gpt2)
@@ -70,6 +83,20 @@ class ModelConfig:
     def head_dim(self):
         return self.head_size or self.n_embd // self.n_head
 
+    @property
+    def attn_scale(self):
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def context_note(self):
+        """Why max_seq_len stops short of the snapshot's max_position_embeddings, for messages."""
+        if self.sliding_window:
+            return (f" (a Gemma 3 attends over the last {self.sliding_window} positions in its sliding-window layers: "
+                    f"longer sequences are not supported)")
+        if self.longrope:
+            return f" (past {self.max_seq_len} positions transformers switches Phi-3's longrope to long_factor)"
+        return ''
+
 
 def qwen25_05b_config():
     """The exact shape of Qwen2.5-0.5B(-Instruct), for benchmarks from random weights."""
@@ -81,18 +108,22 @@ def qwen25_05b_config():
 
 class Norm(nn.Module):
     """RMSNorm (qwen2; computed in fp32 like HF) or LayerNorm with bias (gpt2). fp32_gain (olmo2):
-    the gain too is applied in fp32, before rounding to x's dtype, as OLMo 2's RMSNorm does."""
+    the gain too is applied in fp32, before rounding to x's dtype, as OLMo 2's RMSNorm does.
+    unit_offset (gemma3_text): the gain is 1 + weight, in fp32, as Gemma's."""
 
-    def __init__(self, dim, eps, rms, fp32_gain=False):
+    def __init__(self, dim, eps, rms, fp32_gain=False, unit_offset=False):
         super().__init__()
         self.eps = eps
-        self.fp32_gain = fp32_gain
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.fp32_gain, self.unit_offset = fp32_gain, unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.bias = None if rms else nn.Parameter(torch.zeros(dim))
 
     def forward(self, x):
         if self.bias is not None:
             return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        if self.unit_offset:  # in fp32 at least (fp64 stays fp64)
+            wide = torch.promote_types(x.dtype, torch.float32)
+            return (F.rms_norm(x.to(wide), x.shape[-1:], eps=self.eps) * (1.0 + self.weight.to(wide))).to(x.dtype)
         if x.dtype == torch.float32:  # the gain inside: one kernel on CUDA
             return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         if self.fp32_gain:
@@ -220,17 +251,17 @@ def block_mask(mask_mod, B, T, device, chunk=1 << 26):
 _FLEX = {}  # device type -> flex_attention through torch.compile
 
 
-def flex(q, k, v, block_mask, gqa):
+def flex(q, k, v, block_mask, gqa, scale=None):
     """FlexAttention's fused kernel (called eagerly it would materialize every score). Compiled once
     per device type: dynamic shapes on CUDA (after the first shape), static on the CPU (torch 2.13's
     dynamic-shape CPU kernel does not build). CPU: forward only, torch has no FlexAttention backward
     there."""
     if torch.compiler.is_compiling():  # inside a torch.compile'd model: traced with it
-        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa, scale=scale)
     dev = q.device.type
     if dev not in _FLEX:
         _FLEX[dev] = torch.compile(flex_attention, dynamic=False if dev == 'cpu' else None)
-    return _FLEX[dev](q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    return _FLEX[dev](q, k, v, block_mask=block_mask, enable_gqa=gqa, scale=scale)
 
 
 class Attention(nn.Module):
@@ -245,8 +276,9 @@ class Attention(nn.Module):
         # an RMSNorm of queries and of keys: qwen3 per head (weights of head_dim), olmo2 over all
         # heads at once (weights of n_head * head_dim and n_kv_head * head_dim)
         self.q_norm = self.k_norm = None
-        if cfg.arch == 'qwen3':
-            self.q_norm, self.k_norm = Norm(hd, cfg.norm_eps, True), Norm(hd, cfg.norm_eps, True)
+        if cfg.arch in ('qwen3', 'gemma3_text'):
+            gemma = cfg.arch == 'gemma3_text'
+            self.q_norm, self.k_norm = (Norm(hd, cfg.norm_eps, True, unit_offset=gemma) for _ in 'qk')
         elif cfg.arch == 'olmo2':
             self.q_norm = Norm(self.sizes[0], cfg.norm_eps, True, fp32_gain=True)
             self.k_norm = Norm(self.sizes[1], cfg.norm_eps, True, fp32_gain=True)
@@ -262,7 +294,7 @@ class Attention(nn.Module):
             qkv = torch.cat([self.q_norm(q), self.k_norm(k), v], dim=-1)
         # (B, T, heads, hd): queries, keys, values; RoPE and the cache write need no transpose
         qk, v = qkv.view(B, T, nh + 2 * nkv, hd).split([nh + nkv, nkv], dim=2)
-        if self.cfg.arch == 'qwen3':  # each head's query and key RMS-normed before RoPE
+        if self.cfg.arch in ('qwen3', 'gemma3_text'):  # each head's query and key RMS-normed before RoPE
             qk = torch.cat([self.q_norm(qk[:, :, :nh]), self.k_norm(qk[:, :, nh:])], dim=2)
         if rope is not None:
             qk = apply_rope(qk, *rope)  # both at once: one set of kernels, not two
@@ -280,17 +312,18 @@ class Attention(nn.Module):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
             if mask is None:
                 # causal LM, or a prefill into an empty cache: the fused kernels' fast path
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nh != nkv,
+                                                   scale=self.cfg.attn_scale)
             elif BlockMask is not None and isinstance(mask, BlockMask):
                 # packed groups through FlexAttention (under autocast v is in the compute dtype)
-                y = flex(q.to(v.dtype), k.to(v.dtype), v, mask, nh != nkv)
+                y = flex(q.to(v.dtype), k.to(v.dtype), v, mask, nh != nkv, self.cfg.attn_scale)
             else:
                 # packed sequences (training): an explicit mask, broadcast over heads, so K/V are
                 # repeated
                 g = nh // nkv
                 if g != 1:
                     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.cfg.attn_scale)
             y = y.transpose(1, 2).reshape(B * T, nh * hd)  # (B, nh, T, hd) -> rows
         return self.c_proj(y)
 
@@ -306,12 +339,12 @@ class Attention(nn.Module):
         if T == 1 and q.device.type == 'cpu':
             # decode on CPU: SDPA's CPU kernel costs 0.2-0.5 ms a call whatever the size, 2-3x
             # what these take; batched over (row, kv head) as views of the cache, no copy of it
-            q = (q * hd ** -0.5).view(B * nkv, nh // nkv, hd)
+            q = (q * self.cfg.attn_scale).view(B * nkv, nh // nkv, hd)
             scores = torch.bmm(q, kc.reshape(B * nkv, L, hd).transpose(1, 2))
             p = torch.softmax(scores.view(B, nkv, -1, L) + bias, dim=-1)
             return torch.bmm(p.view(B * nkv, -1, L), vc.reshape(B * nkv, L, hd)).view(B, nh * hd)
         q = q.transpose(1, 2).reshape(B, nkv, nh // nkv * T, hd)
-        y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias)
+        y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias, scale=self.cfg.attn_scale)
         return y.reshape(B, nh, T, hd).transpose(1, 2).reshape(B * T, nh * hd)
 
 
@@ -319,6 +352,7 @@ class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.swiglu = cfg.arch != 'gpt2'
+        self.gelu_gate = cfg.arch == 'gemma3_text'  # GELU (tanh) of the gate instead of SiLU
         # qwen2: gate and up projections fused into one matmul, split before SiLU(gate) * up
         n_out = 2 * cfg.intermediate_size if self.swiglu else cfg.intermediate_size
         self.c_fc = nn.Linear(cfg.n_embd, n_out, bias=not self.swiglu)
@@ -327,29 +361,38 @@ class MLP(nn.Module):
     def forward(self, x):
         if self.swiglu:
             gate, up = self.c_fc(x).chunk(2, dim=-1)
-            return self.c_proj(F.silu(gate) * up)
+            gate = F.gelu(gate, approximate='tanh') if self.gelu_gate else F.silu(gate)
+            return self.c_proj(gate * up)
         return self.c_proj(F.gelu(self.c_fc(x), approximate='tanh'))  # GPT-2's 'gelu_new'
 
 
 class Block(nn.Module):
     """Pre-norm: ln_1 and ln_2 normalize the attention's and the MLP's inputs. olmo2 norms their
-    outputs instead, before each is added to the residual stream."""
+    outputs instead, before each is added to the residual stream; gemma3_text both (ln_1a, ln_2a:
+    the outputs')."""
 
     def __init__(self, cfg, layer=0):
         super().__init__()
         rms, self.post_norm = cfg.arch != 'gpt2', cfg.arch == 'olmo2'
-        # smollm3: some layers apply no RoPE (NoPE)
+        gemma = cfg.arch == 'gemma3_text'
+        # smollm3: some layers apply no RoPE (NoPE); gemma3_text: its sliding-window layers their own
         self.rope = cfg.no_rope_layers is None or bool(cfg.no_rope_layers[layer])
-        self.ln_1 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm)
+        self.local = bool(cfg.sliding_layers and cfg.sliding_layers[layer])
+        self.ln_1 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm, unit_offset=gemma)
         self.attn = Attention(cfg)
-        self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm)
+        self.ln_2 = Norm(cfg.n_embd, cfg.norm_eps, rms, fp32_gain=self.post_norm, unit_offset=gemma)
         self.mlp = MLP(cfg)
+        self.ln_1a = Norm(cfg.n_embd, cfg.norm_eps, True, unit_offset=True) if gemma else None
+        self.ln_2a = Norm(cfg.n_embd, cfg.norm_eps, True, unit_offset=True) if gemma else None
 
     def forward(self, x, shape, rope, mask, kv):
-        rope = rope if self.rope else None
+        rope = rope[self.local] if isinstance(rope, list) else rope if self.rope else None
         if self.post_norm:
             x = x + self.ln_1(self.attn(x, shape, rope, mask, kv))
             return x + self.ln_2(self.mlp(x))
+        if self.ln_1a is not None:
+            x = x + self.ln_1a(self.attn(self.ln_1(x), shape, rope, mask, kv))
+            return x + self.ln_2a(self.mlp(self.ln_2(x)))
         x = x + self.attn(self.ln_1(x), shape, rope, mask, kv)
         return x + self.mlp(self.ln_2(x))
 
@@ -438,12 +481,12 @@ class KVCache:
 
 
 class GPT(nn.Module):
-    """Qwen2, Qwen3, Llama, Mistral, OLMo 2, SmolLM3, Phi-3 or GPT-2, switched on cfg.arch.
+    """Qwen2, Qwen3, Llama, Mistral, OLMo 2, SmolLM3, Phi-3, Gemma 3 or GPT-2, switched on cfg.arch.
     Parameter names follow nanoGPT; hf_layout maps them to HF's."""
 
     def __init__(self, cfg):
         super().__init__()
-        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3', 'gpt2')
+        assert cfg.arch in ('qwen2', 'qwen3', 'llama', 'mistral', 'olmo2', 'smollm3', 'phi3', 'gemma3_text', 'gpt2')
         assert cfg.no_rope_layers is None or len(cfg.no_rope_layers) == cfg.n_layer
         assert (cfg.head_size or cfg.n_embd % cfg.n_head == 0) and cfg.n_head % cfg.n_kv_head == 0
         assert cfg.arch != 'gpt2' or cfg.n_kv_head == cfg.n_head
@@ -451,7 +494,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.arch == 'gpt2' else None
         self.h = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)])
-        self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, cfg.arch != 'gpt2', cfg.arch == 'olmo2')
+        self.ln_f = Norm(cfg.n_embd, cfg.norm_eps, cfg.arch != 'gpt2', cfg.arch == 'olmo2',
+                         cfg.arch == 'gemma3_text')
         # a tied head is not a module: one tensor, so loading with assign=True cannot untie it
         self.lm_head = None
         if not (cfg.tie_word_embeddings or cfg.num_labels):
@@ -515,8 +559,8 @@ class GPT(nn.Module):
         if cache is None:
             mask = attn_mask
             L = T
-            if pos is not None and (self.wpe is not None or cfg.longrope):
-                L = int(pos.max()) + 1  # (a sync: GPT-2 and phi3's longrope only)
+            if pos is not None and (self.wpe is not None or cfg.longrope or cfg.sliding_window):
+                L = int(pos.max()) + 1  # (a sync: GPT-2, phi3's longrope and gemma3_text only)
             if mask is not None and mask.dim() == 2:
                 # packed groups' segment ids: the mask is built here, on device
                 mask = packed_mask(mask, packed_backend(self.packed_attention, mask.device))
@@ -548,15 +592,19 @@ class GPT(nn.Module):
                 mask = mask[..., :L]
             rows = torch.arange(B, device=idx.device)[:, None]
         # GPT-2's position table ends at max_seq_len; past phi3's (its original context)
-        # transformers switches longrope to long_factor (a static cache: sample.py's check)
+        # transformers switches longrope to long_factor; past gemma3_text's (its window) its
+        # sliding-window layers would see less (a static cache: sample.py's check)
         static = cache is not None and cache.static
-        if L > cfg.max_seq_len and (self.wpe is not None or cfg.longrope and not static):
+        if L > cfg.max_seq_len and (self.wpe is not None or (cfg.longrope or cfg.sliding_window) and not static):
             raise ValueError(f'sequence of {L} positions exceeds the model maximum '
                              f'{cfg.max_seq_len}')
         # the blocks work on rows (B*T, n_embd): each matmul 2-D, no reshape around it
         # the residual stream in the norms' dtype: with a LoRA base kept in bf16 (lora.store_base)
         # the embedding is bf16 and the norms fp32, and the stream stays fp32 as before
-        x = self.wte(idx).to(self.ln_f.weight.dtype)
+        x = self.wte(idx)
+        if cfg.arch == 'gemma3_text':  # scaled by sqrt(width), rounded to the embedding's dtype first
+            x = x * torch.tensor(cfg.n_embd ** 0.5).to(x.dtype)
+        x = x.to(self.ln_f.weight.dtype)
         rope = None
         if self.wpe is not None:
             x = x + self.wpe(pos)
@@ -566,6 +614,9 @@ class GPT(nn.Module):
             cos_sin = rope_cos_sin(pos, cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, dtype,
                                    cfg.rope_scaling, cfg.longrope)
             rope = tuple(t[:, :, None] for t in cos_sin)  # (B, T, 1, hd): over the heads
+            if cfg.sliding_layers:  # gemma3_text: [global, local], each block takes its own
+                local = rope_cos_sin(pos, cfg.head_dim, cfg.local_rope_theta, dtype)
+                rope = [rope, tuple(t[:, :, None] for t in local)]
         x = x.view(B * T, -1)
         for i, block in enumerate(self.h):
             if self.grad_checkpoint and self.training and cache is None and torch.is_grad_enabled():

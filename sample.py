@@ -130,7 +130,7 @@ def prefill(model, tok, prompts, group_size, max_new_tokens, *, compile=False, s
     max_len = int(lens.max()) + max_new_tokens
     if max_len > model.config.max_seq_len:
         raise ValueError(f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) "
-                         f"exceeds the model's max_seq_len {model.config.max_seq_len}")
+                         f"exceeds the model's max_seq_len {model.config.max_seq_len}{model.config.context_note}")
     if int(lens.min()) == 0:
         raise ValueError("empty prompt: every prompt needs at least one token")
     idx = torch.full((P, int(lens.max())), tok.pad_id, dtype=torch.int64, device=device)

@@ -547,8 +547,10 @@ def _tokenizer(path, files, enc, eos, nfc=False):
 # transformers 5's LlamaTokenizer builds a sentencepiece-style BPE's steps itself, from the config's
 # legacy and add_prefix_space, for the snapshots that name it (Llama 2, TinyLlama, Vicuna, ...) except
 # where the model's type sends AutoTokenizer to the file's own steps (TokenizersBackend): Mistral's
-# (its MistralCommonBackend when mistral_common is installed, which is not read here) and Phi-3's
-SENTENCEPIECE_CLASS = 'LlamaTokenizer'
+# (its MistralCommonBackend when mistral_common is installed, which is not read here) and Phi-3's.
+# Its GemmaTokenizer (Gemma 3) puts no space before the text (its Split at ' ' comes after the
+# normalizer has replaced every space: it never splits)
+SENTENCEPIECE_CLASS, GEMMA_CLASS = 'LlamaTokenizer', 'GemmaTokenizer'
 FILE_STEPS_TYPES = ('mistral', 'phi3')
 LEGACY_NORMALIZER = [{'type': 'Prepend', 'prepend': '▁'}, {'type': 'Replace', 'pattern': {'String': ' '},
                                                              'content': '▁'}]
@@ -557,16 +559,19 @@ LEGACY_NORMALIZER = [{'type': 'Prepend', 'prepend': '▁'}, {'type': 'Replace', 
 def sentencepiece_prefix(spec, conf, model_type, src):
     """None for a byte-level BPE; for a sentencepiece-style one (byte_fallback, '▁' pieces), where
     transformers' AutoTokenizer puts a space before the text (SentencePieceBPE's prefix).
-    LlamaTokenizer's rule (SENTENCEPIECE_CLASS, model_type not in FILE_STEPS_TYPES): 'never' when
-    add_prefix_space is false, else 'always' when legacy is true, else 'first'. The file's steps:
+    GemmaTokenizer's: 'never'. LlamaTokenizer's (SENTENCEPIECE_CLASS, model_type not in
+    FILE_STEPS_TYPES): 'never' when add_prefix_space is false, else 'always' when legacy is true,
+    else 'first'. The file's steps:
     a Metaspace pre-tokenizer with split false gives its prepend_scheme, Llama 2's legacy normalizer
     (Prepend '▁', Replace ' ') 'prepend', a Replace alone 'never'. Anything else: one
     TokenizerError."""
     model = spec.get('model') or {}
     if not model.get('byte_fallback') or not any('▁' in p for p in model.get('vocab', {})):
         return None
-    llama = str(conf.get('tokenizer_class')).removesuffix('Fast') == SENTENCEPIECE_CLASS
-    if llama and model_type not in FILE_STEPS_TYPES:
+    named = str(conf.get('tokenizer_class')).removesuffix('Fast')
+    if named == GEMMA_CLASS:
+        return 'never'
+    if named == SENTENCEPIECE_CLASS and model_type not in FILE_STEPS_TYPES:
         if conf.get('add_prefix_space') is False:
             return 'never'
         return 'always' if conf.get('legacy') else 'first'

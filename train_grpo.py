@@ -434,7 +434,8 @@ except (ValueError, OSError) as e:
     die(str(e))
 if max(max_new_tokens, eval_max_new_tokens) >= model.config.max_seq_len:
     die(f"--max_new_tokens={max_new_tokens} (eval_max_new_tokens={eval_max_new_tokens}): no room "
-        f"left for a prompt in the model's {model.config.max_seq_len} positions (max_seq_len)", 2)
+        f"left for a prompt in the model's {model.config.max_seq_len} positions (max_seq_len)"
+        f"{model.config.context_note}", 2)
 
 
 def fitting(examples, budget, what, task=None):  # those whose prompt leaves budget tokens' room

@@ -22,7 +22,7 @@ peft = pytest.importorskip('peft')
 V = 300
 CONFIGS = {'qwen2': MODEL_CONFIGS['qwen2_gqa_tied'], 'qwen3': FAMILY_CONFIGS['qwen3'],
            'llama3': FAMILY_CONFIGS['llama3'], 'olmo2': FAMILY_CONFIGS['olmo2'],
-           'phi3': FAMILY_CONFIGS['phi3'], 'gpt2': MODEL_CONFIGS['gpt2']}
+           'phi3': FAMILY_CONFIGS['phi3'], 'gemma3': FAMILY_CONFIGS['gemma3'], 'gpt2': MODEL_CONFIGS['gpt2']}
 RANK = 4
 ALPHA = 8.0  # scale 2: a wrong scale shows
 

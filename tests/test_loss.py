@@ -590,16 +590,17 @@ def test_token_mean_weights_every_token_equally():
     assert abs(w[1].item() - 0.5 / 9) < 1e-7, "GRPO: sequences count equally instead"
 
 
-@pytest.mark.parametrize('arch', ['qwen2', 'olmo2', 'gpt2'])
+@pytest.mark.parametrize('arch', ['qwen2', 'olmo2', 'gemma3_text', 'gpt2'])
 def test_packed_groups_give_the_same_logprobs_and_gradient_as_separate_rows(arch):
     """pack_groups() (each prompt once, its completions after it) must be exactly pack() (prompt +
     completion per row) for the model: the same log-prob for every completion token, in the same
     order, and the same gradient."""
     from batch import pack, pack_groups
     from model import GPT, ModelConfig
+    from test_flex import GEMMA
     cfg = ModelConfig(arch=arch, vocab_size=50, n_layer=2, n_head=4,
                       n_kv_head=2 if arch == 'qwen2' else 4, n_embd=32, intermediate_size=64,
-                      max_seq_len=64, tie_word_embeddings=arch == 'gpt2')
+                      max_seq_len=64, tie_word_embeddings=arch == 'gpt2', **(GEMMA if arch == 'gemma3_text' else {}))
     torch.manual_seed(0)
     model = GPT(cfg).double()
     # every weight and bias nonzero, so a misplaced position or mask shows

@@ -69,6 +69,17 @@ HF_CONFIGS = {  # name -> (config class, kwargs)
                                 rope_scaling=dict(type='longrope', short_factor=[1.0, 1.5, 4.0, 9.0],
                                                   long_factor=[2.0, 3.0, 8.0, 20.0]),
                                 pad_token_id=None, bos_token_id=1, eos_token_id=2)),
+    # Gemma 3 (text): a sliding-window layer on each side of a global one, each kind its own RoPE
+    # base; queries scaled by query_pre_attn_scalar (20, not head_dim 24); the window (96) is the
+    # context; embeddings scaled by sqrt(64); tied head
+    'gemma3': ('Gemma3TextConfig', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                        head_dim=24, max_position_embeddings=512, sliding_window=96,
+                                        query_pre_attn_scalar=20, layer_types=[
+                                            'sliding_attention', 'full_attention', 'sliding_attention'],
+                                        rope_parameters={
+                                            'full_attention': dict(rope_type='default', rope_theta=1e5),
+                                            'sliding_attention': dict(rope_type='default', rope_theta=1e3)})),
     'olmo2_tied_mha': ('Olmo2Config', dict(vocab_size=V, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=2,
                                            tie_word_embeddings=True,
@@ -103,8 +114,12 @@ def test_config_is_read_as_intended(snapshot):
     assert cfg.arch == hf.config.model_type and cfg.head_dim == head_dim
     llama3 = cfg.arch == 'llama'
     assert cfg.rope_scaling == ((8.0, 1.0, 8.0, 64) if llama3 else None)
-    assert (ours.h[0].attn.q_norm is not None) == (cfg.arch in ('qwen3', 'olmo2'))
+    assert (ours.h[0].attn.q_norm is not None) == (cfg.arch in ('qwen3', 'olmo2', 'gemma3_text'))
     assert ours.h[0].post_norm == (cfg.arch == 'olmo2')
+    assert (ours.h[0].ln_1a is not None) == (cfg.arch == 'gemma3_text')
+    if cfg.arch == 'gemma3_text':
+        assert cfg.sliding_layers == (1, 0, 1) and cfg.max_seq_len == 96 and cfg.max_positions == 512
+        assert (cfg.rope_theta, cfg.local_rope_theta, cfg.attn_scale) == (1e5, 1e3, 20 ** -0.5)
     nope = getattr(hf.config, 'no_rope_layers', None)
     assert [b.rope for b in ours.h] == [bool(f) for f in nope or [1] * cfg.n_layer]
     if cfg.arch == 'smollm3':
@@ -209,6 +224,50 @@ def test_phi3s_partial_rotary_and_longrope_change_the_logits_and_bound_the_conte
     ours(torch.zeros(1, 64, dtype=torch.long), kv_cache=cache)
     with pytest.raises(ValueError, match=far):  # a cache: one step past it
         ours(torch.zeros(1, 1, dtype=torch.long), kv_cache=cache)
+
+
+@torch.no_grad()
+def test_gemma3s_own_parts_change_the_logits_and_its_window_bounds_the_context(tmp_path):
+    """The sliding-window layers' own RoPE base, query_pre_attn_scalar and the embedding's scale
+    each change the logits clearly: what matches transformers above is each of them. Positions stop
+    at the window (past it those layers would see less than ours): generation there is refused,
+    and a forward there. Gemma 3's published layout (rope_theta, rope_local_base_freq,
+    sliding_window_pattern) reads as transformers 5's."""
+    import dataclasses
+    from sample import generate
+    from tokenizer import byte_tokenizer
+    hf = make_hf_model('gemma3')
+    hf.save_pretrained(tmp_path)
+    ours, _ = H.from_pretrained(tmp_path)
+    cfg = ours.config
+    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(4))
+    logits = []
+    for change in ({}, dict(local_rope_theta=cfg.rope_theta), dict(query_pre_attn_scalar=0.0),
+                   dict(arch='mistral')):
+        ours.config = dataclasses.replace(cfg, **change)
+        for block in ours.h:
+            block.attn.cfg = ours.config
+        logits.append(ours.eval()(idx))
+    ours.config = cfg
+    for block in ours.h:
+        block.attn.cfg = cfg
+    assert maxdiff(logits[1], logits[0]) > 100 * TOL, 'the local RoPE base changed nothing'
+    assert maxdiff(logits[2], logits[0]) > 100 * TOL, 'query_pre_attn_scalar changed nothing'
+    assert maxdiff(logits[3], logits[0]) > 100 * TOL, 'the embedding scale changed nothing'
+    with pytest.raises(ValueError, match=r"exceeds the model's max_seq_len 96"):
+        generate(ours, byte_tokenizer(), [[5] * 80], 1, 30)
+    with pytest.raises(ValueError, match=r'sequence of 100 positions exceeds the model maximum 96'):
+        ours(torch.zeros(1, 100, dtype=torch.long), pos=torch.arange(100)[None])
+    published = json.loads((tmp_path / 'config.json').read_text())
+    published.pop('layer_types')
+    rope = published.pop('rope_parameters')
+    published.update(rope_theta=rope['full_attention']['rope_theta'], sliding_window_pattern=2,
+                     rope_local_base_freq=rope['sliding_attention']['rope_theta'], rope_scaling=None)
+    (tmp_path / 'config.json').write_text(json.dumps(published))
+    again, _ = H.from_pretrained(tmp_path)
+    assert again.config == cfg
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert maxdiff(again.eval()(idx), theirs(idx).logits) <= TOL
 
 
 @torch.no_grad()
@@ -418,6 +477,53 @@ def test_a_mistral_instruct_snapshot_with_its_sentencepiece_tokenizer_trains_and
     want = again.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == list(want['input_ids'] if hasattr(want, 'keys')
                                                                       else want) == ours.render_chat(msgs)
+
+
+GEMMA3_TEMPLATE = (  # Gemma 3's chat template, its branches for string contents
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + "
+    "'\\n\\n' -%}{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception(\"Conversation roles must "
+    "alternate user/assistant/user/assistant/...\") }}{%- endif -%}{%- if (message['role'] == 'assistant') -%}"
+    "{%- set role = \"model\" -%}{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{'<start_of_turn>model\\n'}}{%- endif -%}")
+
+
+def test_a_gemma3_instruct_snapshot_prompts_trains_and_exports(tmp_path):
+    """A Gemma 3 (text) Instruct-shaped snapshot: its sentencepiece tokenizer as transformers'
+    GemmaTokenizer (no space before the text), its chat template (a system turn folded into the
+    first user turn), <end_of_turn> a stop: prompts equal transformers' ids, a GRPO run trains and
+    exports a Gemma 3 transformers loads with equal logits."""
+    from test_tokenizer import GEMMA_BASE, GEMMA_CONFIG, sentencepiece_snapshot
+    from test_train import metrics, run
+    from tokenizer import load_tokenizer
+    snap = sentencepiece_snapshot(tmp_path / 'gemma3', GEMMA_CONFIG, ['<start_of_turn>', '<end_of_turn>'],
+                                  GEMMA3_TEMPLATE, vocab_size=500, base=GEMMA_BASE)
+    tok = load_tokenizer(str(snap))
+    turn_end = tok.special['<end_of_turn>']
+    kw = {**HF_CONFIGS['gemma3'][1], 'vocab_size': tok.vocab_size, 'pad_token_id': 0, 'eos_token_id': [1, turn_end],
+          'bos_token_id': 2}
+    perturbed_hf(HF_CONFIGS['gemma3'][0], kw).save_pretrained(snap)  # with generation_config.json's stops
+    ours, hf = load_tokenizer(str(snap)), transformers.AutoTokenizer.from_pretrained(snap)
+    msgs = [{'role': 'system', 'content': 'Be brief.'},
+            {'role': 'user', 'content': 'Liz has 80 books and sells 7. How many?'}]
+    for m in (msgs, msgs[1:]):
+        want = hf.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+        assert ours.render_chat(m) == list(want['input_ids'] if hasattr(want, 'keys') else want)
+    assert ours.decode(ours.render_chat(msgs)).startswith('<bos><start_of_turn>user\nBe brief.\n\nLiz')
+    assert turn_end in ours.stop_ids and 1 in ours.stop_ids
+    out = tmp_path / 'run'
+    run(out, f'--init_from={snap}', '--max_steps=2', '--export_hf=True', '--max_new_tokens=12',
+        '--log_samples_every=1', timeout=300)
+    rows = [m for m in metrics(out) if 'reward/mean' in m]
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(m['loss'])) for m in rows)
+    exported, _ = H.from_pretrained(out / 'hf')
+    assert exported.config.arch == 'gemma3_text' and exported.config.max_seq_len == 96
+    with torch.no_grad():
+        check_export_round_trip(exported.eval(), out / 'hf', T=20, seed=6)
+    assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == ours.render_chat(msgs)
 
 
 def test_a_tokenizer_that_splits_twice_is_one_clear_error(tmp_path):

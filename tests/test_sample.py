@@ -16,9 +16,10 @@ TOK = byte_tokenizer()
 
 
 def tiny(arch='qwen2', seed=0):
+    from test_flex import GEMMA
     cfg = ModelConfig(arch=arch, vocab_size=TOK.vocab_size, n_layer=2, n_head=4,
                       n_kv_head=2 if arch == 'qwen2' else 4, n_embd=64, intermediate_size=128,
-                      max_seq_len=256, tie_word_embeddings=True)
+                      max_seq_len=256, tie_word_embeddings=True, **(GEMMA if arch == 'gemma3_text' else {}))
     m = from_scratch(cfg, dtype=torch.float32, device='cpu', seed=seed)
     # sharper logits than init's, so greedy paths are not decided by float noise
     with torch.no_grad():
@@ -45,7 +46,7 @@ def naive_greedy(model, prompt, n):
     return ids[len(prompt):], lps
 
 
-@pytest.mark.parametrize('arch', ['qwen2', 'olmo2', 'gpt2'])
+@pytest.mark.parametrize('arch', ['qwen2', 'olmo2', 'gemma3_text', 'gpt2'])
 def test_greedy_cached_equals_uncached(arch):
     model = tiny(arch)
     out = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[])

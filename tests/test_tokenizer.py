@@ -207,28 +207,28 @@ MISTRAL_TEMPLATE = (  # Mistral 7B Instruct's, [INST] and [/INST] control tokens
 
 
 def sentencepiece_snapshot(path, config, specials=(), template=None, *, metaspace_file=False, vocab_size=700,
-                           model_type=None):
+                           model_type=None, base=('<unk>', '<s>', '</s>')):
     """A sentencepiece-style BPE trained on GSM8K questions by `tokenizers`, written as transformers'
     converter writes Llama 2's, Mistral 7B's and Phi-3's tokenizer.json: <unk>, <s>, </s>, the 256
     <0xXX> byte tokens, the merged pieces by rank, the single characters last (sentencepiece's
     order); every split of a piece into two pieces a merge, ranked by the piece; byte fallback.
     config: tokenizer_config.json; metaspace_file: the steps written as a Metaspace pre-tokenizer
     (split false) rather than Llama 2's legacy normalizer; model_type: a config.json of that type
-    (transformers' AutoTokenizer picks the class by it)."""
+    (transformers' AutoTokenizer picks the class by it); base: the first ids (Gemma's: GEMMA_BASE)."""
     tok = HFTokenizer(models.BPE(unk_token='<unk>', byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first', split=False)
     fallback = [f'<0x{b:02X}>' for b in range(256)]
     tok.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=['<unk>', '<s>', '</s>'] + fallback, show_progress=False))
+        vocab_size=vocab_size, special_tokens=[*base, *fallback], show_progress=False))
     vocab = tok.get_vocab()
-    fixed = ['<unk>', '<s>', '</s>'] + fallback
+    fixed = [*base, *fallback]
     chars = sorted(p for p in vocab if len(p) == 1 and p not in fixed)
     pieces = sorted((p for p in vocab if p not in fixed and p not in chars), key=vocab.get)
     ids = {p: i for i, p in enumerate(fixed + pieces + chars + list(specials))}
     merges = sorted((ids[p], ids[p[:k]], ids[p[k:]], p[:k], p[k:]) for p in pieces for k in range(1, len(p))
                     if p[:k] in ids and p[k:] in ids)
     added = [{'id': ids[t], 'content': t, 'single_word': False, 'lstrip': False, 'rstrip': False,
-              'normalized': False, 'special': True} for t in ['<unk>', '<s>', '</s>', *specials]]
+              'normalized': False, 'special': True} for t in [*base, *specials]]
     steps = ({'normalizer': None, 'pre_tokenizer': {'type': 'Metaspace', 'replacement': '\u2581',
                                                      'prepend_scheme': 'first', 'split': False}}
              if metaspace_file else
@@ -253,6 +253,9 @@ def sentencepiece_snapshot(path, config, specials=(), template=None, *, metaspac
     return path
 
 
+GEMMA_BASE = ('<pad>', '<eos>', '<bos>', '<unk>', '<mask>')  # Gemma's first ids
+GEMMA_CONFIG = {'tokenizer_class': 'GemmaTokenizer', 'bos_token': '<bos>', 'eos_token': '<eos>', 'unk_token': '<unk>',
+                'pad_token': '<pad>'}
 # layout -> (tokenizer_config.json, Metaspace file, config.json's model_type, the space's rule): transformers'
 # LlamaTokenizer from the config (it rebuilds the steps), or the file's steps (another class; a Mistral, a Phi-3)
 SENTENCEPIECE_LAYOUTS = {
@@ -262,6 +265,7 @@ SENTENCEPIECE_LAYOUTS = {
     'metaspace-file': ({'tokenizer_class': 'PreTrainedTokenizerFast'}, True, None, 'first'),
     'mistral-metaspace-file': ({'tokenizer_class': 'LlamaTokenizer', 'legacy': True}, True, 'mistral', 'first'),
     'phi3-legacy-file': ({'tokenizer_class': 'LlamaTokenizer', 'legacy': False}, False, 'phi3', 'prepend'),
+    'gemma3': (GEMMA_CONFIG, False, 'gemma3_text', 'never'),
 }
 
 
@@ -274,7 +278,8 @@ def test_a_sentencepiece_bpe_encodes_and_decodes_as_transformers(tmp_path, layou
     import transformers
     config, metaspace_file, model_type, prefix = SENTENCEPIECE_LAYOUTS[layout]
     path = sentencepiece_snapshot(tmp_path / layout, config, specials=['[INST]', '[/INST]'],
-                                  metaspace_file=metaspace_file, model_type=model_type)
+                                  metaspace_file=metaspace_file, model_type=model_type,
+                                  base=GEMMA_BASE if layout == 'gemma3' else ('<unk>', '<s>', '</s>'))
     ours, hf = load_tokenizer(str(path)), transformers.AutoTokenizer.from_pretrained(path)
     assert ours.enc.prefix == prefix and ours.vocab_size == len(hf)
     rng = random.Random(1)
@@ -288,7 +293,7 @@ def test_a_sentencepiece_bpe_encodes_and_decodes_as_transformers(tmp_path, layou
     for _ in range(500):  # any ids, as a completion cut anywhere: byte tokens that are no character among them
         ids = rng.choices(range(len(hf)), k=rng.randint(1, 8))
         assert ours.decode(ids) == hf.decode(ids), hf.convert_ids_to_tokens(ids)
-    assert ours.encode('<s>') != [ours.special['<s>']]  # ordinary text cannot inject a special
+    assert ours.encode('[INST]') != [ours.special['[INST]']]  # ordinary text cannot inject a special
 
 
 @pytest.mark.parametrize('name, template, specials', [
