@@ -350,6 +350,16 @@ def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
      r"partial_rotary_factor=0.01 does not give a positive even number of the head's 16 channels"),
     ('smollm3', dict(no_rope_layers=[1, 0]),
      r"field 'no_rope_layers' should be 3 zeros and ones \(one per layer\), got \[1, 0\]"),
+    # Gemma 2's soft-capping; a layer kind Gemma 3 has not; scaled RoPE in the sliding-window layers
+    ('gemma3', dict(final_logit_softcapping=30.0), r'final_logit_softcapping=30.0 is not supported'),
+    ('gemma3', dict(layer_types=['sliding_attention', 'chunked_attention', 'full_attention']),
+     r"field 'layer_types' should be 3 of 'sliding_attention' and 'full_attention'"),
+    ('gemma3', dict(rope_parameters=dict(full_attention=dict(rope_type='default', rope_theta=1e4),
+                                         sliding_attention=dict(rope_type='linear', factor=2.0, rope_theta=1e3))),
+     r"field 'rope_parameters' has rope_type 'linear' for sliding_attention, not supported"),
+    ('gemma3', dict(rope_parameters=dict(full_attention=dict(rope_type='linear', factor=8.0, rope_theta=1e6),
+                                         sliding_attention=dict(rope_type='default', rope_theta=1e4))),
+     r"field 'rope_scaling' has rope_type 'linear', not supported"),
 ])
 def test_unsupported_mistral_olmo2_smollm3_and_phi3_configs(tmp_path, name, changes, message):
     write_config(tmp_path, name, **changes)
