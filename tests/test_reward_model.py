@@ -37,6 +37,11 @@ CLASSIFIERS = {  # name -> (config class, kwargs)
                                          num_hidden_layers=2, num_attention_heads=4,
                                          num_key_value_heads=2, max_position_embeddings=128,
                                          pad_token_id=PAD, num_labels=1)),
+    'gemma3_1label': ('Gemma3TextConfig', dict(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=16, sliding_window=128, max_position_embeddings=128,
+                                               layer_types=['sliding_attention', 'full_attention'],
+                                               pad_token_id=PAD, num_labels=1)),
 }
 EX = [{'question': 'Tom has 12 apples and gets 7 more. How many?', 'answer': '19'},
       {'question': 'What is 3 + 4?', 'answer': '7'}]
