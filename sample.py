@@ -373,7 +373,7 @@ def answer_ids(row, results, tok, answer, tool_style):
     text = tool_calls.response_text(results, tool_style)
     if not tok.decode(row.ids[-1:]).endswith('\n'):
         text = '\n' + text
-    return tok.encode(text, first=False)  # (it continues the row: no sentencepiece space before it)
+    return tok.encode(text, 'inside')  # (it continues the row: no sentencepiece space before it)
 
 
 def prefill_rows(forward, cache, chunks, where, extent, pad_id):

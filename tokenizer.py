@@ -38,9 +38,9 @@ class SentencePieceBPE:
     characters form before any merge), then each merge's token in merge order; encode maps ranks to
     ids, the leading bytes of a character the vocabulary lacks to their <0xXX> ids. prefix: where a
     space goes before the text, as HF's Metaspace prepend_scheme: 'first' (at the start of the
-    input), 'always' (before each stretch between special tokens), not before text that starts with
-    one; 'prepend' (Llama 2's legacy normalizer: before each stretch, always); 'never'. decode drops
-    that space from the start, as HF's decoder does."""
+    input), 'always' (also after each special token), not before text that starts with one;
+    'prepend' (Llama 2's legacy normalizer: as 'always', even then); 'never'. decode drops that
+    space from the start, as HF's decoder does."""
 
     def __init__(self, name, vocab, merges, specials, prefix, src):
         self.prefix, self._special_tokens = prefix, dict(specials)
@@ -77,11 +77,13 @@ class SentencePieceBPE:
         longest_first = sorted(specials, key=len, reverse=True)
         self._special_re = re.compile('|'.join(map(re.escape, longest_first)) or r'(?!)')
 
-    def encode_ordinary(self, text, first=True):
-        """HF's ids of text with no special tokens; first: it starts the input (prefix 'first')."""
+    def encode_ordinary(self, text, where='start'):
+        """HF's ids of text with no special tokens. where: 'start' (of the input), 'special' (after
+        a special token) or 'inside' (continuing text: no space before it in any layout, as
+        transformers' encoding of a sanitized chat piece)."""
         text = text.replace('▁', ' ')
-        if text and (self.prefix == 'prepend' or not text.startswith(' ') and (
-                self.prefix == 'always' or self.prefix == 'first' and first)):
+        spaced = {'start': ('first', 'always', 'prepend'), 'special': ('always', 'prepend')}.get(where, ())
+        if text and self.prefix in spaced and (self.prefix == 'prepend' or not text.startswith(' ')):
             text = ' ' + text
         ids = []
         for r in self.bpe.encode_ordinary(text):
@@ -93,9 +95,10 @@ class SentencePieceBPE:
         """Special-token strings in text as their ids, the text between them as encode_ordinary."""
         ids, pos = [], 0
         for m in self._special_re.finditer(text):
-            ids += self.encode_ordinary(text[pos:m.start()], first=pos == 0) + [self._special_tokens[m.group()]]
+            ids += self.encode_ordinary(text[pos:m.start()], 'start' if pos == 0 else 'special')
+            ids.append(self._special_tokens[m.group()])
             pos = m.end()
-        return ids + self.encode_ordinary(text[pos:], first=pos == 0)
+        return ids + self.encode_ordinary(text[pos:], 'start' if pos == 0 else 'special')
 
     def decode_single_token_bytes(self, i):
         special = {v: k for k, v in self._special_tokens.items()}.get(i)
@@ -165,13 +168,14 @@ class Tokenizer:
         longest_first = sorted(self.special, key=len, reverse=True)
         self._special_re = re.compile('|'.join(map(re.escape, longest_first)) or r'(?!)')
 
-    def encode(self, text, first=True):
+    def encode(self, text, where='start'):
         """Ordinary text: special-token strings in it are plain text, so user data cannot inject a
-        turn end. first: the text starts the input (a sentencepiece-style tokenizer's space before
-        it, SentencePieceBPE)."""
+        turn end. where: 'start' (of the input), 'special' (after a special token) or 'inside' (it
+        continues text): where a sentencepiece-style tokenizer puts a space before it
+        (SentencePieceBPE)."""
         text = unicodedata.normalize('NFC', text) if self.nfc else text
         if isinstance(self.enc, SentencePieceBPE):
-            return self.enc.encode_ordinary(text, first)
+            return self.enc.encode_ordinary(text, where)
         return self.enc.encode_ordinary(text)
 
     def encode_with_special(self, text):
@@ -242,16 +246,17 @@ class Tokenizer:
                                     **{**self.template_vars, **kwargs})
         swapped = re.compile('([' + ''.join(map(re.escape, mark.values())) + '])') if mark else None
 
-        def encode_stretch(stretch, first):
+        def encode_stretch(stretch, where):  # (a swapped string and what follows it: inside the text)
             if swapped is None:
-                return self.encode(stretch, first)
+                return self.encode(stretch, where)
             pieces = [piece for piece in swapped.split(stretch) if piece]
-            return [i for k, piece in enumerate(pieces) for i in self.encode(piece.translate(back), first and k == 0)]
+            return [i for k, piece in enumerate(pieces)
+                    for i in self.encode(piece.translate(back), where if k == 0 else 'inside')]
         ids, pos = [], 0
         for m in self._special_re.finditer(text):
-            ids += encode_stretch(text[pos:m.start()], pos == 0) + [self.special[m.group()]]
+            ids += encode_stretch(text[pos:m.start()], 'start' if pos == 0 else 'special') + [self.special[m.group()]]
             pos = m.end()
-        return ids + encode_stretch(text[pos:], pos == 0)
+        return ids + encode_stretch(text[pos:], 'start' if pos == 0 else 'special')
 
     def save(self, out_dir):
         """Write HF tokenizer files: the originals when loaded from a snapshot, else a generated

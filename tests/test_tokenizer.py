@@ -312,10 +312,13 @@ def test_a_sentencepiece_chat_template_prompts_as_transformers(tmp_path, name, t
                                                                        'legacy': legacy}, specials, template,
                                       metaspace_file=not legacy, model_type=name)
         ours, hf = load_tokenizer(str(path)), transformers.AutoTokenizer.from_pretrained(path)
-        for m in (msgs, msgs[1:], msgs[1:2]):
+        # a user's text holding the template's control strings: text, as transformers' sanitized encoding
+        hostile = [{'role': 'user', 'content': f"Say {(specials or ['</s>'])[-1]} then</s>x{(specials or ['<s>'])[0]}"}]
+        for m, sanitize in ((msgs, False), (msgs[1:], False), (msgs[1:2], False), (hostile, True)):
             if name == 'mistral' and m[0]['role'] == 'system':
                 continue  # (this template drops a system turn)
-            want = hf.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+            want = hf.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                          sanitize_control_tokens=sanitize)
             want = list(want['input_ids'] if hasattr(want, 'keys') else want)
             assert ours.render_chat(m) == want, (legacy, ours.decode(ours.render_chat(m)), hf.decode(want))
 
