@@ -213,8 +213,6 @@ def config_from_hf(hf, file):
                              "(default or llama3)")
     if arch == 'smollm3':
         kw['no_rope_layers'] = no_rope_layers(hf, kw['n_layer'], file)
-    if arch == 'gemma3_text':  # positions stop at the window (read_gemma3)
-        kw['max_positions'], kw['max_seq_len'] = kw['max_seq_len'], min(kw['max_seq_len'], kw['sliding_window'])
     hd = hf.get('head_dim')
     if arch in HEAD_DIM and type(hd) is int and hd != kw['n_embd'] // kw['n_head']:
         # kept only where it differs, so a config saved and loaded back compares equal
@@ -324,7 +322,7 @@ def config_to_hf(cfg, dtype):
     if cfg.arch == 'phi3':
         out['partial_rotary_factor'] = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
     if cfg.arch == 'gemma3_text':
-        out.update(max_position_embeddings=cfg.max_positions, sliding_window=cfg.sliding_window,
+        out.update(sliding_window=cfg.sliding_window,
                    query_pre_attn_scalar=int(cfg.query_pre_attn_scalar) if cfg.query_pre_attn_scalar.is_integer()
                    else cfg.query_pre_attn_scalar, rope_local_base_freq=cfg.local_rope_theta,
                    layer_types=['sliding_attention' if s else 'full_attention' for s in cfg.sliding_layers])

@@ -10,8 +10,8 @@ One hand-written decoder-only transformer for these checkpoint families:
   head (and scales RoPE by 'longrope') and stores q/k/v and gate/up fused as we do;
 - Gemma 3 (text: 270M, 1B): the embedding scaled by sqrt(width), every RMSNorm's gain 1 + w in
   fp32, q and k RMS-normed per head, attention scaled by query_pre_attn_scalar, GELU (tanh) gate,
-  norms before and after each sublayer, its sliding-window layers with their own RoPE base
-  (max_seq_len stops at the window, so no position falls outside it);
+  norms before and after each sublayer, its sliding-window layers seeing the last sliding_window
+  positions with their own RoPE base;
 - GPT-2: learned positions, LayerNorm, GELU (tanh) MLP, fused c_attn, tied head.
 Each as a causal LM or (num_labels > 0) a sequence classifier (reward model). Plus a preallocated
 KV cache with per-row lengths for batched sampling. Loading and saving Hugging Face snapshots is
@@ -58,14 +58,12 @@ class ModelConfig:
     # up to which transformers divides the frequencies by short_factor and scales cos/sin by the
     # attention factor
     longrope: tuple | None = None
-    # gemma3_text: per layer, 1 for a sliding-window layer (RoPE base local_rope_theta); the window;
-    # max_position_embeddings (max_seq_len stops at the window: no position falls outside it, so
-    # every layer attends to all earlier ones, as transformers' does within it); attention scores
-    # scaled by query_pre_attn_scalar ** -0.5 instead of head_dim's
+    # gemma3_text: per layer, 1 for a sliding-window layer (it sees the last sliding_window
+    # positions, itself included; RoPE base local_rope_theta); attention scores scaled by
+    # query_pre_attn_scalar ** -0.5 instead of head_dim's
     sliding_layers: tuple | None = None
     local_rope_theta: float = 10000.0
     sliding_window: int = 0
-    max_positions: int = 0
     query_pre_attn_scalar: float = 0.0
     # explicit head_dim (all but qwen2 and gpt2 may differ from n_embd // n_head); 0: that
     head_size: int = 0
@@ -90,9 +88,6 @@ class ModelConfig:
     @property
     def context_note(self):
         """Why max_seq_len stops short of the snapshot's max_position_embeddings, for messages."""
-        if self.sliding_window:
-            return (f" (a Gemma 3 attends over the last {self.sliding_window} positions in its sliding-window layers: "
-                    f"longer sequences are not supported)")
         if self.longrope:
             return f" (past {self.max_seq_len} positions transformers switches Phi-3's longrope to long_factor)"
         return ''
@@ -187,26 +182,32 @@ def packed_backend(choice, device):
     return choice
 
 
-def packed_mask(seg, backend):
+def packed_mask(seg, backend, pos=None, window=0):
     """Who-sees-whom of packed groups from segment ids seg (B, T) int64, built on seg's device: 0
     the prompt, s >= 1 the s-th completion, -1 padding. A token sees earlier prompt tokens and
     earlier tokens of its own segment; padding sees only itself (finite, never read, and no work for
-    a block-sparse kernel). backend 'sdpa': a (B, 1, T, T) bool mask; 'flex': a FlexAttention
-    BlockMask over (B, T, T), the same for every head."""
+    a block-sparse kernel). window (with the positions pos): only those fewer than window positions
+    back (gemma3_text's sliding-window layers). backend 'sdpa': a (B, 1, T, T) bool mask; 'flex': a
+    FlexAttention BlockMask over (B, T, T), the same for every head."""
     B, T = seg.shape
     if backend == 'sdpa':
         ar = torch.arange(T, device=seg.device)
         q, k = seg[:, :, None], seg[:, None, :]
         visible = (k == 0) | (k == q)  # the prompt, or the query's own segment
+        if window:
+            visible = visible & (pos[:, :, None] - pos[:, None, :] < window)
         pad_self = (q == -1) & (ar[:, None] == ar)
         return ((ar[:, None] >= ar) & visible & (q != -1) | pad_self)[:, None]
 
     n = -(-T // _BLOCK)
     seg = F.pad(seg, (0, n * _BLOCK - T), value=-2)  # -2: past the end, seen by no one
+    at = F.pad(pos, (0, n * _BLOCK - T)) if window else None
 
     def mask_mod(b, h, q_idx, kv_idx):
         sq, sk = seg[b, q_idx], seg[b, kv_idx]
         visible = (sk == 0) | (sk == sq)  # the prompt, or the query's own segment
+        if window:
+            visible = visible & (at[b, q_idx] - at[b, kv_idx] < window)
         pad_self = (sq == -1) & (kv_idx == q_idx)
         return (kv_idx <= q_idx) & visible & (sq >= 0) | pad_self
     return block_mask(mask_mod, B, T, seg.device)
@@ -306,7 +307,7 @@ class Attention(nn.Module):
             kc, vc, rows, pos = kv
             kc[rows, :, pos] = k
             vc[rows, :, pos] = v
-        if kv is not None and mask is not None:
+        if kv is not None and mask is not None and mask.dtype != torch.bool:  # (bool: an empty cache)
             y = self.cached(q, kc, vc, mask)
         else:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
@@ -387,6 +388,7 @@ class Block(nn.Module):
 
     def forward(self, x, shape, rope, mask, kv):
         rope = rope[self.local] if isinstance(rope, list) else rope if self.rope else None
+        mask = mask[self.local] if isinstance(mask, list) else mask  # gemma3_text: [global, local]
         if self.post_norm:
             x = x + self.ln_1(self.attn(x, shape, rope, mask, kv))
             return x + self.ln_2(self.mlp(x))
@@ -556,15 +558,24 @@ class GPT(nn.Module):
         cfg, cache = self.config, kv_cache
         B, T = idx.shape
         ar = torch.arange(T, device=idx.device)
+        window = cfg.sliding_window if cfg.sliding_layers else 0
         if cache is None:
             mask = attn_mask
             L = T
-            if pos is not None and (self.wpe is not None or cfg.longrope or cfg.sliding_window):
+            if pos is not None and (self.wpe is not None or cfg.longrope or window):
                 L = int(pos.max()) + 1  # (a sync: GPT-2, phi3's longrope and gemma3_text only)
-            if mask is not None and mask.dim() == 2:
-                # packed groups' segment ids: the mask is built here, on device
-                mask = packed_mask(mask, packed_backend(self.packed_attention, mask.device))
             pos = ar[None] if pos is None else pos
+            if mask is not None and mask.dim() == 2:
+                # packed groups' segment ids: the mask is built here, on device; and for the
+                # sliding-window layers another, where the window cuts (gemma3_text)
+                backend = packed_backend(self.packed_attention, mask.device)
+                seg, mask = mask, packed_mask(mask, backend)
+                if window and L > window:
+                    mask = [mask, packed_mask(seg, backend, pos, window)]
+            elif window and L > window:  # plain rows, or a (B, 1, T, T) mask: cut by the window
+                near = (pos[:, :, None] - pos[:, None, :] < window)[:, None]
+                causal = (ar[:, None] >= ar)[None, None]
+                mask = [mask, near & (causal if mask is None else mask)]
         else:
             # a static cache: attention over every position, those not yet written masked, so
             # each decode step has one shape (a CUDA graph); else only as far as any row has got
@@ -585,17 +596,21 @@ class GPT(nn.Module):
             # and masked until then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None
+            at = torch.arange(L // 8 * 8 + 8, device=idx.device)
             if cache.static or cache.extent != 0:  # static first: a graph reads no extent
-                seen = torch.arange(L // 8 * 8 + 8, device=idx.device) <= pos[:, :, None]
-                mask = torch.zeros(seen.shape, dtype=self.ln_f.weight.dtype, device=idx.device)
-                mask = mask.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)
-                mask = mask[..., :L]
+                seen = at <= pos[:, :, None]
+                # gemma3_text's sliding-window layers: only the last window positions
+                seen = [seen, seen & (at > pos[:, :, None] - window)] if window and L > window else [seen]
+                mask = [torch.zeros(s.shape, dtype=self.ln_f.weight.dtype, device=idx.device).masked_fill_(
+                    ~s, float('-inf'))[:, None].repeat(1, 1, g, 1)[..., :L] for s in seen]
+                mask = mask if len(mask) > 1 else mask[0]
+            elif window and T > window:  # an empty cache, a prefill longer than the window
+                mask = [None, ((at[:T] <= ar[:, None]) & (at[:T] > ar[:, None] - window))[None, None]]
             rows = torch.arange(B, device=idx.device)[:, None]
         # GPT-2's position table ends at max_seq_len; past phi3's (its original context)
-        # transformers switches longrope to long_factor; past gemma3_text's (its window) its
-        # sliding-window layers would see less (a static cache: sample.py's check)
+        # transformers switches longrope to long_factor (a static cache: sample.py's check)
         static = cache is not None and cache.static
-        if L > cfg.max_seq_len and (self.wpe is not None or (cfg.longrope or cfg.sliding_window) and not static):
+        if L > cfg.max_seq_len and (self.wpe is not None or cfg.longrope and not static):
             raise ValueError(f'sequence of {L} positions exceeds the model maximum '
                              f'{cfg.max_seq_len}')
         # the blocks work on rows (B*T, n_embd): each matmul 2-D, no reshape around it

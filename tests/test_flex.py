@@ -21,8 +21,9 @@ pytestmark = pytest.mark.skipif(M.flex_attention is None,
                                 reason=f'torch {torch.__version__} has no FlexAttention')
 
 
-# gemma3_text's own parts: a sliding-window layer (its RoPE base) and query_pre_attn_scalar
-GEMMA = dict(sliding_layers=(1, 0), local_rope_theta=100.0, query_pre_attn_scalar=20.0)
+# gemma3_text's own parts: a sliding-window layer (its RoPE base; a window of 8 positions, shorter
+# than the prompts and completions here) and query_pre_attn_scalar
+GEMMA = dict(sliding_layers=(1, 0), local_rope_theta=100.0, sliding_window=8, query_pre_attn_scalar=20.0)
 
 
 def tiny(arch='qwen2', seed=0):

@@ -118,7 +118,7 @@ def test_config_is_read_as_intended(snapshot):
     assert ours.h[0].post_norm == (cfg.arch == 'olmo2')
     assert (ours.h[0].ln_1a is not None) == (cfg.arch == 'gemma3_text')
     if cfg.arch == 'gemma3_text':
-        assert cfg.sliding_layers == (1, 0, 1) and cfg.max_seq_len == 96 and cfg.max_positions == 512
+        assert cfg.sliding_layers == (1, 0, 1) and cfg.sliding_window == 96 and cfg.max_seq_len == 512
         assert (cfg.rope_theta, cfg.local_rope_theta, cfg.attn_scale) == (1e5, 1e3, 20 ** -0.5)
     nope = getattr(hf.config, 'no_rope_layers', None)
     assert [b.rope for b in ours.h] == [bool(f) for f in nope or [1] * cfg.n_layer]
@@ -227,37 +227,40 @@ def test_phi3s_partial_rotary_and_longrope_change_the_logits_and_bound_the_conte
 
 
 @torch.no_grad()
-def test_gemma3s_own_parts_change_the_logits_and_its_window_bounds_the_context(tmp_path):
-    """The sliding-window layers' own RoPE base, query_pre_attn_scalar and the embedding's scale
-    each change the logits clearly: what matches transformers above is each of them. Positions stop
-    at the window (past it those layers would see less than ours): generation there is refused,
-    and a forward there. Gemma 3's published layout (rope_theta, rope_local_base_freq,
-    sliding_window_pattern) reads as transformers 5's."""
+def test_gemma3s_sliding_window_matches_transformers_past_it(tmp_path):
+    """Past the window (12 positions here), Gemma 3's sliding-window layers see only the last 12:
+    logits equal transformers' for a plain forward of 50 tokens, a prefill of 20 then one step at a
+    time (the cache's bias cut by the window), and the window changes them (without it they differ
+    clearly). Its own RoPE base, query_pre_attn_scalar and the embedding's scale each change the
+    logits too: what matches transformers is each of them. Gemma 3's published layout (rope_theta,
+    rope_local_base_freq, sliding_window_pattern) reads as transformers 5's."""
     import dataclasses
-    from sample import generate
-    from tokenizer import byte_tokenizer
-    hf = make_hf_model('gemma3')
+    kw = {**HF_CONFIGS['gemma3'][1], 'sliding_window': 12}
+    hf = perturbed_hf(HF_CONFIGS['gemma3'][0], kw)
     hf.save_pretrained(tmp_path)
     ours, _ = H.from_pretrained(tmp_path)
+    ours.eval()
     cfg = ours.config
-    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(4))
+    assert cfg.sliding_window == 12 and cfg.max_seq_len == 512
+    idx = torch.randint(0, V, (2, 50), generator=torch.Generator().manual_seed(4))
+    ref = hf(idx).logits
+    assert maxdiff(ours(idx), ref) <= TOL
+    cache = M.KVCache(cfg, 2, 64, torch.float32, 'cpu')
+    got = [ours(idx[:, :20], kv_cache=cache)] + [ours(idx[:, t:t + 1], kv_cache=cache) for t in range(20, 50)]
+    assert maxdiff(torch.cat(got, 1), ref) <= TOL
     logits = []
-    for change in ({}, dict(local_rope_theta=cfg.rope_theta), dict(query_pre_attn_scalar=0.0),
+    for change in (dict(sliding_window=0), dict(local_rope_theta=cfg.rope_theta), dict(query_pre_attn_scalar=0.0),
                    dict(arch='mistral')):
         ours.config = dataclasses.replace(cfg, **change)
         for block in ours.h:
             block.attn.cfg = ours.config
-        logits.append(ours.eval()(idx))
+        logits.append(ours(idx))
     ours.config = cfg
     for block in ours.h:
         block.attn.cfg = cfg
-    assert maxdiff(logits[1], logits[0]) > 100 * TOL, 'the local RoPE base changed nothing'
-    assert maxdiff(logits[2], logits[0]) > 100 * TOL, 'query_pre_attn_scalar changed nothing'
-    assert maxdiff(logits[3], logits[0]) > 100 * TOL, 'the embedding scale changed nothing'
-    with pytest.raises(ValueError, match=r"exceeds the model's max_seq_len 96"):
-        generate(ours, byte_tokenizer(), [[5] * 80], 1, 30)
-    with pytest.raises(ValueError, match=r'sequence of 100 positions exceeds the model maximum 96'):
-        ours(torch.zeros(1, 100, dtype=torch.long), pos=torch.arange(100)[None])
+    for name, other in zip(('the window', 'the local RoPE base', 'query_pre_attn_scalar', 'the embedding scale'),
+                           logits):
+        assert maxdiff(other, ref) > 100 * TOL, f'{name} changed nothing'
     published = json.loads((tmp_path / 'config.json').read_text())
     published.pop('layer_types')
     rope = published.pop('rope_parameters')
@@ -530,7 +533,7 @@ def test_a_gemma3_instruct_snapshot_prompts_trains_and_exports(tmp_path):
     rows = [m for m in metrics(out) if 'reward/mean' in m]
     assert len(rows) == 2 and all(torch.isfinite(torch.tensor(m['loss'])) for m in rows)
     exported, _ = H.from_pretrained(out / 'hf')
-    assert exported.config.arch == 'gemma3_text' and exported.config.max_seq_len == 96
+    assert exported.config.arch == 'gemma3_text' and exported.config.sliding_window == 96
     with torch.no_grad():
         check_export_round_trip(exported.eval(), out / 'hf', T=20, seed=6)
     assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == ours.render_chat(msgs)
