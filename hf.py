@@ -188,12 +188,14 @@ def config_from_hf(hf, file):
         kw['n_kv_head'] = kw['n_head']
         kw['intermediate_size'] = kw['intermediate_size'] or 4 * kw['n_embd']
     if arch in ('mistral', 'phi3'):
-        # transformers' default: Mistral a 4,096-token window, Phi-3 none; one as long as the
-        # model's context is none
+        # transformers' default: Mistral a 4,096-token window (7B v0.1's), Phi-3 none (Phi-3-mini-4k
+        # has 2,047); one as long as the model's context is none; a shorter one: every layer sees
+        # the last sliding_window positions
         window = hf.get('sliding_window', 4096 if arch == 'mistral' else None)
-        if window is not None and not (type(window) is int and window >= kw['max_seq_len']):
-            raise ModelLoadError(f"{file}: sliding_window={window!r} is not supported (shorter "
-                                 f"than max_position_embeddings={kw['max_seq_len']})")
+        if window is not None and not (type(window) is int and window >= 1):
+            raise ModelLoadError(f"{file}: sliding_window={window!r} is not supported (null or a positive int)")
+        if window is not None and window < kw['max_seq_len']:
+            kw.update(sliding_layers=(1,) * kw['n_layer'], sliding_window=window)
         hf = {**hf, 'sliding_window': None}
     for key, ok in SUPPORTED[arch].items():
         if key in hf and hf[key] not in ok:
@@ -321,6 +323,8 @@ def config_to_hf(cfg, dtype):
         out['no_rope_layers'] = list(cfg.no_rope_layers)
     if cfg.arch == 'phi3':
         out['partial_rotary_factor'] = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
+    if cfg.arch in ('mistral', 'phi3') and cfg.sliding_window:
+        out['sliding_window'] = cfg.sliding_window
     if cfg.arch == 'gemma3_text':
         out.update(sliding_window=cfg.sliding_window,
                    query_pre_attn_scalar=int(cfg.query_pre_attn_scalar) if cfg.query_pre_attn_scalar.is_integer()

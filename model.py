@@ -58,9 +58,10 @@ class ModelConfig:
     # up to which transformers divides the frequencies by short_factor and scales cos/sin by the
     # attention factor
     longrope: tuple | None = None
-    # gemma3_text: per layer, 1 for a sliding-window layer (it sees the last sliding_window
-    # positions, itself included; RoPE base local_rope_theta); attention scores scaled by
-    # query_pre_attn_scalar ** -0.5 instead of head_dim's
+    # per layer, 1 for a sliding-window layer: it sees the last sliding_window positions, itself
+    # included (gemma3_text's, with RoPE base local_rope_theta; every layer of a Mistral 7B v0.1 or
+    # a Phi-3-mini-4k); gemma3_text: attention scores scaled by query_pre_attn_scalar ** -0.5
+    # instead of head_dim's
     sliding_layers: tuple | None = None
     local_rope_theta: float = 10000.0
     sliding_window: int = 0
@@ -629,7 +630,7 @@ class GPT(nn.Module):
             cos_sin = rope_cos_sin(pos, cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, dtype,
                                    cfg.rope_scaling, cfg.longrope)
             rope = tuple(t[:, :, None] for t in cos_sin)  # (B, T, 1, hd): over the heads
-            if cfg.sliding_layers:  # gemma3_text: [global, local], each block takes its own
+            if cfg.arch == 'gemma3_text':  # [global, local]: each block takes its own
                 local = rope_cos_sin(pos, cfg.head_dim, cfg.local_rope_theta, dtype)
                 rope = [rope, tuple(t[:, :, None] for t in local)]
         x = x.view(B * T, -1)

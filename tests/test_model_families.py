@@ -227,30 +227,21 @@ def test_phi3s_partial_rotary_and_longrope_change_the_logits_and_bound_the_conte
 
 
 @torch.no_grad()
-def test_gemma3s_sliding_window_matches_transformers_past_it(tmp_path):
-    """Past the window (12 positions here), Gemma 3's sliding-window layers see only the last 12:
-    logits equal transformers' for a plain forward of 50 tokens, a prefill of 20 then one step at a
-    time (the cache's bias cut by the window), and the window changes them (without it they differ
-    clearly). Its own RoPE base, query_pre_attn_scalar and the embedding's scale each change the
-    logits too: what matches transformers is each of them. Gemma 3's published layout (rope_theta,
-    rope_local_base_freq, sliding_window_pattern) reads as transformers 5's."""
+def test_gemma3s_own_parts_change_the_logits(tmp_path):
+    """Gemma 3's sliding-window layers' own RoPE base, query_pre_attn_scalar and the embedding's
+    scale each change the logits clearly: what matches transformers is each of them. Gemma 3's
+    published layout (rope_theta, rope_local_base_freq, sliding_window_pattern) reads as
+    transformers 5's."""
     import dataclasses
-    kw = {**HF_CONFIGS['gemma3'][1], 'sliding_window': 12}
-    hf = perturbed_hf(HF_CONFIGS['gemma3'][0], kw)
+    hf = make_hf_model('gemma3')
     hf.save_pretrained(tmp_path)
     ours, _ = H.from_pretrained(tmp_path)
     ours.eval()
     cfg = ours.config
-    assert cfg.sliding_window == 12 and cfg.max_seq_len == 512
     idx = torch.randint(0, V, (2, 50), generator=torch.Generator().manual_seed(4))
     ref = hf(idx).logits
-    assert maxdiff(ours(idx), ref) <= TOL
-    cache = M.KVCache(cfg, 2, 64, torch.float32, 'cpu')
-    got = [ours(idx[:, :20], kv_cache=cache)] + [ours(idx[:, t:t + 1], kv_cache=cache) for t in range(20, 50)]
-    assert maxdiff(torch.cat(got, 1), ref) <= TOL
     logits = []
-    for change in (dict(sliding_window=0), dict(local_rope_theta=cfg.rope_theta), dict(query_pre_attn_scalar=0.0),
-                   dict(arch='mistral')):
+    for change in (dict(local_rope_theta=cfg.rope_theta), dict(query_pre_attn_scalar=0.0), dict(arch='mistral')):
         ours.config = dataclasses.replace(cfg, **change)
         for block in ours.h:
             block.attn.cfg = ours.config
@@ -258,8 +249,7 @@ def test_gemma3s_sliding_window_matches_transformers_past_it(tmp_path):
     ours.config = cfg
     for block in ours.h:
         block.attn.cfg = cfg
-    for name, other in zip(('the window', 'the local RoPE base', 'query_pre_attn_scalar', 'the embedding scale'),
-                           logits):
+    for name, other in zip(('the local RoPE base', 'query_pre_attn_scalar', 'the embedding scale'), logits):
         assert maxdiff(other, ref) > 100 * TOL, f'{name} changed nothing'
     published = json.loads((tmp_path / 'config.json').read_text())
     published.pop('layer_types')
@@ -335,16 +325,10 @@ def test_unsupported_configs_are_one_clear_error(tmp_path, changes, message):
 
 
 @pytest.mark.parametrize('name, changes, message', [
-    ('mistral', dict(sliding_window=64), r'sliding_window=64 is not supported \(shorter than '
-                                         r'max_position_embeddings=256\)'),
-    # absent: transformers' default, 4,096 positions
-    ('mistral', dict(sliding_window=None, max_position_embeddings=8192),
-     r"sliding_window=4096 is not supported \(shorter than max_position_embeddings=8192\)"),
+    ('mistral', dict(sliding_window=0), r'sliding_window=0 is not supported \(null or a positive int\)'),
     ('olmo2', dict(attention_bias=True), r'attention_bias=True is not supported'),
     ('smollm3', dict(use_sliding_window=True, sliding_window=64),
      r'use_sliding_window=True is not supported'),
-    # a window as Phi-3-mini-4k's (2,047 of 4,096)
-    ('phi3', dict(sliding_window=32), r'sliding_window=32 is not supported'),
     ('phi3', dict(rope_scaling=dict(type='longrope', short_factor=[1.0], long_factor=[1.0])),
      r"field 'rope_scaling' of rope_type 'longrope' needs original_max_position_embeddings and "
      r"short_factor and long_factor of 4 numbers each"),
@@ -374,9 +358,38 @@ def test_unsupported_mistral_olmo2_smollm3_and_phi3_configs(tmp_path, name, chan
 def test_a_window_as_long_as_the_context_is_no_window(tmp_path):
     write_config(tmp_path, 'mistral', sliding_window=HF_CONFIGS['mistral'][1]['max_position_embeddings'])
     ours, _ = H.from_pretrained(tmp_path)
+    assert ours.config.sliding_layers is None
     H.save_pretrained(ours, None, tmp_path / 'export')
     with open(tmp_path / 'export' / 'config.json') as f:
         assert json.load(f)['sliding_window'] is None
+
+
+@pytest.mark.parametrize('name, window', [('mistral', 12), ('phi3', 20), ('gemma3', 12)])
+@torch.no_grad()
+def test_a_sliding_window_matches_transformers_past_it(tmp_path, name, window):
+    """Every layer of a Mistral 7B v0.1 (a window of 4,096; transformers' default when the field is
+    absent) or a Phi-3-mini-4k (2,047), and Gemma 3's sliding-window layers, see only the last
+    window positions: past it, logits equal transformers' for a plain forward of 50 tokens and a
+    prefill of 20 then one step at a time, and the window changes them. The export writes it back."""
+    import dataclasses
+    hf = perturbed_hf(HF_CONFIGS[name][0], {**HF_CONFIGS[name][1], 'sliding_window': window})
+    hf.save_pretrained(tmp_path)
+    ours, _ = H.from_pretrained(tmp_path)
+    ours.eval()
+    cfg = ours.config
+    assert cfg.sliding_window == window and len(cfg.sliding_layers) == cfg.n_layer
+    idx = torch.randint(0, V, (2, 50), generator=torch.Generator().manual_seed(4))
+    ref = hf(idx).logits
+    assert maxdiff(ours(idx), ref) <= TOL
+    cache = M.KVCache(cfg, 2, 64, torch.float32, 'cpu')
+    got = [ours(idx[:, :20], kv_cache=cache)] + [ours(idx[:, t:t + 1], kv_cache=cache) for t in range(20, 50)]
+    assert maxdiff(torch.cat(got, 1), ref) <= TOL
+    ours.config = dataclasses.replace(cfg, sliding_window=0)
+    assert maxdiff(ours(idx), ref) > 100 * TOL, 'the window changed nothing'
+    ours.config = cfg
+    H.save_pretrained(ours, None, tmp_path / 'export')
+    assert json.loads((tmp_path / 'export' / 'config.json').read_text())['sliding_window'] == window
+    assert type(check_export_round_trip(ours, tmp_path / 'export', T=40, seed=3)) is type(hf)
 
 
 def test_llama_with_mlp_bias_is_refused(tmp_path):
