@@ -564,11 +564,11 @@ class GPT(nn.Module):
             mask = attn_mask
             L = T
             if pos is not None and (self.wpe is not None or cfg.longrope or window):
-                L = int(pos.max()) + 1  # (a sync: GPT-2, phi3's longrope and gemma3_text only)
+                L = int(pos.max()) + 1  # (a sync: GPT-2, phi3's longrope and a sliding window only)
             pos = ar[None] if pos is None else pos
             if mask is not None and mask.dim() == 2:
                 # packed groups' segment ids: the mask is built here, on device; and for the
-                # sliding-window layers another, where the window cuts (gemma3_text)
+                # sliding-window layers another, where the window cuts
                 backend = packed_backend(self.packed_attention, mask.device)
                 seg, mask = mask, packed_mask(mask, backend)
                 if window and L > window:
@@ -598,13 +598,15 @@ class GPT(nn.Module):
             g = cfg.n_head // cfg.n_kv_head
             mask = None
             at = torch.arange(L // 8 * 8 + 8, device=idx.device)
+
+            def bias(seen):  # (B, T, positions) bool -> (B, 1, g*T, L)
+                b = torch.zeros(seen.shape, dtype=self.ln_f.weight.dtype, device=idx.device)
+                return b.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)[..., :L]
             if cache.static or cache.extent != 0:  # static first: a graph reads no extent
                 seen = at <= pos[:, :, None]
-                # gemma3_text's sliding-window layers: only the last window positions
-                seen = [seen, seen & (at > pos[:, :, None] - window)] if window and L > window else [seen]
-                mask = [torch.zeros(s.shape, dtype=self.ln_f.weight.dtype, device=idx.device).masked_fill_(
-                    ~s, float('-inf'))[:, None].repeat(1, 1, g, 1)[..., :L] for s in seen]
-                mask = mask if len(mask) > 1 else mask[0]
+                mask = bias(seen)
+                if window and L > window:  # the sliding-window layers: the last window positions
+                    mask = [mask, bias(seen & (at > pos[:, :, None] - window))]
             elif window and T > window:  # an empty cache, a prefill longer than the window
                 mask = [None, ((at[:T] <= ar[:, None]) & (at[:T] > ar[:, None] - window))[None, None]]
             rows = torch.arange(B, device=idx.device)[:, None]
