@@ -441,34 +441,51 @@ def olmo2_instruct_snapshot(path):
     return eos
 
 
-def test_an_olmo2_instruct_snapshot_prompts_trains_and_exports(tmp_path):
-    """Prompts through OLMo 2's template equal transformers' ids, generation stops at its
-    <|endoftext|>, and a GRPO run from the snapshot exports an OLMo 2 that transformers loads."""
-    from test_train import metrics, run
+CHAT = [{'role': 'system', 'content': 'Be brief.'},
+        {'role': 'user', 'content': 'Liz has 80 books and sells 7. How many?'}]
+
+
+def prompts_as_transformers(snap, chats, starts):
+    """Our tokenizer of snap, after checking that each chat's prompt ids equal transformers'
+    apply_chat_template(tokenize=True) and that the first decodes to starts."""
     from tokenizer import load_tokenizer
-    snap = tmp_path / 'olmo2'
-    eos = olmo2_instruct_snapshot(snap)
     ours, hf = load_tokenizer(str(snap)), transformers.AutoTokenizer.from_pretrained(snap)
-    msgs = [{'role': 'system', 'content': 'Be brief.'},
-            {'role': 'user', 'content': 'Liz has 80 books and sells 7. How many?'}]
-    for m in (msgs, msgs[1:]):
+    assert ours.vocab_size == len(hf)
+    for m in chats:
         want = hf.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
         want = list(want['input_ids'] if hasattr(want, 'keys') else want)
         assert ours.render_chat(m) == want, (ours.decode(ours.render_chat(m)), hf.decode(want))
-    assert ours.decode(ours.render_chat(msgs[1:])).startswith('<|endoftext|><|user|>\n')
-    assert eos in ours.stop_ids, 'OLMo 2 ends its turns with <|endoftext|>: generation must stop there'
-    out = tmp_path / 'run'
+    assert ours.decode(ours.render_chat(chats[0])).startswith(starts)
+    return ours
+
+
+def trains_and_exports(snap, out, ours, arch, starts):
+    """A 2-step GRPO run from snap: finite losses, samples.jsonl's prompts start with starts, and
+    the export is the family transformers loads with equal logits, its tokenizer prompting as
+    ours; returns our model loaded from the export."""
+    from test_train import metrics, run
     run(out, f'--init_from={snap}', '--max_steps=2', '--export_hf=True', '--max_new_tokens=12',
         '--log_samples_every=1', timeout=300)
     rows = [m for m in metrics(out) if 'reward/mean' in m]
     assert len(rows) == 2 and all(torch.isfinite(torch.tensor(m['loss'])) for m in rows)
     with open(out / 'samples.jsonl') as f:
-        assert json.loads(f.readline())['prompt'].startswith('<|endoftext|><|user|>\n')
+        assert json.loads(f.readline())['prompt'].startswith(starts)
     exported, _ = H.from_pretrained(out / 'hf')
-    assert exported.config.arch == 'olmo2' and exported.h[0].post_norm
+    assert exported.config.arch == arch
     with torch.no_grad():
         check_export_round_trip(exported.eval(), out / 'hf', T=20, seed=6)
-    assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == ours.render_chat(msgs)
+    assert prompts_as_transformers(out / 'hf', [CHAT[1:]], starts).render_chat(CHAT) == ours.render_chat(CHAT)
+    return exported
+
+
+def test_an_olmo2_instruct_snapshot_prompts_trains_and_exports(tmp_path):
+    """Prompts through OLMo 2's template equal transformers' ids, generation stops at its
+    <|endoftext|>, and a GRPO run from the snapshot exports an OLMo 2 that transformers loads."""
+    snap = tmp_path / 'olmo2'
+    eos = olmo2_instruct_snapshot(snap)
+    ours = prompts_as_transformers(snap, [CHAT[1:], CHAT], '<|endoftext|><|user|>\n')
+    assert eos in ours.stop_ids, 'OLMo 2 ends its turns with <|endoftext|>: generation must stop there'
+    assert trains_and_exports(snap, tmp_path / 'run', ours, 'olmo2', '<|endoftext|><|user|>\n').h[0].post_norm
 
 
 def test_a_mistral_instruct_snapshot_with_its_sentencepiece_tokenizer_trains_and_exports(tmp_path):
@@ -477,32 +494,15 @@ def test_a_mistral_instruct_snapshot_with_its_sentencepiece_tokenizer_trains_and
     transformers' ids, generation stops at </s>, and a GRPO run from the snapshot exports a Mistral
     whose tokenizer transformers loads with the same prompts."""
     from test_tokenizer import MISTRAL_TEMPLATE, sentencepiece_snapshot
-    from test_train import metrics, run
     from tokenizer import load_tokenizer
     snap = sentencepiece_snapshot(tmp_path / 'mistral', {'tokenizer_class': 'LlamaTokenizer', 'legacy': False},
                                   ['[INST]', '[/INST]'], MISTRAL_TEMPLATE, vocab_size=500, metaspace_file=True)
-    n = load_tokenizer(str(snap)).vocab_size
-    kw = {**HF_CONFIGS['mistral'][1], 'vocab_size': n, 'bos_token_id': 1, 'eos_token_id': 2}
+    kw = {**HF_CONFIGS['mistral'][1], 'vocab_size': load_tokenizer(str(snap)).vocab_size, 'bos_token_id': 1,
+          'eos_token_id': 2}
     perturbed_hf(HF_CONFIGS['mistral'][0], kw).save_pretrained(snap)  # (its config.json: AutoTokenizer reads it)
-    ours, hf = load_tokenizer(str(snap)), transformers.AutoTokenizer.from_pretrained(snap)
-    assert ours.vocab_size == len(hf) == n
-    msgs = [{'role': 'user', 'content': 'Liz has 80 books and sells 7. How many?'}]
-    want = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    assert ours.render_chat(msgs) == list(want['input_ids'] if hasattr(want, 'keys') else want)
-    assert ours.stop_ids == [2] and ours.decode(ours.render_chat(msgs)).startswith('<s>[INST] Liz has')
-    out = tmp_path / 'run'
-    run(out, f'--init_from={snap}', '--max_steps=2', '--export_hf=True', '--max_new_tokens=12',
-        '--log_samples_every=1', timeout=300)
-    rows = [m for m in metrics(out) if 'reward/mean' in m]
-    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(m['loss'])) for m in rows)
-    with open(out / 'samples.jsonl') as f:
-        assert json.loads(f.readline())['prompt'].startswith('<s>[INST] ')
-    exported, _ = H.from_pretrained(out / 'hf')
-    assert exported.config.arch == 'mistral'
-    again = transformers.AutoTokenizer.from_pretrained(out / 'hf')
-    want = again.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == list(want['input_ids'] if hasattr(want, 'keys')
-                                                                      else want) == ours.render_chat(msgs)
+    ours = prompts_as_transformers(snap, [CHAT[1:]], '<s>[INST] Liz has')  # (this template drops a system turn)
+    assert ours.stop_ids == [2]
+    trains_and_exports(snap, tmp_path / 'run', ours, 'mistral', '<s>[INST] ')
 
 
 GEMMA3_TEMPLATE = (  # Gemma 3's chat template, its branches for string contents
@@ -523,7 +523,6 @@ def test_a_gemma3_instruct_snapshot_prompts_trains_and_exports(tmp_path):
     first user turn), <end_of_turn> a stop: prompts equal transformers' ids, a GRPO run trains and
     exports a Gemma 3 transformers loads with equal logits."""
     from test_tokenizer import GEMMA_BASE, GEMMA_CONFIG, sentencepiece_snapshot
-    from test_train import metrics, run
     from tokenizer import load_tokenizer
     snap = sentencepiece_snapshot(tmp_path / 'gemma3', GEMMA_CONFIG, ['<start_of_turn>', '<end_of_turn>'],
                                   GEMMA3_TEMPLATE, vocab_size=500, base=GEMMA_BASE)
@@ -532,24 +531,10 @@ def test_a_gemma3_instruct_snapshot_prompts_trains_and_exports(tmp_path):
     kw = {**HF_CONFIGS['gemma3'][1], 'vocab_size': tok.vocab_size, 'pad_token_id': 0, 'eos_token_id': [1, turn_end],
           'bos_token_id': 2}
     perturbed_hf(HF_CONFIGS['gemma3'][0], kw).save_pretrained(snap)  # with generation_config.json's stops
-    ours, hf = load_tokenizer(str(snap)), transformers.AutoTokenizer.from_pretrained(snap)
-    msgs = [{'role': 'system', 'content': 'Be brief.'},
-            {'role': 'user', 'content': 'Liz has 80 books and sells 7. How many?'}]
-    for m in (msgs, msgs[1:]):
-        want = hf.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
-        assert ours.render_chat(m) == list(want['input_ids'] if hasattr(want, 'keys') else want)
-    assert ours.decode(ours.render_chat(msgs)).startswith('<bos><start_of_turn>user\nBe brief.\n\nLiz')
+    ours = prompts_as_transformers(snap, [CHAT, CHAT[1:]], '<bos><start_of_turn>user\nBe brief.\n\nLiz')
     assert turn_end in ours.stop_ids and 1 in ours.stop_ids
-    out = tmp_path / 'run'
-    run(out, f'--init_from={snap}', '--max_steps=2', '--export_hf=True', '--max_new_tokens=12',
-        '--log_samples_every=1', timeout=300)
-    rows = [m for m in metrics(out) if 'reward/mean' in m]
-    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(m['loss'])) for m in rows)
-    exported, _ = H.from_pretrained(out / 'hf')
-    assert exported.config.arch == 'gemma3_text' and exported.config.sliding_window == 96
-    with torch.no_grad():
-        check_export_round_trip(exported.eval(), out / 'hf', T=20, seed=6)
-    assert load_tokenizer(str(out / 'hf')).render_chat(msgs) == ours.render_chat(msgs)
+    exported = trains_and_exports(snap, tmp_path / 'run', ours, 'gemma3_text', '<bos><start_of_turn>user\n')
+    assert exported.config.sliding_window == 96
 
 
 def test_a_tokenizer_that_splits_twice_is_one_clear_error(tmp_path):
