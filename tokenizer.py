@@ -30,7 +30,7 @@ class TokenizerError(ValueError):
 
 
 class SentencePieceBPE:
-    """A sentencepiece-style BPE as transformers runs it (Llama 2's, Mistral 7B's to v0.3, Phi-3's:
+    """A sentencepiece-style BPE as transformers runs it (Llama 2's, Mistral 7B's to v0.3, Phi-3's, Gemma 3's:
     pieces with '▁' for a space, a character the vocabulary lacks as the <0xXX> tokens of its bytes,
     no split before the BPE), with the methods Tokenizer uses of a tiktoken Encoding. tiktoken merges
     bytes where HF's BPE merges characters, so tiktoken's ranks here are not the ids: every byte,
@@ -44,6 +44,7 @@ class SentencePieceBPE:
 
     def __init__(self, name, vocab, merges, specials, prefix, src):
         self.prefix, self._special_tokens = prefix, dict(specials)
+        self.special_text = {i: t.encode() for t, i in specials.items()}
         self.byte_id, self.id_bytes, id_of = {}, {}, {}  # byte -> its <0xXX> id; id -> bytes; bytes -> id
         for piece, i in vocab.items():
             fallback = re.fullmatch(r'<0x([0-9A-Fa-f]{2})>', piece)
@@ -101,8 +102,7 @@ class SentencePieceBPE:
         return ids + self.encode_ordinary(text[pos:], 'start' if pos == 0 else 'special')
 
     def decode_single_token_bytes(self, i):
-        special = {v: k for k, v in self._special_tokens.items()}.get(i)
-        return special.encode() if special is not None else self.id_bytes.get(i, b'')
+        return self.special_text[i] if i in self.special_text else self.id_bytes.get(i, b'')
 
     def decode(self, ids, errors='replace'):
         """HF's text of ids: each run of <0xXX> tokens its UTF-8, or one U+FFFD per byte where that
@@ -467,8 +467,9 @@ def _token_names(named):
 
 
 def load_tokenizer(path):
-    """Build a tiktoken Encoding from tokenizer.json, or from vocab.json + merges.txt (+
-    tokenizer_config.json), with the snapshot's chat template when it has one."""
+    """Build a tiktoken Encoding from tokenizer.json (a byte-level BPE, or a sentencepiece-style one:
+    SentencePieceBPE), or from vocab.json + merges.txt (+ tokenizer_config.json), with the
+    snapshot's chat template when it has one."""
     files = {}
     for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt',
                  'special_tokens_map.json', 'added_tokens.json', 'chat_template.jinja'):
@@ -484,9 +485,8 @@ def load_tokenizer(path):
         vocab, merges = model['vocab'], model.get('merges', [])
         merges = [m.split(' ') if isinstance(m, str) else m for m in merges]
         added = {t['content']: t['id'] for t in spec.get('added_tokens', [])}
-        model_type = _read(os.path.join(path, 'config.json'), 'config.json')[1].get('model_type') \
-            if os.path.isfile(os.path.join(path, 'config.json')) else None
-        prefix = sentencepiece_prefix(spec, files.get('tokenizer_config.json', (None, {}))[1], model_type, src)
+        conf = files.get('tokenizer_config.json', (None, {}))[1]
+        prefix = sentencepiece_prefix(spec, conf, _model_type(path), src)
         if prefix is not None:
             enc = SentencePieceBPE(os.path.basename(os.path.abspath(path)), vocab, merges, added, prefix, src)
             return _tokenizer(path, files, enc, eos=None)
@@ -536,6 +536,13 @@ def load_tokenizer(path):
     return _tokenizer(path, files, enc, eos, nfc)
 
 
+def _model_type(path):
+    """config.json's model_type beside the tokenizer files (AutoTokenizer picks its class by it), or
+    None."""
+    config = os.path.join(path, 'config.json')
+    return _read(config, 'config.json')[1].get('model_type') if os.path.isfile(config) else None
+
+
 def _tokenizer(path, files, enc, eos, nfc=False):
     """The Tokenizer of a snapshot's encoding, with its chat template, turn end and stops."""
     specials = enc._special_tokens
@@ -566,10 +573,9 @@ def sentencepiece_prefix(spec, conf, model_type, src):
     transformers' AutoTokenizer puts a space before the text (SentencePieceBPE's prefix).
     GemmaTokenizer's: 'never'. LlamaTokenizer's (SENTENCEPIECE_CLASS, model_type not in
     FILE_STEPS_TYPES): 'never' when add_prefix_space is false, else 'always' when legacy is true,
-    else 'first'. The file's steps:
-    a Metaspace pre-tokenizer with split false gives its prepend_scheme, Llama 2's legacy normalizer
-    (Prepend '▁', Replace ' ') 'prepend', a Replace alone 'never'. Anything else: one
-    TokenizerError."""
+    else 'first'. Else the file's steps: a Metaspace pre-tokenizer with split false gives its
+    prepend_scheme, Llama 2's legacy normalizer (Prepend '▁', Replace ' ') 'prepend', a Replace
+    alone 'never'. Anything else: one TokenizerError."""
     model = spec.get('model') or {}
     if not model.get('byte_fallback') or not any('▁' in p for p in model.get('vocab', {})):
         return None

@@ -294,6 +294,14 @@ def test_a_sentencepiece_bpe_encodes_and_decodes_as_transformers(tmp_path, layou
         ids = rng.choices(range(len(hf)), k=rng.randint(1, 8))
         assert ours.decode(ids) == hf.decode(ids), hf.convert_ids_to_tokens(ids)
     assert ours.encode('[INST]') != [ours.special['[INST]']]  # ordinary text cannot inject a special
+    # a teacher reads the policy's ids as its own: the same pieces for every id, or the first that differs
+    assert vocabulary_mismatch(ours, load_tokenizer(str(path))) is None
+    spec = json.loads((path / 'tokenizer.json').read_text())
+    vocab = spec['model']['vocab']
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (path / 'tokenizer.json').write_text(json.dumps(spec))
+    assert vocabulary_mismatch(ours, load_tokenizer(str(path))).startswith(f'id {min(vocab[a], vocab[b])} is ')
 
 
 @pytest.mark.parametrize('name, template, specials', [
