@@ -188,7 +188,7 @@ def packed_mask(seg, backend, pos=None, window=0):
     the prompt, s >= 1 the s-th completion, -1 padding. A token sees earlier prompt tokens and
     earlier tokens of its own segment; padding sees only itself (finite, never read, and no work for
     a block-sparse kernel). window (with the positions pos): only those fewer than window positions
-    back (gemma3_text's sliding-window layers). backend 'sdpa': a (B, 1, T, T) bool mask; 'flex': a
+    back (a sliding-window layer's). backend 'sdpa': a (B, 1, T, T) bool mask; 'flex': a
     FlexAttention BlockMask over (B, T, T), the same for every head."""
     B, T = seg.shape
     if backend == 'sdpa':
