@@ -597,18 +597,17 @@ class GPT(nn.Module):
             # and masked until then)
             g = cfg.n_head // cfg.n_kv_head
             mask = None
-            at = torch.arange(L // 8 * 8 + 8, device=idx.device)
-
             def bias(seen):  # (B, T, positions) bool -> (B, 1, g*T, L)
                 b = torch.zeros(seen.shape, dtype=self.ln_f.weight.dtype, device=idx.device)
                 return b.masked_fill_(~seen, float('-inf'))[:, None].repeat(1, 1, g, 1)[..., :L]
             if cache.static or cache.extent != 0:  # static first: a graph reads no extent
+                at = torch.arange(L // 8 * 8 + 8, device=idx.device)
                 seen = at <= pos[:, :, None]
                 mask = bias(seen)
                 if window and L > window:  # the sliding-window layers: the last window positions
                     mask = [mask, bias(seen & (at > pos[:, :, None] - window))]
             elif window and T > window:  # an empty cache, a prefill longer than the window
-                mask = [None, ((at[:T] <= ar[:, None]) & (at[:T] > ar[:, None] - window))[None, None]]
+                mask = [None, ((ar <= ar[:, None]) & (ar > ar[:, None] - window))[None, None]]
             rows = torch.arange(B, device=idx.device)[:, None]
         # GPT-2's position table ends at max_seq_len; past phi3's (its original context)
         # transformers switches longrope to long_factor (a static cache: sample.py's check)
