@@ -46,7 +46,9 @@ def wrap(model, device, fsdp, compile):
         for block in model.h:
             fully_shard(block)
         fully_shard(model)
-    net = torch.compile(model) if compile else model  # the sampler and the reference stay eager
+    # dynamic=True: packed rows change length every micro-batch, so a first graph at fixed sizes
+    # would be thrown away at the second shape (Dynamo recompiles with dynamic sizes then anyway)
+    net = torch.compile(model, dynamic=True) if compile else model  # sampler, reference: eager
     if dist.is_initialized() and not fsdp:
         from torch.nn.parallel import DistributedDataParallel as DDP
         device_ids = [torch.device(device).index] if device.startswith('cuda') else None

@@ -47,7 +47,8 @@ def decode_forward(model, compile):
     """The forward that generate calls, for the prefill and every decode step: the model itself, or
     (compile=True) torch.compile of it with dynamic shapes, so other prompt lengths, the batch
     shrinking under compaction and the cache growing each step do not recompile it (two graphs:
-    prefill and decode). Eager decode of a small model is bound by per-op overhead (a dispatch per
+    prefill and decode; generate and generate_with_tools then keep batches of two rows or more,
+    as Dynamo compiles a size of 1 apart). Eager decode of a small model is bound by per-op overhead (a dispatch per
     op on CPU, a kernel launch per op on GPU); compiled, each layer's
     norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
     if not compile:
@@ -237,10 +238,12 @@ def generate(model, tok, prompts, group_size=1, max_new_tokens=256, *, temperatu
         target = n_live if n_live <= 0.75 * len(live) else None
         if graphs:
             target = min((b for b in sizes if n_live <= b < len(live)), default=None)
+        elif compile and target is not None:  # never to one row: Dynamo compiles a size of 1
+            target = max(target, 2) if len(live) > 2 else None  # apart (a graph more to build)
         if compact and target is not None:
             write_back()
             keep = live.nonzero().flatten()
-            if graphs:
+            if graphs or compile:
                 keep = torch.cat([keep, (~live).nonzero().flatten()])[:target]
             rows = keep if rows is None else rows[keep]
             cache = static[target].load_(cache, keep) if graphs else cache.select(keep)
@@ -376,11 +379,14 @@ def answer_ids(row, results, tok, answer, tool_style):
     return tok.encode(text, 'inside')  # (it continues the row: no sentencepiece space before it)
 
 
-def prefill_rows(forward, cache, chunks, where, extent, pad_id):
+def prefill_rows(forward, cache, chunks, where, extent, pad_id, *, min_rows=1):
     """One right-padded forward of chunks {row: ids} through a window of their rows' caches of
     extent positions (their own lengths bound what each attends to; a pad may run past the cache's
-    end), copied back. where: row -> its index in the cache. Returns {row: next-token logits}."""
+    end), copied back. where: row -> its index in the cache. min_rows: a lone row goes through
+    twice, as two rows (a compiled forward: Dynamo compiles a batch of 1 apart); both write the
+    same values back. Returns {row: next-token logits}."""
     rows = list(chunks)
+    rows += rows[:1] * (min_rows - len(rows))
     device = cache.lengths.device
     at = torch.tensor([where[r] for r in rows], device=device)
     lens = torch.tensor([len(chunks[r]) for r in rows], device=device)
@@ -503,7 +509,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
         if not chunks:
             return {}
         extent = max(prompt_len[r] + len(rows[r].ids) - len(chunks[r]) for r in chunks)
-        return prefill_rows(forward, cache, chunks, where, extent, tok.pad_id)
+        return prefill_rows(forward, cache, chunks, where, extent, tok.pad_id,
+                            min_rows=1 + compile)
 
     # the decode batch: batch[i] is the completion that the cache's and logits' row i holds, and
     # where[r] that row for completion r
@@ -537,6 +544,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
             cache.extent = int(cache.lengths.max())
             step += 1
             alive = [r for r in batch if not rows[r].done]
+            if compile and len(alive) == 1:  # Dynamo compiles a batch of 1 apart: keep two rows
+                alive += [r for r in batch if r != alive[0]][:1]
             if compact and alive and len(alive) <= 0.75 * len(batch):  # copying the cache costs
                 keep = torch.tensor([where[r] for r in alive], device=device)
                 cache, logits, batch = cache.select(keep), logits[keep], alive

@@ -246,7 +246,7 @@ fault_kill_opt_step = 0  # testing: SIGKILL this process right after its N-th GR
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda', 'cuda:1'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # compute dtype (weights stay fp32)
-compile = False  # torch.compile the training forward
+compile = False  # torch.compile the training forward (dynamic shapes: packed rows vary in length)
 compile_decode = False  # torch.compile the sampler's prefill and decode step (sample.py)
 decode_graphs = False  # fixed-shape decode steps, a CUDA graph each on a GPU (rollouts without tools)
 decode_check_every = 0  # decode steps between reads of how many rows still go; 0: 8 on CUDA, else 1

@@ -106,7 +106,7 @@ def test_compiled_decode_generates_as_eager():
     """compile=True (torch.compile of the prefill and decode steps, dynamic shapes): the same tokens
     as eager, through rows finishing at different times and compaction shrinking the batch; and no
     recompile per batch size or prompt length: calls with other batches and prompt lengths,
-    compacted or not, reuse the two compiled graphs."""
+    compacted or not, down to one row still going, reuse the two compiled graphs."""
     from torch._dynamo.utils import counters
     counters.clear()
     model = tiny()
@@ -114,9 +114,12 @@ def test_compiled_decode_generates_as_eager():
     # calls that compact
     greedy = generate(model, TOK, PROMPTS, 1, 20, temperature=0.0, stop_ids=[], compile=True)
     assert [x['ids'] for x in greedy] == [naive_greedy(model, p, 20)[0] for p in PROMPTS]
-    stops = [ord(c) for c in 'aeiou ']
     longer = PROMPTS[:2] + [TOK.encode("A much longer prompt than the others, by far.")]
-    for prompts, g in ((PROMPTS, 4), (longer, 3)):
+    # and one whose rows all stop but one (this model repeats the prompt's last character): the
+    # batch is compacted to two rows, not one, which Dynamo would compile as a graph of its own
+    lone = [TOK.encode(text) for text in ("Tom has 12 apples.", "What is 7+5?", "Sam", "12")]
+    for prompts, g, stop_chars in ((PROMPTS, 4, 'aeiou '), (longer, 3, 'aeiou '), (lone, 1, '.?m')):
+        stops = [ord(c) for c in stop_chars]
         a = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops)
         b = generate(model, TOK, prompts, g, 24, temperature=1.0, seed=3, stop_ids=stops,
                      compile=True)

@@ -454,7 +454,10 @@ def test_a_compiled_tool_rollout_samples_as_eager():
     """compile=True through generate_with_tools (the prefill and decode steps through
     torch.compile, dynamic shapes): rows that call tools, their responses prefilled into the cache
     mid-decode, rows finishing and the batch compacting, give the same ids, masks and calls as
-    eager, and log-probs equal to float noise."""
+    eager, and log-probs equal to float noise; three graphs in all (the prefill, the decode step,
+    the responses' prefill): no batch of one row, which Dynamo would compile apart."""
+    from torch._dynamo.utils import counters
+    counters.clear()
     want, _ = scripted_completion(CALLS_3)
     prompts = [PROMPT, PROMPT + TOK.encode(" " * 9)]
     runs = []
@@ -475,6 +478,8 @@ def test_a_compiled_tool_rollout_samples_as_eager():
     called = [sum(c['tool_mask']) > 0 for c in eager]
     assert any(called) and not all(called), "every row alike: the test checks nothing"
     assert sum(c['finished'] for c in eager) >= 2, "no row finished early: nothing compacted"
+    graphs = counters['stats']['unique_graphs']
+    assert graphs == 3, f"{graphs} graphs compiled: expected the prefill, decode and responses'"
 
 
 # --------------------------------------------------------------------------- a state per rollout
