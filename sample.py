@@ -9,6 +9,7 @@ from the decode batch (compaction), and draws every token from a seed that depen
 prompt index, sample index, step): a completion is the same whichever prompts share its batch, so 1
 GPU and N GPUs sample alike.
 """
+import concurrent.futures
 import copy
 import functools
 import json
@@ -437,7 +438,6 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     for tools that take one, back as 'state'. respond(turn, state), on the pool when a turn ends
     with a stop and no call: a str goes in as a user turn (tool_calls.user_turns), None ends the
     row, as does a stop after max_turns user turns."""
-    import concurrent.futures
     import tool_calls
     answer = None  # hermes, json: results -> the chat template's ids answering them
     user_turn = respond and tool_calls.user_turns(tok)  # text -> the ids of a user turn
@@ -448,8 +448,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     device = next(model.parameters()).device
     stop_set = set(tok.stop_ids if stop_ids is None else stop_ids)
     prompt_index = list(range(len(prompts)) if prompt_index is None else prompt_index)
-    P, G = len(prompts), group_size
-    N = P * G
+    G, N = group_size, len(prompts) * group_size
     # one spare position: a row that has used its whole budget is still fed a pad (length 0)
     cache, logits, forward = prefill(model, tok, prompts, G, max_new_tokens, compile=compile,
                                      spare=1)
@@ -509,8 +508,7 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
         if not chunks:
             return {}
         extent = max(prompt_len[r] + len(rows[r].ids) - len(chunks[r]) for r in chunks)
-        return prefill_rows(forward, cache, chunks, where, extent, tok.pad_id,
-                            min_rows=1 + compile)
+        return prefill_rows(forward, cache, chunks, where, extent, tok.pad_id, min_rows=1 + compile)
 
     # the decode batch: batch[i] is the completion that the cache's and logits' row i holds, and
     # where[r] that row for completion r
