@@ -383,7 +383,7 @@ def detect_step_time(run):
         took = ', '.join(g(v) for _, v in pts[:lead])
         out.append(found('first_steps_slow', 'info', steps, series=['step_time'],
                          evidence=f"step(s) {span_text(run, steps)} took {took} s, the rest "
-                                  f"{g(med)} s (median)" + phase_note(run, steps),
+                                  f"{g(med)} s (median)" + phase_note(run, steps) + compile_note(run, steps),
                          causes=['compilation and warm-up (torch.compile, kernel autotuning, the '
                                  'allocator, CUDA graphs), and one more compile when shapes first '
                                  'change: expected'],
@@ -396,6 +396,7 @@ def detect_step_time(run):
                   "memory pressure: the allocator at its limit frees and retries, or the host "
                   "swaps",
                   "the machine is shared: other processes on the same GPU or CPU cores"]
+        causes = by_compile_time(run, steps, causes, 0)
         lens = finite(points(run, 'resp_len'))
         later = median([v for _, v in lens[1:]]) if len(lens) > 1 else 0
         if lens and lens[0][1] > 0 and later / lens[0][1] > med / first / 2:
@@ -404,7 +405,8 @@ def detect_step_time(run):
         out.append(found('steps_slower_than_first', 'warning', steps, series=['step_time'],
                          evidence=f"steps after the first take {g(med)} s (median), "
                                   f"{med / first:.1f}x the first step's {g(first)} s; they do "
-                                  "finish, so this is not a deadlock" + phase_note(run, steps),
+                                  "finish, so this is not a deadlock" + phase_note(run, steps)
+                                  + compile_note(run, steps),
                          causes=causes,
                          fix="find what changes between steps: compile with dynamic=True or pad "
                              "to a few fixed lengths, check memory headroom, run alone"))
@@ -414,12 +416,44 @@ def detect_step_time(run):
         out.append(found('slow_steps', 'warning', slow, series=['step_time'],
                          evidence=f"steps {span_text(run, slow)} took up to "
                                   f"{g(max(v for s, v in pts if s in slow))} s against a median "
-                                  f"of {g(med)} s" + phase_note(run, slow),
-                         causes=['a stall: a reward or rollout service answering slowly, a '
-                                 'checkpoint or evaluation inside the step, a straggler rank',
-                                 'a recompilation for a new shape'],
+                                  f"of {g(med)} s" + phase_note(run, slow) + compile_note(run, slow),
+                         causes=by_compile_time(run, slow, [
+                             'a stall: a reward or rollout service answering slowly, a checkpoint or '
+                             'evaluation inside the step, a straggler rank',
+                             'a recompilation for a new shape (TORCH_LOGS=recompiles names the guard that failed)'],
+                             1),
                          fix='look at what those steps did differently (the phase that grew)'))
     return out
+
+
+def compiled_on(run, steps):
+    """(graphs, seconds) torch.compile built on these steps where the log says (ours: compile/graphs
+    and timing_s/compile; the step line's 'compile S' gives the seconds), None where it does not."""
+    graphs, seconds = (dict(finite(points(run, name))) for name in ('compile_graphs', 'time_compile'))
+    if not any(s in graphs or s in seconds for s in steps):
+        return None
+    return sum(graphs.get(s, 0) for s in steps), sum(seconds.get(s, 0.0) for s in steps)
+
+
+def compile_note(run, steps):
+    """'; torch.compile built 3 graphs in 41 s of them', or '' where the log does not say."""
+    built = compiled_on(run, steps)
+    if built is None:
+        return ''
+    n, seconds = built
+    if not n and not seconds:
+        return "; torch.compile built no graph on them"
+    return f"; torch.compile built {g(n) + ' ' if n else ''}graph{'s' if n != 1 else ''} in {g(seconds)} s of them"
+
+
+def by_compile_time(run, steps, causes, recompile):
+    """causes with causes[recompile] (a recompilation) first where the log says torch.compile built
+    graphs on these steps, and left out where it says it built none; as they were otherwise."""
+    built = compiled_on(run, steps)
+    if built is None:
+        return causes
+    rest = causes[:recompile] + causes[recompile + 1:]
+    return [causes[recompile]] + rest if any(built) else rest
 
 
 def work_time(run):

@@ -38,6 +38,8 @@ SERIES = {  # what every source is mapped onto
     'time_values': 'critic values',
     'time_adv': 'advantages (with the reward, in verl before 0.4)', 'time_update': 'update',
     'time_critic': 'critic update', 'time_eval': 'validation', 'time_save': 'checkpoint',
+    'time_compile': 'torch.compile building graphs (inside the phases)',
+    'compile_graphs': 'graphs torch.compile built in the step',
     'throughput': 'tokens per second per GPU',
     'mem_gb': 'peak device memory, GB',
     'mem_frac': 'device memory in use, share of the device',
@@ -68,7 +70,7 @@ OURS = {  # metrics.jsonl (docs/metrics.md)
     'micro_batches': None,
     'logprob/mean': None, 'logprob_gen_vs_train': None, 'response_len/max': None,
     'timing_s/eval': None, 'mem/allocated_gb': None, 'mem/reserved_gb': None, 'perf/*': None,
-    'timing_s/compile': None, 'compile/graphs': None,
+    'timing_s/compile': 'time_compile', 'compile/graphs': 'compile_graphs',
     'eval/*': None, 'warn/*': None, 'guard/*': None, 'dynamic/*': None, 'tis/*': None,
     'off_policy/*': None, 'vespo/*': None, 'data/*': None, 'entropy_coef': None,
     'entropy_cut': None, 'clip/*': None, 'mix/*': None, 'cov/*': None, 'teacher/reverse_kl': 'teacher_kl',
@@ -144,7 +146,7 @@ CONSOLE = {  # console lines: nanoGPT's 'iter N: loss X, time Yms, mfu Z%' and o
     'gnorm': 'grad_norm', 'grad_norm': 'grad_norm', 'len': 'resp_len', 'mem': 'mem_gb',
     'clip_low': 'clip_low', 'clip_high': 'clip_high', 'gen': 'time_gen', 'rew': 'time_reward',
     'ref': 'time_ref', 'old': 'time_old', 'upd': 'time_update', 'mfu': None, 'lr': None,
-    'compile': None,
+    'compile': 'time_compile', 'for': 'compile_graphs',  # our step line's '; compile S for N graphs)'
 }
 # nanochat's scripts/chat_rl.py (karpathy/nanochat at da4d9b5): its console lines, the words before
 # each value joined by '_' (console_pairs). 'Step N/M | Average reward: R | Average sequence length:
@@ -592,11 +594,11 @@ def console_pairs(body):
     'critic': 0.0, 'time': 103.6342}. Words before a number name it; a bare time ('0.5s') is
     'time'; 'a±b' gives name and name_std, 'a/b' name_low and name_high; ms become seconds."""
     row, words = {}, []
-    for token in re.split(r'\s+|(?<=[,|()])|(?=[,|()])', body):
+    for token in re.split(r'\s+|(?<=[,;|()])|(?=[,;|()])', body):
         token = re.sub(r'[=:](?=[-+.\d])', ' ', token.strip().rstrip(':'))  # loss=0.5, lr:3e-4
         if not token:
             continue
-        if token in ',|()':
+        if token in ',;|()':
             words = []
             continue
         name, _, rest = token.rpartition(' ') if ' ' in token else ('', '', token)

@@ -274,6 +274,55 @@ def test_a_slow_step_and_the_clip_fraction(tmp_path):
         'evidence']
 
 
+def test_step_time_findings_say_what_torch_compile_built(tmp_path):
+    """Where our log says what torch.compile built each step (compile/graphs, timing_s/compile):
+    the healthy log with a compiled first step (30 s, 28 of them compiling 2 graphs) and a step 15
+    that recompiled (10x its time): that slow step names the recompile first; the same step with
+    nothing compiled (a stall) does not name it at all."""
+    rows = [json.loads(line) for line in open(os.path.join(FIX, 'ours_healthy', 'metrics.jsonl'))]
+    for r in rows:
+        if r['step'] >= 1:
+            r['compile/graphs'], r['timing_s/compile'] = 0, 0.0
+        if r['step'] == 1:
+            r['timing_s/step'], r['timing_s/update'] = 30.0, 29.0
+            r['compile/graphs'], r['timing_s/compile'] = 2, 28.0
+        if r['step'] == 15:
+            r['timing_s/step'] *= 10
+            r['compile/graphs'], r['timing_s/compile'] = 1, r['timing_s/step'] * 0.8
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    got = {f['name']: f for f in doctor.diagnose(doctor.load(str(tmp_path)))}
+    assert 'torch.compile built 2 graphs in 28 s of them' in got['first_steps_slow']['evidence']
+    assert got['slow_steps']['steps'] == [15], got['slow_steps']
+    assert 'torch.compile built 1 graph in' in got['slow_steps']['evidence']
+    assert got['slow_steps']['causes'][0].startswith('a recompilation'), got['slow_steps']['causes']
+    for r in rows:  # the same slow step, nothing compiled: a stall, no recompilation
+        if r['step'] == 15:
+            r['compile/graphs'], r['timing_s/compile'] = 0, 0.0
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    slow = {f['name']: f for f in doctor.diagnose(doctor.load(str(tmp_path)))}['slow_steps']
+    assert 'torch.compile built no graph on them' in slow['evidence']
+    assert not any('recompil' in c for c in slow['causes']), slow['causes']
+
+
+def test_our_step_line_with_a_compile_keeps_its_phases(tmp_path):
+    """A step line that compiled ends its phases with '; compile S for N graphs)': the update's
+    seconds before the ';' and the compile's after it are both read (console.log alone)."""
+    lines = []
+    for step in range(1, 9):
+        t = {1: 70.9, 6: 30.0}.get(step, 1.0)
+        built = f"; compile {t - 0.2:.1f} for 2 graphs" if step in (1, 6) else ''
+        lines.append(f"step {step:5d} | reward 0.041±0.063 | zero_std 0.25 | loss -0.1409 | kl 0.0000 | "
+                     f"ent 5.553 | gnorm 0.565 | len 7 | {t}s (gen 0.1 rew 0.0 ref 0.0 old 0.0 "
+                     f"upd {t - 0.1:.1f}{built}) | mem 0.51GB")
+    (tmp_path / 'console.log').write_text('\n'.join(lines) + '\n')
+    run = doctor.load(str(tmp_path / 'console.log'))
+    assert run['series']['time_update'][6] == 29.9 and run['series']['time_compile'] == {1: 70.7, 6: 29.8}
+    assert run['series']['compile_graphs'] == {1: 2, 6: 2}
+    slow = {f['name']: f for f in doctor.diagnose(run)}['slow_steps']
+    assert 'the time went to update' in slow['evidence'], slow['evidence']
+    assert 'torch.compile built 2 graphs in 29.8 s of them' in slow['evidence'], slow['evidence']
+
+
 def test_an_entropy_of_exactly_0_is_no_measurement(tmp_path):
     """Ours logs entropy 0 on a step with no tokens to train on (every group tied): the first 16
     steps of the entropy-collapse run (5.54 -> 0.67, not yet collapsed) with steps 14-16 so."""
