@@ -49,8 +49,8 @@ def decode_forward(model, compile):
     (compile=True) torch.compile of it with dynamic shapes, so other prompt lengths, the batch
     shrinking under compaction and the cache growing each step do not recompile it (two graphs:
     prefill and decode; generate and generate_with_tools then keep batches of two rows or more,
-    as Dynamo compiles a size of 1 apart). Eager decode of a small model is bound by per-op overhead (a dispatch per
-    op on CPU, a kernel launch per op on GPU); compiled, each layer's
+    as Dynamo compiles a size of 1 apart). Eager decode of a small model is bound by per-op
+    overhead (a dispatch per op on CPU, a kernel launch per op on GPU); compiled, each layer's
     norm/rope/cache-write/attention/SwiGLU pointwise work is a few fused kernels."""
     if not compile:
         return model

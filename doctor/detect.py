@@ -428,7 +428,7 @@ def detect_step_time(run):
 
 def compiled_on(run, steps):
     """(graphs, seconds) torch.compile built on these steps where the log says (ours: compile/graphs
-    and timing_s/compile; the step line's 'compile S' gives the seconds), None where it does not."""
+    and timing_s/compile, or the step line's 'compile S for N graphs'), None where it does not."""
     graphs, seconds = (dict(finite(points(run, name))) for name in ('compile_graphs', 'time_compile'))
     if not any(s in graphs or s in seconds for s in steps):
         return None
