@@ -13,3 +13,9 @@ if os.environ.get('PYTEST_XDIST_WORKER'):
     torch.set_num_threads(1)
 else:
     torch.set_num_threads(2)  # CI machines have 2 cores; more threads only contend
+
+
+def pytest_collection_modifyitems(items):
+    """The tests marked slow first, the rest in their order: pytest-xdist deals the list out in
+    order, and a minute-long test dealt last runs alone after the other worker has finished."""
+    items.sort(key=lambda item: item.get_closest_marker('slow') is None)

@@ -50,6 +50,7 @@ def read(out, name):
     return json.loads((out / name).read_text())
 
 
+@pytest.mark.slow
 def test_cpu_smoke_runs_the_default_plan_without_the_packages_the_gpu_machine_lacks(tmp_path):
     out = tmp_path / 'results'
     p = gpu_check_run('--cpu-smoke', '--smoke_no_flex', f'--out={out}',

@@ -229,6 +229,7 @@ def random_rows(B=32, vocab=37, seed=6):
     return logits, torch.randint(0, 2 ** 40, (B,), generator=g)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cfg', SAMPLER_CONFIGS + [dict(temperature=0.0)], ids=str)
 def test_triton_sampler_draws_the_same_ids_as_torch(cfg):
     """Same counter-based hash in both: the kernel (vocab split in 1 or 2 tiles) equals the torch

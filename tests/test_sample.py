@@ -102,6 +102,7 @@ def test_compaction_changes_nothing():
             "compaction changed the log-probs"
 
 
+@pytest.mark.slow
 def test_compiled_decode_generates_as_eager():
     """compile=True (torch.compile of the prefill and decode steps, dynamic shapes): the same tokens
     as eager, through rows finishing at different times and compaction shrinking the batch; and no
@@ -158,6 +159,7 @@ def test_graph_decode_and_sparse_checks_generate_as_eager():
     assert 1 <= used <= len(sample.buckets(12)), f'{used} graphs compiled'
 
 
+@pytest.mark.slow
 def test_graph_decode_keeps_its_graphs_and_their_addresses_from_call_to_call(monkeypatch):
     """Training calls generate once a step with new prompts. With graphs=True (a CUDA graph replays
     at the addresses it was captured at): the static cache's length is rounded up

@@ -36,6 +36,7 @@ def _noise_kernel(h_ptr, g_ptr, n, BLOCK: tl.constexpr):
     tl.store(g_ptr + offs, S._gumbel(h), mask=offs < n)
 
 
+@pytest.mark.slow
 def test_every_hash_gives_a_uniform_inside_0_1_and_finite_noise_in_both_paths():
     """Exhaustive. The old ((h >> 8) + 0.5) * 2^-24 gave u == 1.0 and noise +inf for h >> 8 =
     2^24 - 1."""
@@ -73,6 +74,7 @@ def hard_rows(seeds, step, vocab):
     return torch.cat(hit).nonzero().squeeze(1)
 
 
+@pytest.mark.slow
 def test_a_token_of_probability_one_is_drawn_every_time_at_a_real_vocabulary():
     """1,000 draws at temperature 1, no top-k / top-p (torch path); through the kernel, the first
     25 of them and every one whose hashes include a value the old noise made +inf (about V / 2^24
@@ -127,6 +129,7 @@ CASES = [(dict(), 1000, 25), (dict(top_p=0.9), 500, 2), (dict(top_k=50), 500, 2)
          (dict(min_p=0.05), 500, 25)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cfg,n,n_triton', CASES, ids=[str(c[0]) for c in CASES])
 def test_draws_follow_the_softmax_at_a_real_vocabulary(cfg, n, n_triton):
     """n draws of one peaked row (torch path): chi-square against the exact distribution

@@ -450,6 +450,7 @@ def test_a_training_step_with_calls_and_an_entropy_cut(tmp_path, monkeypatch):
         assert math.isclose(m[key], off[key], rel_tol=1e-5, abs_tol=1e-9), (key, m[key], off[key])
 
 
+@pytest.mark.slow
 def test_a_compiled_tool_rollout_samples_as_eager():
     """compile=True through generate_with_tools (the prefill and decode steps through
     torch.compile, dynamic shapes): rows that call tools, their responses prefilled into the cache

@@ -756,6 +756,7 @@ def test_drop_easy_stops_drawing_solved_problems_and_resumes_exactly(tmp_path):
         assert stable(x) == stable(y), f"step {x['step']} differs after resume"
 
 
+@pytest.mark.slow
 def test_compiled_training_reruns_and_resumes_bit_for_bit(tmp_path, monkeypatch):
     """compile=True: a run killed (SIGKILL) right after step 2's optimizer step, before its
     checkpoint, and rerun from step 1's ends with the metrics and weights of a run that was not;
@@ -800,6 +801,7 @@ def median(xs, default):
     return sorted(xs)[len(xs) // 2] if xs else default
 
 
+@pytest.mark.slow
 def test_kill_at_random_instants(tmp_path):
     """9 SIGKILLs at moments chosen from the run's observed progress, not from wall time, so that
     on a fast machine or a slow one they spread over start-up, generation and the update, and
