@@ -56,6 +56,15 @@ def wrap(model, device, fsdp, compile):
     return net
 
 
+def clip_grad_norm(params, max_norm):
+    """Clip the gradients to a total norm of max_norm (inf: no clip); the total norm, a float that
+    is the same on every rank. Under FSDP2 the norm is a DTensor: before torch 2.11 its placement
+    is a partial norm, whose .item() is this rank's shard's norm alone (rank 0 logged a wrong
+    grad_norm, and ranks could disagree on whether it was finite); .full_tensor() reduces it."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return (norm.full_tensor() if hasattr(norm, 'full_tensor') else norm).item()
+
+
 def all_reduce(values, device, op='sum'):
     """A list of floats summed (or maxed) over ranks; unchanged in one process."""
     if not dist.is_initialized():

@@ -304,6 +304,7 @@ from loss import advantages, gdpo_advantages, policy_loss, tis_weights, zero_spr
 from loss import adapt_entropy_coef, cov_selection, entropy_cut, off_policy_keep  # noqa: E402
 from loss import token_weights  # noqa: E402
 from parallel import all_reduce, die, finish, gather_step, gather_tensor, setup, wrap  # noqa: E402
+from parallel import clip_grad_norm  # noqa: E402
 from reward import declared_facts, merge_scores, resolve_rewards, score  # noqa: E402
 from sample import encode_prompts, evaluate, sample_batch, sampled_count, sampler_model  # noqa: E402
 from sample import fit_prompts, prompt_limit, tool_settings  # noqa: E402
@@ -1102,7 +1103,7 @@ def update(lay, side, now, n_tokens, *, skipped, fault):
             if part['rows'] == 0:  # a mini-batch with nothing to train on takes no step
                 continue
             max_norm = grad_clip if grad_clip > 0 else float('inf')
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+            grad_norm = clip_grad_norm(model.parameters(), max_norm)
             finite = math.isfinite(grad_norm) and math.isfinite(first['sum']['loss'])
             if not finite:
                 break

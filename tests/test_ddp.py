@@ -101,6 +101,46 @@ def test_two_fsdp_ranks_match_one_process(one_process, tmp_path):
     assert_same_run(one_process, tmp_path, 'FSDP2, 2 ranks')
 
 
+# each rank: FSDP2 shards of a small model, its gradients clipped by parallel.clip_grad_norm
+NORM_SCRIPT = """
+import sys
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+sys.path.insert(0, sys.argv[1])
+from parallel import clip_grad_norm
+dist.init_process_group('gloo')
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 3))
+for layer in m:
+    fully_shard(layer)
+fully_shard(m)
+m(torch.randn(4, 8)).square().sum().backward()
+full = torch.nn.utils.get_total_norm([p.grad.full_tensor() for p in m.parameters()]).item()
+got = clip_grad_norm(m.parameters(), 0.5)
+after = torch.nn.utils.get_total_norm([p.grad.full_tensor() for p in m.parameters()]).item()
+with open(f'{sys.argv[2]}/rank{dist.get_rank()}.txt', 'w') as f:  # ranks' prints interleave
+    f.write(f'{full} {got} {after}')
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_grad_norm_is_the_whole_gradients_on_every_rank(tmp_path):
+    """Under FSDP2 the step's grad_norm (logged by rank 0; tested for finiteness by every rank) is
+    the norm of the whole gradient, not of one rank's shard: torch before 2.11 returns a partial
+    norm whose .item() is the shard's alone (there this fails with .item(); 2.11 on already
+    reduces it). The clip brings the whole gradient to the bound."""
+    script = tmp_path / 'norm.py'
+    script.write_text(NORM_SCRIPT)
+    p = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                        '--nproc_per_node=2', str(script), str(ROOT), str(tmp_path)], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [(tmp_path / f'rank{r}.txt').read_text().split() for r in (0, 1)]
+    for full, got, after in (map(float, r) for r in rows):
+        assert full > 1 and math.isclose(got, full, rel_tol=1e-6), (full, got)
+        assert math.isclose(after, 0.5, rel_tol=1e-5), after
+
+
 # beta: the reference is the adapters-off model; export_best: the merged weights and the adapters
 # of the best evaluation (FSDP: gathered from the shards, rank 0's verdict shared)
 LORA = ['--lora_rank=4', '--lora_alpha=8', '--lr=2e-2', '--beta=0.05', '--eval_every=1',
