@@ -159,6 +159,17 @@ def choose_share_prompt(rows, cfg, backend):
     return packed <= separate
 
 
+# the LM head a compiled trunk calls: one function object for every call, which runs the call's
+# head (_HEAD[0]) outside the graph. Dynamo guards on the identity of a function passed in, and
+# before torch 2.11 a new closure each call invalidated the graph: every micro-batch compiled anew
+_HEAD = [None]
+
+
+@torch.compiler.disable
+def _head_outside_graph(h, weight):
+    return _HEAD[0](h, weight)
+
+
 def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dtype=torch.float32,
                         compiled=False, head_fp32=True, tiles=(0, 0)):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at
@@ -182,9 +193,12 @@ def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dt
         return lm_head_logprobs(h, weight, targets, temperature, head_fp32=head_fp32, tiles=tiles)
 
     if compiled:  # torch.compile the trunk only; the kernels run as they are
-        head = torch.compiler.disable(head)
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-        return net(x, head=head, **kw)
+        _HEAD[0], head = head, _head_outside_graph
+    try:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            return net(x, head=head, **kw)
+    finally:
+        _HEAD[0] = None  # nor keeps this call's targets alive
 
 
 def sampled_tokens(rows, device):
