@@ -198,7 +198,7 @@ def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dt
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             return net(x, head=head, **kw)
     finally:
-        _HEAD[0] = None  # nor keeps this call's targets alive
+        _HEAD[0] = None  # so that this call's targets are not kept alive
 
 
 def sampled_tokens(rows, device):
