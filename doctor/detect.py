@@ -383,7 +383,7 @@ def detect_step_time(run):
         took = ', '.join(g(v) for _, v in pts[:lead])
         out.append(found('first_steps_slow', 'info', steps, series=['step_time'],
                          evidence=f"step(s) {span_text(run, steps)} took {took} s, the rest "
-                                  f"{g(med)} s (median)" + phase_note(run, steps) + compile_note(run, steps),
+                                  f"{g(med)} s (median)" + phase_note(run, steps),
                          causes=['compilation and warm-up (torch.compile, kernel autotuning, the '
                                  'allocator, CUDA graphs), and one more compile when shapes first '
                                  'change: expected'],
@@ -405,8 +405,7 @@ def detect_step_time(run):
         out.append(found('steps_slower_than_first', 'warning', steps, series=['step_time'],
                          evidence=f"steps after the first take {g(med)} s (median), "
                                   f"{med / first:.1f}x the first step's {g(first)} s; they do "
-                                  "finish, so this is not a deadlock" + phase_note(run, steps)
-                                  + compile_note(run, steps),
+                                  "finish, so this is not a deadlock" + phase_note(run, steps),
                          causes=causes,
                          fix="find what changes between steps: compile with dynamic=True or pad "
                              "to a few fixed lengths, check memory headroom, run alone"))
@@ -416,11 +415,12 @@ def detect_step_time(run):
         out.append(found('slow_steps', 'warning', slow, series=['step_time'],
                          evidence=f"steps {span_text(run, slow)} took up to "
                                   f"{g(max(v for s, v in pts if s in slow))} s against a median "
-                                  f"of {g(med)} s" + phase_note(run, slow) + compile_note(run, slow),
+                                  f"of {g(med)} s" + phase_note(run, slow),
                          causes=by_compile_time(run, slow, [
                              'a stall: a reward or rollout service answering slowly, a checkpoint or '
                              'evaluation inside the step, a straggler rank',
-                             'a recompilation for a new shape (TORCH_LOGS=recompiles names the guard that failed)'],
+                             'a recompilation for a new shape (TORCH_LOGS=recompiles names the guard '
+                             'that failed)'],
                              1),
                          fix='look at what those steps did differently (the phase that grew)'))
     return out
@@ -429,7 +429,8 @@ def detect_step_time(run):
 def compiled_on(run, steps):
     """(graphs, seconds) torch.compile built on these steps where the log says (ours: compile/graphs
     and timing_s/compile, or the step line's 'compile S for N graphs'), None where it does not."""
-    graphs, seconds = (dict(finite(points(run, name))) for name in ('compile_graphs', 'time_compile'))
+    graphs, seconds = (dict(finite(points(run, name)))
+                       for name in ('compile_graphs', 'time_compile'))
     if not any(s in graphs or s in seconds for s in steps):
         return None
     return sum(graphs.get(s, 0) for s in steps), sum(seconds.get(s, 0.0) for s in steps)
@@ -443,7 +444,8 @@ def compile_note(run, steps):
     n, seconds = built
     if not n and not seconds:
         return "; torch.compile built no graph on them"
-    return f"; torch.compile built {g(n) + ' ' if n else ''}graph{'s' if n != 1 else ''} in {g(seconds)} s of them"
+    return (f"; torch.compile built {g(n) + ' ' if n else ''}graph{'s' if n != 1 else ''} "
+            f"in {g(seconds)} s of them")
 
 
 def by_compile_time(run, steps, causes, recompile):
@@ -464,7 +466,8 @@ def work_time(run):
 
 
 def phase_note(run, steps):
-    """'; the time went to time_gen (40 s vs 8 s)': the phase that grew most on these steps."""
+    """'; the time went to time_gen (40 s vs 8 s)': the phase that grew most on these steps, then
+    what torch.compile built on them where the log says (compile_note)."""
     best, steps = None, set(steps)
     for name in PHASES:
         if name in OUTSIDE_WORK:
@@ -474,10 +477,9 @@ def phase_note(run, steps):
         off = [v for s, v in pts if s not in steps]
         if on and off and (best is None or median(on) - median(off) > best[1] - best[2]):
             best = (name, median(on), median(off))
-    if best is None:
-        return ''
-    return (f"; the time went to {SERIES[best[0]]} ({g(best[1])} s vs {g(best[2])} s on other "
-            "steps)")
+    grew = '' if best is None else (f"; the time went to {SERIES[best[0]]} ({g(best[1])} s vs "
+                                    f"{g(best[2])} s on other steps)")
+    return grew + compile_note(run, steps)
 
 
 def detect_kl_at_start(run):

@@ -132,8 +132,8 @@ def test_fsdp_grad_norm_is_the_whole_gradients_on_every_rank(tmp_path):
     script = tmp_path / 'norm.py'
     script.write_text(NORM_SCRIPT)
     p = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                        '--nproc_per_node=2', str(script), str(ROOT), str(tmp_path)], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=120)
+                        '--nproc_per_node=2', str(script), str(ROOT), str(tmp_path)],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [(tmp_path / f'rank{r}.txt').read_text().split() for r in (0, 1)]
     for full, got, after in (map(float, r) for r in rows):
