@@ -5,7 +5,7 @@ that pass gives.
 """
 import torch
 
-from kernels import lm_head_logprobs
+from logprob_kernels import lm_head_logprobs
 from sample import sampled_count
 
 
@@ -173,7 +173,7 @@ def _head_outside_graph(h, weight):
 def completion_logprobs(net, rows, pad_id, temperature, *, share_prompt=True, dtype=torch.float32,
                         compiled=False, head_fp32=True, tiles=(0, 0)):
     """Per-token log p(token) and entropy of every completion token in rows (flat, row-major) at
-    `temperature`, through the fused LM head (kernels.lm_head_logprobs: never more logits than one
+    `temperature`, through the fused LM head (logprob_kernels.lm_head_logprobs: never more logits than one
     tile of `tiles` = (tokens, vocabulary), 0 = its default). rows: {'prompt', 'ids'[, 'group']}
     dicts; with share_prompt and groups, each group's prompt runs once (pack_groups). The trunk runs
     under autocast to dtype; the head does its own fp32 math. head_fp32: the LM head's matmul in

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import num_warps
+from logprob_kernels import num_warps
 
 # -----------------------------------------------------------------------------
 # sampler: counter-based randomness shared by the torch and triton paths

@@ -162,7 +162,7 @@ entropy_coef_max = 1.0  # its upper bound
 # train the policy-gradient (and entropy) term on the top share of tokens by entropy, the rest
 # masked (Beyond the 80/20 rule: 0.2); 1.0 = every token
 top_entropy_quantile = 1.0
-lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: at most that many logits; 0: kernels.py
+lm_head_tiles = (0, 0)  # LM head's (tokens, vocab) tile: at most that many logits; 0: logprob_kernels.py
 lm_head_fp32 = True  # the training LM head's matmul in fp32 (bf16 logits round every log-prob)
 # truncated importance sampling vs the sampler: '' off, 'token_truncate', 'token_mask', 'sequence_*'
 tis = ''

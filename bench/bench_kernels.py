@@ -1,5 +1,5 @@
 """
-Time and peak memory of kernels.py and sample_kernels.py next to the torch ways of doing the same,
+Time and peak memory of logprob_kernels.py and sample_kernels.py next to the torch ways of doing the same,
 on the same inputs, in one run.
 
   log-prob + entropy, forward and forward+backward:
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model as M  # noqa: E402
-from kernels import token_logprobs  # noqa: E402
+from logprob_kernels import token_logprobs  # noqa: E402
 from sample_kernels import sample_tokens  # noqa: E402
 
 GPU = torch.cuda.is_available()

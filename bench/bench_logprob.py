@@ -3,7 +3,7 @@ Per-token log-prob + entropy through the LM head, forward and backward w.r.t. hi
 weight, three ways on the same inputs, each in its own process (so one method's freed memory or warm
 allocator cannot flatter another):
 
-  ours    kernels.lm_head_logprobs: tiles of tokens x vocabulary folded into an online
+  ours    logprob_kernels.lm_head_logprobs: tiles of tokens x vocabulary folded into an online
           log-sum-exp; backward recomputes each tile (torch tile ops on CPU, the Triton fold on
           CUDA)
   trl     TRL 1.16's ChunkedLogProbFunction (what GRPOTrainer runs by default), 4,096 tokens x
@@ -56,7 +56,7 @@ parser.add_argument('--hidden', type=int, default=896)
 parser.add_argument('--dtype', default=None)  # hidden states' dtype: float32 (CPU) / bfloat16 (GPU)
 parser.add_argument('--temperature', type=float, default=1.0)
 parser.add_argument('--methods', default='ours,trl,naive')
-# ours: TOKENSxVOCAB, e.g. 2048x4096; '' = kernels.HEAD_TILES
+# ours: TOKENSxVOCAB, e.g. 2048x4096; '' = logprob_kernels.HEAD_TILES
 parser.add_argument('--tiles', default='')
 parser.add_argument('--threads', type=int, default=2)  # CPU threads per process
 # every method this many times, interleaved (load drifts)
@@ -89,7 +89,7 @@ def inputs():
 def method_fn(name):
     T = args.temperature
     if name == 'ours':
-        from kernels import lm_head_logprobs
+        from logprob_kernels import lm_head_logprobs
         tiles = tuple(int(x) for x in args.tiles.split('x')) if args.tiles else None
 
         def ours(h, w, t):
@@ -230,7 +230,7 @@ def main():
         if args.tiles:
             tt = int(args.tiles.split('x')[0])
         else:
-            tt = __import__('kernels').HEAD_TILES['cuda'][0]
+            tt = __import__('logprob_kernels').HEAD_TILES['cuda'][0]
         flop = 4 * 2 * N * args.vocab * args.hidden
         nbytes = (7 * N * args.vocab * DTYPE.itemsize
                   + math.ceil(N / tt) * 4 * 4 * args.vocab * args.hidden)

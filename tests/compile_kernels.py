@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import kernels as K  # noqa: E402
+import logprob_kernels as K  # noqa: E402
 import sample_kernels as S  # noqa: E402
 
 # Triton 3.2 names the constexpr values `constants`, 3.3 on `constexprs`

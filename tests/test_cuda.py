@@ -34,7 +34,7 @@ def compiled_triton():
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('temperature', [1.0, 0.7])
 def test_token_logprobs_kernel_matches_fp64(dtype, temperature):
-    from kernels import token_logprobs
+    from logprob_kernels import token_logprobs
     from test_kernels import close, data, grads, oracle
     logits, targets, a, b = cuda(*data(shape=(4, 33), dtype=dtype))
     lp, ent = token_logprobs(logits, targets, temperature)  # CUDA: Triton by default
@@ -50,7 +50,7 @@ def test_token_logprobs_kernel_matches_fp64(dtype, temperature):
 
 def test_token_logprobs_at_qwen_vocabulary():
     """151,936 columns: many blocks per row, a ragged last one."""
-    from kernels import token_logprobs
+    from logprob_kernels import token_logprobs
     from test_kernels import oracle
     g = torch.Generator(device=DEV).manual_seed(0)
     logits = (3 * torch.randn(64, 151_936, device=DEV, generator=g)).bfloat16()
@@ -67,7 +67,7 @@ def test_token_logprobs_at_qwen_vocabulary():
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_lm_head_kernel_matches_fp64(dtype):
-    from kernels import lm_head_logprobs
+    from logprob_kernels import lm_head_logprobs
     from test_lmhead import TILES, close, data, oracle, run
     hidden, weight, targets, mask, a, b = cuda(*data(dtype))
     got = run(lm_head_logprobs, hidden, weight, targets, 0.9, mask, a=a, b=b, tiles=TILES,
@@ -83,7 +83,7 @@ def test_lm_head_kernel_matches_fp64(dtype):
 def test_lm_head_default_tiles_at_qwen_shape():
     """The CUDA default tiles (4,096 tokens x 16,384 vocabulary) at Qwen2.5-0.5B's head, bf16 under
     autocast, fp32 head: against log_softmax of the full fp32 logits."""
-    from kernels import lm_head_logprobs
+    from logprob_kernels import lm_head_logprobs
     g = torch.Generator(device=DEV).manual_seed(0)
     h = torch.randn(5000, 896, device=DEV, generator=g).bfloat16()
     w = (torch.randn(151_936, 896, device=DEV, generator=g) * 0.05).bfloat16()

@@ -1,9 +1,9 @@
-"""Specification of the fused log-prob/entropy kernel (kernels.py) and the sampler
+"""Specification of the fused log-prob/entropy kernel (logprob_kernels.py) and the sampler
 (sample_kernels.py); the LM head: test_lmhead.py.
 
 Every log-prob test runs twice: through the Triton kernels (forced, under TRITON_INTERPRET=1) and
 through the torch path that CPU training uses. The oracle is an fp64 log_softmax written here,
-independent of kernels.py.
+independent of logprob_kernels.py.
 """
 import os
 import subprocess
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from kernels import token_logprobs
+from logprob_kernels import token_logprobs
 from sample_kernels import sample_tokens, sample_tokens_ref
 
 # padding rows and -inf lanes compute inf/nan in branches that tl.where then discards; numpy (the

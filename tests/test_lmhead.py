@@ -1,9 +1,9 @@
-"""Specification of the tiled LM head, kernels.lm_head_logprobs: log p(target) and entropy of
+"""Specification of the tiled LM head, logprob_kernels.lm_head_logprobs: log p(target) and entropy of
 softmax(hidden @ weight.T / T) and their gradients, without ever holding [tokens x vocabulary].
 
 Every numeric test runs twice: the torch tile fold (the CPU training path) and the Triton fold
 (forced, under TRITON_INTERPRET=1). The oracle is fp64 log_softmax of the whole logits, written
-here, independent of kernels.py. Sizes are small and ragged: 27 tokens in tiles of 8, vocabulary 133
+here, independent of logprob_kernels.py. Sizes are small and ragged: 27 tokens in tiles of 8, vocabulary 133
 in tiles of 48.
 """
 import pytest
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import lm_head_logprobs, token_logprobs
+from logprob_kernels import lm_head_logprobs, token_logprobs
 
 pytestmark = pytest.mark.filterwarnings('ignore::RuntimeWarning:triton.runtime.interpreter')
 

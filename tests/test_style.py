@@ -4,6 +4,7 @@ its lines over 100 characters and no function longer than a reader can hold (MAX
 docstring aside; train_grpo.py's step loop MAX_LOOP_LINES), and nothing in the code or the
 requirement files speaks of how the project was developed instead of what it does."""
 import ast
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -128,12 +129,33 @@ def kernel_signatures(files):
 
 
 def test_triton_kernels_take_no_keyword_only_parameters():
-    """ruff.toml exempts kernels.py and sample_kernels.py from the positional-parameter limit
+    """ruff.toml exempts logprob_kernels.py and sample_kernels.py from the positional-parameter limit
     because Triton before 3.9 cannot bind a @triton.jit function's keyword-only parameters: so no
     jit function may have any, and every other function there keeps the limit of 6."""
-    sigs = kernel_signatures([ROOT / 'kernels.py', ROOT / 'sample_kernels.py'])
+    sigs = kernel_signatures([ROOT / 'logprob_kernels.py', ROOT / 'sample_kernels.py'])
     assert sum(jit for _, _, jit, _, _ in sigs) >= 8, 'expected the Triton kernels in these files'
     kw_only = [f'{f}:{name}' for f, name, jit, _, kw in sigs if jit and kw]
     assert not kw_only, f'keyword-only parameters in Triton kernels (fail on Triton < 3.9): {kw_only}'
     too_many = [f'{f}:{name} ({n})' for f, name, jit, n, _ in sigs if not jit and n > 6]
     assert not too_many, f'more than 6 positional parameters outside Triton kernels: {too_many}'
+
+
+def our_import_names():
+    """What `import X` finds in this folder first: the top-level modules and packages."""
+    return {p.stem for p in ROOT.glob('*.py')} | {p.parent.name for p in ROOT.glob('*/__init__.py')}
+
+
+def shadowed(names):
+    """Those of names that the standard library or an installed distribution also provides: run
+    from here, ours would be imported in its place (transformers 5.25 imports the package `kernels`
+    at import time, so a top-level kernels.py broke every transformers import)."""
+    taken = set(sys.stdlib_module_names) | set(importlib.metadata.packages_distributions())
+    return sorted(set(names) & taken)
+
+
+def test_no_top_level_module_shadows_an_installed_or_standard_one():
+    assert shadowed(our_import_names()) == []
+
+
+def test_a_shadowing_name_is_found():
+    assert shadowed({'json', 'torch', 'logprob_kernels'}) == ['json', 'torch']

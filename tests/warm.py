@@ -26,7 +26,7 @@ import tempfile
 
 # what a run imports anyway, imported once by the server
 PRELOAD = ['torch', 'torch._dynamo', 'torch.optim', 'numpy', 'matplotlib', 'matplotlib.pyplot', 'jinja2',
-           'safetensors.torch', 'tiktoken', 'triton', 'model', 'kernels', 'sample_kernels', 'hf', 'tokenizer',
+           'safetensors.torch', 'tiktoken', 'triton', 'model', 'logprob_kernels', 'sample_kernels', 'hf', 'tokenizer',
            'sample', 'batch', 'loss', 'metrics', 'safety', 'checkpoint', 'reward', 'tasks', 'configurator',
            'plot', 'lora', 'parallel', 'sft', 'tool_calls', 'sandbox', 'data']
 # variables that torch, OpenMP, Triton or Python read at start-up or import
