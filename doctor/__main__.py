@@ -26,7 +26,8 @@ import math
 import os
 import sys
 
-from doctor.detect import DETECTORS, SEVERITIES, diagnose, finite, points, runs_of, span_text
+from doctor import DETECTORS, diagnose
+from doctor.detect import SEVERITIES, finite, points, runs_of, span_text
 from doctor.read import SERIES, load
 
 MAX_PROBLEM_LINES = 20  # unreadable rows printed one line each, up to this many, then a count

@@ -207,7 +207,7 @@ def test_an_abort_is_named_by_the_error_that_caused_it(tmp_path):
 def test_rays_worker_method_alone_names_the_phase():
     """verl's error as Ray's driver prints it when the worker's frames are cut off: the worker method
     (role prefix and all) says which phase."""
-    from doctor.detect import oom_phase
+    from doctor.crash import oom_phase
     line = ('ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.{}() (pid=1, ip=10.0.0.1, '
             'actor_id=ab)')
     for method, phase in (('actor_rollout_ref_update_actor', 'update'),
