@@ -22,10 +22,11 @@ import tokenize
 
 
 def config_keys(g):
-    """The configurable globals: plain values defined at module level, not modules/functions/private
-    names."""
+    """The configurable globals: plain values at module level with lowercase names (as a task's
+    knobs, tasks.knobs); not modules, functions, private names or CONSTANTS (sample.py run as a
+    script has its GRAPH_BUCKETS among its globals)."""
     plain = (int, float, bool, str, list, tuple, dict, type(None))
-    return [k for k, v in g.items() if not k.startswith('_') and isinstance(v, plain)]
+    return [k for k, v in g.items() if not k.startswith('_') and k == k.lower() and isinstance(v, plain)]
 
 
 def fail(msg):

@@ -26,6 +26,18 @@ def test_overrides_parse_and_apply():
     assert g['lr'] == 3e-4, "the script's globals must change, nanoGPT style"
 
 
+def test_constants_are_not_knobs(capsys):
+    """An upper-case global (a module constant a script imports or defines) is no knob: --help does
+    not list it, config.json does not hold it, and setting it is an unknown key."""
+    g = {**defaults(), 'GRAPH_BUCKETS': 4}
+    cfg, _ = run([], g)
+    assert 'GRAPH_BUCKETS' not in cfg
+    with pytest.raises(SystemExit) as e:
+        run(['--GRAPH_BUCKETS=2'], g)
+    assert e.value.code == 2 and 'unknown config key --GRAPH_BUCKETS' in capsys.readouterr().err
+    assert g['GRAPH_BUCKETS'] == 4
+
+
 def test_int_for_float_and_string_that_looks_like_a_number():
     cfg, _ = run(['--lr=1', '--name=2024'])
     assert cfg['lr'] == 1.0 and isinstance(cfg['lr'], float)
@@ -172,6 +184,7 @@ def test_scripts_answer_help(tmp_path):
         p = warm.run([sys.executable, script, '--help'], cwd=root, timeout=120)
         assert p.returncode == 0, p.stderr
         lines = p.stdout.splitlines()
+        assert not [line for line in lines if line.startswith('  --') and not line[4].islower()], script
         for knob in knobs:
             line = next(line for line in lines if line.strip().startswith(knob + ' '))
             assert len(line.split(None, 1)) == 2, f"{script}: {knob} has no comment: {line!r}"

@@ -211,6 +211,7 @@ def test_graph_decode_on_cuda_generates_as_eager():
 
     from sample import generate
     from test_sample import PROMPTS, TOK, tiny
+    torch._dynamo.reset()  # graphs another test compiled would be reused, not counted
     counters.clear()
     model = tiny().to(DEV)
     stops = list(range(97, 123)) + list(range(128, 256))  # on the CPU: 9 of 12 rows stop early

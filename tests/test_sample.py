@@ -109,6 +109,7 @@ def test_compiled_decode_generates_as_eager():
     recompile per batch size or prompt length: calls with other batches and prompt lengths,
     compacted or not, down to one row still going, reuse the two compiled graphs."""
     from torch._dynamo.utils import counters
+    torch._dynamo.reset()  # graphs another test compiled would be reused, not counted
     counters.clear()
     model = tiny()
     # first, a call without compaction: its cache is the prefill's, shared with the samples; then
@@ -146,6 +147,7 @@ def test_graph_decode_and_sparse_checks_generate_as_eager():
     base = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops,
                     check_every=1)
     assert sum(x['finished'] for x in base) >= 3, "test needs rows finishing early"
+    torch._dynamo.reset()  # graphs another test compiled would be reused, not counted
     counters.clear()
     for kw in (dict(check_every=8), dict(graphs=True), dict(graphs=True, check_every=5)):
         out = generate(model, TOK, PROMPTS, 4, 24, temperature=1.0, seed=3, stop_ids=stops, **kw)
@@ -179,6 +181,7 @@ def test_graph_decode_keeps_its_graphs_and_their_addresses_from_call_to_call(mon
     monkeypatch.setattr(sample, 'graph_forward', lambda m: forward)
     stops = list(range(97, 123)) + list(range(128, 256))  # 9 of 12 rows stop, 3 to 44 tokens in
     longer = PROMPTS[:2] + [TOK.encode("A much longer prompt than the others, by far.")]
+    torch._dynamo.reset()  # graphs another test compiled would be reused, not counted
     counters.clear()
     for prompts, seed in ((PROMPTS, 5), (longer, 5), (PROMPTS, 7)):  # longest prompt 32, 44, 32
         out = generate(model, TOK, prompts, 4, 48, temperature=1.0, seed=seed, stop_ids=stops,

@@ -458,6 +458,7 @@ def test_a_compiled_tool_rollout_samples_as_eager():
     eager, and log-probs equal to float noise; three graphs in all (the prefill, the decode step,
     the responses' prefill): no batch of one row, which Dynamo would compile apart."""
     from torch._dynamo.utils import counters
+    torch._dynamo.reset()  # graphs another test compiled would be reused, not counted
     counters.clear()
     want, _ = scripted_completion(CALLS_3)
     prompts = [PROMPT, PROMPT + TOK.encode(" " * 9)]
