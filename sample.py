@@ -710,6 +710,8 @@ def load_run_checkpoint(path, dtype=torch.float32, device='cpu'):
     from the file."""
     from checkpoint import load_checkpoint
     from hf import load_model
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
     state = load_checkpoint(path)
     run = state.get('config') or {}
     if 'init_from' not in run or 'model' not in state:

@@ -428,6 +428,15 @@ def test_missing_directory_is_named(tmp_path):
     assert 'no_such_snapshot' in msg and 'no such directory' in msg, msg
 
 
+def test_missing_checkpoint_file_is_named(tmp_path):
+    """sample.py --init_from=OUT_DIR/ckpt_*.pt that is not there: its path and what it is, one line."""
+    from sample import load_run_checkpoint
+    path = str(tmp_path / 'ckpt_0000050.pt')
+    with pytest.raises(FileNotFoundError) as e:
+        load_run_checkpoint(path)
+    assert str(e.value) == f'{path}: no such checkpoint file'
+
+
 def test_unreachable_hub_id_says_to_pass_a_local_directory(monkeypatch):
     # fail fast, also where there is a network
     monkeypatch.setattr('huggingface_hub.constants.HF_HUB_OFFLINE', True)
