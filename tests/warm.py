@@ -33,20 +33,31 @@ PRELOAD = ['torch', 'torch._dynamo', 'torch.optim', 'numpy', 'matplotlib', 'matp
 IMPORT_TIME = ('OMP_', 'MKL_', 'OPENBLAS_', 'KMP_', 'GOMP_', 'TRITON_', 'TORCH', 'PYTORCH_', 'CUDA_', 'PYTHONHASHSEED',
                'PYTHONWARNINGS', 'PYTHONDONTWRITEBYTECODE', 'LD_')
 _context = None
-_server_env = None
 
 
 def _import_env(env):
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
 
 
+# the import-time variables as the suite set them (conftest.py, before any test): the server starts
+# with these whichever run first needs it, also one inside a test that changed one for itself
+# (monkeypatch.setenv('OMP_NUM_THREADS', '2')), whose server would send every later run to subprocess
+_BASE_ENV = _import_env(os.environ)
+
+
 def _forkserver():
-    global _context, _server_env
+    global _context
     if _context is None:
         _context = multiprocessing.get_context('forkserver')
         _context.set_forkserver_preload(PRELOAD)
-        multiprocessing.forkserver.ensure_running()  # now, with this environment
-        _server_env = _import_env(os.environ)  # the server starts with this process's environment
+        now = dict(os.environ)
+        os.environ.clear()
+        os.environ.update({k: v for k, v in now.items() if not k.startswith(IMPORT_TIME)}, **_BASE_ENV)
+        try:
+            multiprocessing.forkserver.ensure_running()  # now, with the suite's environment
+        finally:
+            os.environ.clear()
+            os.environ.update(now)
     return _context
 
 
@@ -90,7 +101,7 @@ def run(cmd, *, cwd=None, env=None, timeout=None, capture_output=True, text=True
     cmd, cwd, env = [str(c) for c in cmd], cwd or os.getcwd(), dict(os.environ if env is None else env)
     if not fresh and warm(cmd):
         _forkserver()
-        fresh = _import_env(env) != _server_env or _shadows(env)
+        fresh = _import_env(env) != _BASE_ENV or _shadows(env)
     if fresh or not warm(cmd):
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix='warm-') as tmp:
