@@ -406,6 +406,8 @@ def from_pretrained(name_or_path, dtype=torch.float32, device='cpu'):
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     path = resolve_snapshot(name_or_path)
     cfile = os.path.join(path, 'config.json')
+    if not os.path.isfile(cfile):
+        raise ModelLoadError(f"{path}: not a Hugging Face model snapshot (no config.json there)")
     try:
         with open(cfile) as f:
             hf = json.load(f)

@@ -428,6 +428,11 @@ def test_missing_directory_is_named(tmp_path):
     assert 'no_such_snapshot' in msg and 'no such directory' in msg, msg
 
 
+def test_a_directory_without_config_json_is_no_snapshot(tmp_path):
+    (tmp_path / 'notes.txt').write_text('not a model')
+    assert load_error(tmp_path) == f"{tmp_path}: not a Hugging Face model snapshot (no config.json there)"
+
+
 def test_missing_checkpoint_file_is_named(tmp_path):
     """sample.py --init_from=OUT_DIR/ckpt_*.pt that is not there: its path and what it is, one line."""
     from sample import load_run_checkpoint
