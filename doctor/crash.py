@@ -1,7 +1,7 @@
 """
 The doctor's crash detectors: a console log's tracebacks and fatal errors (doctor/read.py finds
 them: run['crashes']) -> which phase ran out of device memory and what to change there, for our
-trainer, TRL and verl; what a NCCL timeout, a device-side assert, a segfault or a SIGKILL says
+trainer, TRL and verl; what an NCCL timeout, a device-side assert, a segfault or a SIGKILL says
 and which rank or frame it names. Series detectors: detect.py.
 """
 import re
