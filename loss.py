@@ -365,8 +365,9 @@ def policy_loss(logp, old_logp, adv, w, lens, *, eps_low, eps_high, loss_type='g
         kl = torch.zeros_like(logp)
     else:
         kl = kl_estimate(logp, ref_logp, kl_estimator, kl_clamp, log_ratio=log_ratio)
-    if ref_logp is not None and kl_estimator == 'k1':
-        adv = adv - beta * reverse_cumsum(kl.detach(), lens)
+    if ref_logp is not None and kl_estimator == 'k1':  # over the sampled tokens: not a KL elsewhere
+        pen = kl.detach() if sampled is None else kl.detach() * sampled
+        adv = adv - beta * reverse_cumsum(pen, lens)
     if loss_type == 'gspo':  # the sequence's mean log ratio, on every one of its tokens
         log_ratio = torch.repeat_interleave(sequence_log_ratio(log_ratio, lens, sampled), lens)
     ratio = torch.exp(log_ratio)

@@ -275,6 +275,16 @@ def test_inserted_tokens_carry_no_weight():
             loss.backward()
             grads.append((loss.item(), logp.grad.clone()))
         assert grads[0][0] == grads[1][0] and torch.equal(grads[0][1], grads[1][1]), agg
+    for est in ('k1', 'k2', 'k3'):  # the reference differing on inserted tokens only: no penalty moves
+        w = token_weights(lens, 'token_mean', 7, 2, 8, sampled=sampled)
+        grads = []
+        for ref in (logp.detach(), torch.where(inserted.bool(), logp.detach() - 5.0, logp.detach())):
+            logp.grad = None
+            loss, _ = policy_loss(logp, old, adv, w, lens, eps_low=0.2, eps_high=0.28, ref_logp=ref,
+                                  beta=0.1, kl_estimator=est, sampled=sampled)
+            loss.backward()
+            grads.append(logp.grad.clone())
+        assert torch.equal(grads[0], grads[1]), est
     leak = token_weights(lens, 'token_mean', 7, 2, 8)  # without the mask: the test would see it
     a = torch.where(inserted.bool(), adv * 1e6, adv)
     assert policy_loss(logp, old, a, leak, lens, eps_low=0.2, eps_high=0.28)[0].abs().item() > 1e3
