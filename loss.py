@@ -9,6 +9,7 @@ the step was cut.
 """
 import math
 
+import numpy as np
 import torch
 
 
@@ -220,8 +221,9 @@ def kl_estimate(logp, ref_logp, estimator='k3', clamp=10.0, *, log_ratio=None):
 def entropy_cut(entropies, quantile):
     """The entropy at or above which a token is among the top `quantile` share of entropies
     (top_entropy_quantile, "Beyond the 80/20 rule", arXiv 2506.01939; TRL's get_high_entropy_mask):
-    torch.quantile(entropies, 1 - quantile), linear interpolation. 0 keeps the highest only."""
-    return torch.quantile(entropies.float(), 1 - quantile).item()
+    the (1 - quantile) quantile, linear interpolation as torch.quantile's. 0 keeps the highest only.
+    numpy's, since torch.quantile refuses more than 2**24 values (a step's tokens on all ranks can be)."""
+    return float(np.quantile(entropies.detach().float().cpu().numpy(), 1 - quantile))
 
 
 def adapt_entropy_coef(coef, entropy, *, target, delta, lo, hi):

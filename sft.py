@@ -28,5 +28,6 @@ def warm_start(model, logprobs, optimizer, examples, to_rows, *, steps, batch_si
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if it % 50 == 0 or it == steps - 1:
-            print(f"sft {it:4d} | loss {loss.item():.4f} | {time.time() - t0:.1f}s", flush=True)
+            print(f"sft {it:4d} | loss {loss.item():.4f} | lr {lr_at(it):.3e} | {time.time() - t0:.1f}s",
+                  flush=True)
     optimizer.state.clear()

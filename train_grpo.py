@@ -529,13 +529,14 @@ def memory_sizes():  # GiB (and the KV cache's shape) for the out-of-memory repo
 safety.explain_out_of_memory(__file__, config, memory_sizes, device, rank)
 
 
-def lr_at(step, peak, total, warmup, shape='cosine'):  # linear warmup, then shape's decay
+def lr_at(step, peak, total, warmup, shape='cosine', floor=None):  # linear warmup, then shape's decay
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     left = {'cosine': 0.5 * (1 + math.cos(math.pi * progress)), 'linear': 1 - progress,
             'constant': 1.0}[shape]  # the share of the decay still ahead
-    return peak * (min_lr_ratio + (1 - min_lr_ratio) * left)
+    floor = min_lr_ratio if floor is None else floor  # the end's share of the peak
+    return peak * (floor + (1 - floor) * left)
 
 
 # ------------------------------------------------------------------------- resume or start fresh
@@ -659,7 +660,7 @@ def sft_logprobs(rows):
 
 
 def sft_lr_at(it):
-    return lr_at(it, sft_lr, sft_steps, max(1, sft_steps // 10))
+    return lr_at(it, sft_lr, sft_steps, max(1, sft_steps // 10), floor=0.1)  # not min_lr_ratio's
 
 
 if state is None and sft_steps > 0:

@@ -888,6 +888,8 @@ def test_entropy_cut_keeps_the_top_share():
     assert abs(cut - 0.58) < 1e-6 and (ent >= cut).tolist() == [False, False, True, False, True]
     assert (ent >= entropy_cut(ent, 0.0)).tolist() == [False, False, True, False, False]
     assert (ent >= entropy_cut(ent, 1.0)).all()
+    many = torch.arange(2**24 + 1, dtype=torch.float32)  # past torch.quantile's limit: a big step's tokens
+    assert entropy_cut(many, 0.25) == 0.75 * 2**24
 
 
 def test_token_mask_drops_the_policy_gradient_and_entropy_terms_of_masked_tokens():

@@ -1092,6 +1092,16 @@ def test_gsm8k_config_runs_on_a_tiny_qwen2_snapshot(tmp_path):
     assert [r['step'] for r in rows] == [0, 1, 2] and 'eval/pass@1' in rows[-1]
 
 
+def test_the_warm_starts_learning_rate_ends_at_a_tenth_whatever_min_lr_ratio(tmp_path):
+    """sft_steps=11 (1 of warmup): the last step's rate is sft_lr (0.1 + 0.9 (1 + cos 0.9 pi) / 2),
+    with --min_lr_ratio=0.0 too (GRPO's floor, not the warm start's)."""
+    p = run(tmp_path / 'a', '--max_steps=0', '--sft_steps=11', '--sft_lr=1e-2', '--sft_batch_size=4',
+            '--min_lr_ratio=0.0')
+    last = [ln for ln in p.stdout.splitlines() if ln.startswith('sft   10 |')]
+    lr = float(last[0].split('| lr ')[1].split()[0])
+    assert abs(lr - 1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(0.9 * math.pi)))) < 1e-6, last
+
+
 def test_arith_probe_reads_an_arith_export(tmp_path):
     """scripts/arith_probe.py (the README's forced-count figures) on a tiny arith run's export; any
     other is refused."""
