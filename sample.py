@@ -430,14 +430,15 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
     together, and with them every float, does not depend on how long tools took, and a rollout with
     deterministic tools reproduces exactly (raise tool_delay_steps for slow tools). Token in, token
     out: a completion's ids are its sampled ids and the inserted ids, in order; tool_mask marks the
-    inserted ones (1), whose logprobs are 0. max_new_tokens counts both; a response that does not
-    fit ends the row (truncated); a call past max_tool_calls is not run and ends the row
-    (turn_limit). Each row draws its k-th sampled token with step k of its own seed. A paused row
-    stays in the decode batch, fed no token; finished rows are dropped from it when a quarter of it
-    has finished (compact, as in generate()). states: a state per row (row i*G + g: prompt i's g-th)
-    for tools that take one, back as 'state'. respond(turn, state), on the pool when a turn ends
-    with a stop and no call: a str goes in as a user turn (tool_calls.user_turns), None ends the
-    row, as does a stop after max_turns user turns."""
+    inserted ones (1), whose logprobs are 0. max_new_tokens counts both; a response that leaves no
+    room for a sampled token after it ends the row (truncated), not inserted; a call past
+    max_tool_calls is not run and ends the row (turn_limit). Each row draws its k-th sampled token
+    with step k of its own seed. A paused row stays in the decode batch, fed no token; finished
+    rows are dropped from it when a quarter of it has finished (compact, as in generate()).
+    states: a state per row (row i*G + g: prompt i's g-th) for tools that take one, back as
+    'state'. respond(turn, state), on the pool when a turn ends with a stop and no call: a str goes
+    in as a user turn (tool_calls.user_turns), None ends the row, as does a stop after max_turns
+    user turns."""
     import tool_calls
     answer = None  # hermes, json: results -> the chat template's ids answering them
     user_turn = respond and tool_calls.user_turns(tok)  # text -> the ids of a user turn
@@ -499,8 +500,8 @@ def generate_with_tools(model, tok, prompts, group_size=1, max_new_tokens=256, *
             responding.discard(r)
             if inserted is None:  # the task's respond ended the rollout
                 rows[r].done = rows[r].finished = True
-            elif len(rows[r].ids) + len(inserted) > max_new_tokens:
-                rows[r].done = True  # no room for the response: truncated
+            elif len(rows[r].ids) + len(inserted) >= max_new_tokens:
+                rows[r].done = True  # no room for the response and a token after it: truncated
             else:
                 rows[r].add(inserted, [0.0] * len(inserted), inserted=True)
                 rows[r].turn_start = len(rows[r].ids)

@@ -206,12 +206,16 @@ def test_rows_that_finish_leave_the_decode_batch(monkeypatch):
 
 
 def test_budget_and_call_limit_end_a_row():
-    want, _ = scripted_completion(CALLS_3)
+    want, want_mask = scripted_completion(CALLS_3)
     model = Scripted(script_of(want), strength=60.0)
     first_call_ends = len(TOK.encode("First\n```calculator\n12*7\n```"))
     out = generate_with_tools(model, TOK, [PROMPT], 1, first_call_ends, tools=TOOLS, seed=1)[0]
     assert out['truncated'] and out['tool_calls'] == [] and len(out['ids']) == first_call_ends, \
         "a call that closes on the budget's last token is never run"
+    response_ends = next(i for i in range(1, len(want_mask)) if want_mask[i - 1] and not want_mask[i])
+    for budget in (response_ends, response_ends + 1):  # no room after the response / room for one
+        out = generate_with_tools(model, TOK, [PROMPT], 1, budget, tools=TOOLS, seed=1)[0]
+        assert out['truncated'] and len(out['ids']) <= budget, (budget, len(out['ids']))
     out = generate_with_tools(model, TOK, [PROMPT], 1, 300, tools=TOOLS, max_tool_calls=1,
                               seed=1)[0]
     assert out['turn_limit'] and len(out['tool_calls']) == 1 and out['truncated']
