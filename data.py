@@ -12,7 +12,9 @@ import numpy as np
 
 def read_rows(data_dir, split):
     """Yield (where, row-or-exception) from data_dir/{split}.jsonl, else the split's parquet
-    file(s)."""
+    file(s): {split}.parquet or its shards {split}-*.parquet, in data_dir or in the one folder below
+    it that holds them (the hub's main/ or data/). Several such folders (a dataset's configs) raise
+    ValueError naming them."""
     path = Path(data_dir) / f'{split}.jsonl'
     if path.exists():
         with open(path, encoding='utf-8') as f:
@@ -25,8 +27,17 @@ def read_rows(data_dir, split):
                     row = ValueError(f'bad JSON ({e.msg} at column {e.colno})')
                 yield f'{path}:{lineno}', row
         return
-    # {split}.parquet or HF's {split}-0000-of-0001
-    files = sorted(Path(data_dir).glob(f'**/{split}[-.]*parquet'))
+    # {split}.parquet or the hub's {split}-00000-of-00001.parquet shards: in data_dir, else in the one
+    # folder below it that holds them. A hub copy of a dataset with several configs keeps each in its
+    # folder (openai/gsm8k: main/ and socratic/), and reading them all would serve each problem twice.
+    files = sorted(Path(data_dir).glob(f'{split}[-.]*parquet'))
+    if not files:
+        files = sorted(Path(data_dir).glob(f'**/{split}[-.]*parquet'))
+        folders = sorted({str(file.parent.relative_to(data_dir)) for file in files})
+        if len(folders) > 1:
+            raise ValueError(f"{data_dir}: {split} parquet files in {len(folders)} folders, one per "
+                             f"config of the dataset ({', '.join(folders)}); point --data_dir at the "
+                             f"one to read, e.g. --data_dir={Path(data_dir) / folders[0]}")
     if not files:
         raise FileNotFoundError(f"no {split}.jsonl or {split}*.parquet in {data_dir}")
     import pyarrow.parquet as pq  # a dependency of `datasets`; only needed for parquet

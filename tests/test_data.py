@@ -109,6 +109,21 @@ def test_parquet_directory_reads_like_jsonl(tmp_path):
     assert rows == [{'question': GOOD['question'], 'answer': '5', 'solution': GOOD['answer']}] * 2
 
 
+def test_parquet_hub_copy_with_several_configs_is_read_once(tmp_path):
+    """openai/gsm8k as the hub stores it: main/ and socratic/, one folder per config. Reading both
+    would serve every problem twice; the split's files in data_dir itself, or in one folder below
+    it, are read, and several folders are one error naming them."""
+    pa, pq = pytest.importorskip('pyarrow'), pytest.importorskip('pyarrow.parquet')
+    for config in ('main', 'socratic'):
+        (tmp_path / config).mkdir()
+        pq.write_table(pa.Table.from_pylist([GOOD]), tmp_path / config / 'test-00000-of-00001.parquet')
+    with pytest.raises(ValueError, match=r"2 folders.*\(main, socratic\).*--data_dir=.*main"):
+        load_gsm8k('test', data_dir=tmp_path)
+    assert len(load_gsm8k('test', data_dir=tmp_path / 'main')) == 1
+    pq.write_table(pa.Table.from_pylist([GOOD] * 2), tmp_path / 'test.parquet')  # beside the configs
+    assert len(load_gsm8k('test', data_dir=tmp_path)) == 2, 'the files in data_dir come first'
+
+
 def test_missing_local_split_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match='test.jsonl'):
         load_gsm8k('test', data_dir=tmp_path)
