@@ -32,13 +32,15 @@ import urllib.request
 from fractions import Fraction
 
 # A number as people write it: optional sign, digits with optional thousands commas, optional
-# decimals, optional "/denominator". ASCII digits only, so int-like parsing never meets exotic
-# unicode digits. Every piece is deterministic (no two ways to match the same char), so scanning
-# stays linear. The sign counts only where it cannot be a binary minus ("12-7" is 12 and 7, not 12
-# and -7).
+# decimals, optional "/denominator"; or decimals alone (".5" is 0.5) where no word character or dot
+# precedes the point (so "1.2.3" is 1.2 and 3, "...5" and "v.5" are 5). ASCII digits only, so
+# int-like parsing never meets exotic unicode digits. Every piece is deterministic (no two ways to
+# match the same char), so scanning stays linear. The sign counts only where it cannot be a binary
+# minus ("12-7" is 12 and 7, not 12 and -7).
 _NUM = re.compile(r"(?:(?<![0-9)}\]])-)?"  # the sign
-                  r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)"  # digits, maybe with commas
+                  r"(?:(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)"  # digits, maybe with commas
                   r"(?:\.[0-9]+)?"  # decimals
+                  r"|(?<![\w.])\.[0-9]+)"  # or decimals alone
                   r"(?: ?/ ?[0-9]+)?")  # a denominator
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s{0,8}\{")
 # \frac{3}{4}, \dfrac{3}{4}, \tfrac34 -> 3/4, so fractions take the same path as "3/4".

@@ -52,6 +52,12 @@ FORMATS = [
     ('007', '7'),
     ('-0', '0'),
     ('3.1400', '3.14'),
+    ('\\boxed{.5}', '0.5'),                          # a leading point is a decimal point
+    ('#### -.25', '-0.25'),
+    ('The answer is $.75 each.', '0.75'),
+    ('So...7', '7'),                                 # ... where a point is not one
+    ('See v.5', '5'),
+    ('1.2.3', '3'),
 ]
 # numbers that are not the answer
 PREFIX = 'Let me think. First 3 + 4 = 7, then 7 * 2 = 14 and 100/4 = 25.\n'
@@ -118,6 +124,9 @@ def test_no_answer_is_none(text):
     ('\\boxed{1/3}', '0.33', False),                  # ... which is tight
     ('\\boxed{123456789012}', '123456789013', False),  # integers are exact, however large
     ('\\boxed{5/0}', '5/0', True),                    # undefined values: compared as strings
+    ('\\boxed{.5}', '0.5', True),                     # .5 is 0.5, not 5
+    ('\\boxed{.5}', '5', False),
+    ('\\boxed{0.5}', '.5', True),
     ('\\boxed{B}', 'B', True),
     ('\\boxed{b}', 'B', True),
     ('\\boxed{A}', 'B', False),
