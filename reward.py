@@ -47,6 +47,11 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s{0,8}\{")
 _FRAC = re.compile(r"\\[dt]?frac\s{0,8}\{\s{0,8}(-?[0-9.,]+)\s{0,8}\}"
                    r"\s{0,8}\{\s{0,8}([0-9.,]+)\s{0,8}\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac([0-9])([0-9])")
+# A mixed number, 2\frac{1}{2} or 2\frac12 -> 5/2 (not 21/2); a sign before it stays, so -2\frac{1}{2}
+# is -5/2. Not after a letter, '^' or a decimal ("x^2\frac{1}{2}" is a product), nor on numbers
+# too long to multiply out (those keep the old reading).
+_MIXED = re.compile(r"(?<![\w.,^])([0-9]{1,50}) {0,8}\\[dt]?frac(?:\s{0,8}\{\s{0,8}([0-9]{1,50})\s{0,8}\}"
+                    r"\s{0,8}\{\s{0,8}([0-9]{1,50})\s{0,8}\}|([0-9])([0-9]))")
 _TEXT = re.compile(r"^\\(?:text|textbf|mathrm)\s{0,8}\{(.*)\}$", re.S)  # \boxed{\text{yes}} -> yes
 _MARKERS = [re.compile(r"####"), re.compile(r"answer is", re.I), re.compile(r"final answer", re.I)]
 _WINDOW = 80  # how far after a marker ("the answer is") the number may sit
@@ -56,9 +61,15 @@ _NOISE = (('\\$', ''), ('$', ''), ('{,}', ','), ('\\,', ''), ('\\!', ''), ('\\%'
           ('\u2212', '-'))
 
 
+def _mixed(m):
+    whole, a, b = int(m[1]), int(m[2] or m[4]), int(m[3] or m[5])
+    return f"{whole * b + a}/{b}" if b else m[0]
+
+
 def _clean(text):
     for a, b in _NOISE:
         text = text.replace(a, b)
+    text = _MIXED.sub(_mixed, text)
     text = _FRAC.sub(r'\1/\2', text)
     return _FRAC_SHORT.sub(r'\1/\2', text)
 

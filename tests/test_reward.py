@@ -24,6 +24,9 @@ FORMATS = [
     ('\\boxed{\\dfrac{3}{4}}', '3/4'),
     ('\\boxed{\\tfrac34}', '3/4'),
     ('\\boxed{-\\frac{1}{2}}', '-1/2'),
+    ('\\boxed{2\\frac{1}{2}}', '5/2'),                # a mixed number: 2 + 1/2
+    ('\\boxed{-2\\dfrac{1}{2}}', '-5/2'),
+    ('#### 3 \\tfrac13', '10/3'),
     ('\\boxed{\\$1,234.50}', '1234.5'),
     ('\\boxed{18 \\text{ dollars}}', '18'),
     ('\\boxed{\\text{18}}', '18'),
@@ -127,6 +130,9 @@ def test_no_answer_is_none(text):
     ('\\boxed{.5}', '0.5', True),                     # .5 is 0.5, not 5
     ('\\boxed{.5}', '5', False),
     ('\\boxed{0.5}', '.5', True),
+    ('\\boxed{2\\frac{1}{2}}', '2.5', True),          # a mixed number, not 21/2
+    ('\\boxed{2\\frac{1}{2}}', '10.5', False),
+    ('\\boxed{-2\\frac{1}{2}}', '-2.5', True),
     ('\\boxed{B}', 'B', True),
     ('\\boxed{b}', 'B', True),
     ('\\boxed{A}', 'B', False),
