@@ -17,6 +17,9 @@ stripped, is the answer). A data_source column also gives pass@1 per source at e
 the answer column as it stands and extra_info are kept for a verl reward function:
 rewards=[{'name': 'verl_score', 'kwargs': {'fn': 'my_reward.py:compute_score'}}] (reward.py).
 """
+import math
+from decimal import Decimal
+
 from data import parse_rows, read_rows
 
 qa_question_key = ''  # the question's column; '' = the first of 'question', 'prompt', 'problem'
@@ -52,12 +55,14 @@ def first_column(row, given, known, what):
 
 
 def answers(value):
-    """A reference answer as a list of strings (a list: any one of them is right)."""
+    """A reference answer as a list of strings (a list: any one of them is right). A float is
+    written out without an exponent (0.00005, not 5e-05, which the 'number' grader reads as -5)."""
     values = value if isinstance(value, (list, tuple)) else [value]
     if not values or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
                              for v in values):
         raise ValueError(f"the answer {value!r} is not a string, a number or a list of them")
-    return [str(v).strip() for v in values]
+    return [format(Decimal(repr(v)), 'f') if isinstance(v, float) and math.isfinite(v)
+            else str(v).strip() for v in values]
 
 
 def parse_row(row):

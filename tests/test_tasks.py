@@ -403,6 +403,16 @@ def test_qa_reads_verl_parquet_and_question_answer_jsonl(tmp_path):
         qa.load('train', '')
 
 
+def test_qa_float_answers_are_written_without_an_exponent():
+    """A float answer column (parquet, JSON 5e-05) is the number written out: str() gave '5e-05',
+    which the 'number' grader read as -5, and '2e+16', read as 16."""
+    with qa_knobs() as qa:
+        ex = qa.parse_row({'question': 'q', 'answer': [0.00005, 2e16, 1.5, 7.0]})
+        assert ex['answer'] == ['0.00005', '20000000000000000', '1.5', '7.0']
+        assert qa.grade('\\boxed{0.00005}', ex) and not qa.grade('\\boxed{-5}', ex)
+        assert not qa.grade('\\boxed{16}', ex) and qa.grade('\\boxed{7}', ex)
+
+
 def test_a_verl_reward_function_scores_as_verl_calls_it(tmp_path):
     """rewards=[{'name': 'verl_score', 'kwargs': {'fn': ...}}]: a verl compute_score, from a module
     or a file, gets the problem's data_source, ground truth and extra_info by keyword; a dict it
