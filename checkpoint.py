@@ -64,7 +64,12 @@ def set_rng_state(state):
 
 def list_checkpoints(out_dir):
     """Newest first."""
-    return sorted(glob.glob(os.path.join(out_dir, 'ckpt_*.pt')), reverse=True)
+    return sorted(glob.glob(os.path.join(out_dir, 'ckpt_[0-9]*.pt')), reverse=True)
+
+
+def file_step(path):
+    """The step in a checkpoint's or a KL reference's name: ckpt_0000050.pt, ref_0000050.pt -> 50."""
+    return int(os.path.basename(path).split('_', 1)[1][:-3])
 
 
 def run_chat_date(out_dir):
@@ -79,20 +84,37 @@ def run_chat_date(out_dir):
 
 
 def save_checkpoint(out_dir, step, state, keep_last):
+    """ckpt_{step}.pt, then keep_last checkpoints of steps up to step (a file named after a later
+    step, not this run's, never pushes this run's own out)."""
     path = os.path.join(out_dir, f'ckpt_{step:07d}.pt')
     atomic_write(path, lambda f: torch.save(state, f))
-    for old in list_checkpoints(out_dir)[max(keep_last, 1):]:
+    for old in [p for p in list_checkpoints(out_dir) if file_step(p) <= step][max(keep_last, 1):]:
         os.remove(old)
     return path
 
 
-def load_newest_everywhere(out_dir, master=True):
+def load_newest_everywhere(out_dir, master=True, before=None):
     """load_newest on every rank of a run; rank 0 looks first, as it also deletes half-written
     files."""
     from parallel import barrier
-    found = load_newest(out_dir) if master else None
+    found = load_newest(out_dir, before=before) if master else None
     barrier()
-    return found if master else load_newest(out_dir)
+    return found if master else load_newest(out_dir, before=before)
+
+
+def roll_back_files(out_dir, master, *, before, step):
+    """A guard's rollback: (path, state) of the newest checkpoint of a step < before ((None, None):
+    none loads), and the checkpoints and KL references of the steps it undoes (after it, up to step)
+    deleted, so neither a later rollback nor a resume returns to them."""
+    from parallel import barrier
+    path, state = load_newest_everywhere(out_dir, master, before=before)
+    barrier()  # every rank has loaded before rank 0 deletes
+    if master and state is not None:
+        for p in glob.glob(os.path.join(out_dir, 'ckpt_[0-9]*.pt')) + glob.glob(
+                os.path.join(out_dir, 'ref_[0-9]*.pt')):
+            if state['step'] < file_step(p) <= step:
+                os.remove(p)
+    return path, state
 
 
 # what a checkpoint may hold beyond tensors and plain values: numpy's RNG state (an array of uint32)
@@ -116,13 +138,15 @@ def load_checkpoint(path, map_location='cpu'):
                          "made it") from None
 
 
-def load_newest(out_dir, map_location='cpu'):
-    """(path, state) of the newest checkpoint that loads; a broken one is reported and the next
-    older one tried."""
+def load_newest(out_dir, map_location='cpu', before=None):
+    """(path, state) of the newest checkpoint that loads (before: of a step < before); a broken one
+    is reported and the next older one tried."""
     # left by a write that was killed: never complete
     for tmp in glob.glob(os.path.join(out_dir, '*.tmp.*')):
         os.remove(tmp)
     for path in list_checkpoints(out_dir):
+        if before is not None and file_step(path) >= before:
+            continue
         try:
             state = load_checkpoint(path, map_location)
             if 'step' not in state or 'model' not in state:
@@ -180,8 +204,7 @@ def reference_model(policy, dtype, path, *, resumed, master, device, initial=Non
 def reference_path(out_dir, step):
     """The KL reference a run has after step steps: ref.pt (its start), or with ref_sync_every the
     newest ref_SSSSSSS.pt of a sync at a step <= step."""
-    synced = [p for p in glob.glob(os.path.join(out_dir, 'ref_*.pt'))
-              if int(os.path.basename(p)[4:-3]) <= step]
+    synced = [p for p in glob.glob(os.path.join(out_dir, 'ref_[0-9]*.pt')) if file_step(p) <= step]
     return max(synced) if synced else os.path.join(out_dir, 'ref.pt')
 
 
@@ -191,9 +214,9 @@ def save_reference(out_dir, step, ref):
     path = os.path.join(out_dir, f'ref_{step:07d}.pt')
     atomic_write(path, lambda f: torch.save(ref.state_dict(), f))
     ckpts = list_checkpoints(out_dir)
-    oldest = int(os.path.basename(ckpts[-1])[5:-3]) if ckpts else step
+    oldest = file_step(ckpts[-1]) if ckpts else step
     needed = reference_path(out_dir, oldest)
-    for p in glob.glob(os.path.join(out_dir, 'ref_*.pt')):
+    for p in glob.glob(os.path.join(out_dir, 'ref_[0-9]*.pt')):
         if p < needed:
             os.remove(p)
 
@@ -237,8 +260,8 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None,
                resume_changed=False, resume_safe=()):
     """resume='auto': load the newest checkpoint in out_dir that loads into model and optimizer,
     restore the RNG state, trim metrics.jsonl and samples.jsonl back to its step, and return its
-    state dict; None to start fresh (then a metrics.jsonl already there is renamed aside, never
-    overwritten). resume='never' refuses an out_dir that holds checkpoints. Knobs that differ from
+    state dict; None to start fresh (then a metrics.jsonl or samples.jsonl already there is renamed
+    aside, never overwritten). resume='never' refuses an out_dir that holds checkpoints. Knobs that differ from
     the checkpoint's run are printed; one that changes what the run computes (config_changes; knobs
     in resume_safe do not) needs resume_changed=True, else the run stops before touching anything."""
     from parallel import barrier, die
@@ -278,8 +301,10 @@ def resume_run(out_dir, resume, master, model, optimizer, fsdp, *, config=None,
                 trim_metrics(log, state['step'])
         print(f"resume: {path} (step {state['step']}, data cursor {state['cursor']}, "
               f"lr scale {state['lr_scale']})")
-    elif master and os.path.exists(metrics):
-        os.replace(metrics, metrics + f'.old.{int(time.time())}')
+    elif master:  # an earlier run's logs, kept aside
+        for log in (metrics, os.path.join(out_dir, 'samples.jsonl')):
+            if os.path.exists(log):
+                os.replace(log, log + f'.old.{int(time.time())}')
     return state
 
 
@@ -308,10 +333,10 @@ def save_run(out_dir, step, model, optimizer, fsdp, master, *, keep_last, run_st
                  'config': config}
         if adapters is not None:
             state['lora'] = model.lora
-        save_checkpoint(out_dir, step, {**state, **run_state}, keep_last)
-        if tok is not None:
+        if tok is not None:  # before the checkpoint: a rerun after a failed export redoes both
             write_exports(out_dir, ['hf'] + [f'hf_{step:07d}'] * keep_export, model, tok, msd,
                           adapters, config={**config, 'step': step}, dtype=export_dtype)
+        save_checkpoint(out_dir, step, {**state, **run_state}, keep_last)
     barrier()
     return ok
 

@@ -295,7 +295,7 @@ import tool_calls  # noqa: E402
 from batch import choose_share_prompt, completion_logprobs, keep_groups, micro_batches  # noqa: E402
 from batch import mini_batch_groups, pad_micro_batches, sampled_entropies  # noqa: E402
 from batch import sampled_tokens, train_rows, zero_std_rows  # noqa: E402
-from checkpoint import load_checkpoint, load_newest_everywhere, load_state  # noqa: E402
+from checkpoint import load_checkpoint, load_state, roll_back_files  # noqa: E402
 from checkpoint import reference_model, reference_path, resume_run, save_reference  # noqa: E402
 from checkpoint import run_chat_date, save_export, save_run  # noqa: E402
 from data import indices_at  # noqa: E402
@@ -369,7 +369,7 @@ if ddp:  # every rank the same day (a start across midnight)
 chat_date = config['chat_date'] = str(day)
 if master:
     try:
-        save_config(config, out_dir)
+        os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         die(f"--out_dir={out_dir}: cannot write there ({e})", 2)
     metrics.console_log(out_dir)  # what the run prints, also in out_dir/console.log (the doctor reads it)
@@ -554,6 +554,11 @@ eval_only = {k for ev in extra_evals.values() for k in tasks.knobs(ev['task'])} 
     k for t in [task_mod, *(m[1] for m in mixed_in)] for k in tasks.knobs(t))
 state = resume_run(out_dir, resume, master, model, optimizer, fsdp, config=config,
                    resume_changed=resume_changed, resume_safe=eval_only)
+if master:  # the resolved config, beside the run's outputs once it goes on (a refused run writes nothing)
+    try:
+        save_config(config, out_dir)
+    except OSError as e:
+        die(f"--out_dir={out_dir}: cannot write there ({e})", 2)
 if state is not None:  # None: a fresh start
     step, cursor = state['step'], state['cursor']
     lr_scale, rollbacks, guards = state['lr_scale'], state['rollbacks'], state['guards']
@@ -678,8 +683,8 @@ def initial_model():  # init_from's weights: a resumed run's reference when its 
 # as ref_SSSSSSS.pt); with LoRA the model itself, its adapters off (no copy)
 ref_model = None
 policy = gen_model if fsdp else model  # FSDP: the sampler holds the whole weights
-if state is None and master:  # a run that left no checkpoint: nothing resumes to its syncs
-    for stale in glob.glob(os.path.join(out_dir, 'ref_*.pt')):
+if state is None and master:  # a run that left no checkpoint: nothing resumes to its references
+    for stale in glob.glob(os.path.join(out_dir, 'ref_[0-9]*.pt')) + glob.glob(os.path.join(out_dir, 'ref.pt')):
         os.remove(stale)
 if beta != 0 and lora_rank:
     ref_model = train_model
@@ -1200,9 +1205,11 @@ def report(step, m, roll, guards, rollbacks, skipped):
     return action
 
 
-def roll_back(why, lr_scale, rollbacks, guards):
-    """Back to the newest checkpoint at a lower learning rate, to go on with new data; past
-    max_rollbacks, a stop with a diagnosis. Returns the new lr_scale and rollbacks."""
+def roll_back(why, lr_scale, rollbacks, guards, since):
+    """Back to the newest checkpoint older than the weights that tripped the guard (those that
+    step since started from, saved at since - 1) at a lower learning rate, to go on with new data;
+    past max_rollbacks, or with no such checkpoint on disk, a stop with a diagnosis. Returns the new
+    lr_scale and rollbacks."""
     rollbacks += 1
     lr_scale *= rollback_lr_scale
     guards['nan_streak'] = 0
@@ -1210,7 +1217,11 @@ def roll_back(why, lr_scale, rollbacks, guards):
         safety.stop(f"{why}; already rolled back {max_rollbacks} times (max_rollbacks). "
                     "Lower lr, check the data and the reward; the last good checkpoint is in "
                     "out_dir.", master)
-    path, good = load_newest_everywhere(out_dir, master)
+    path, good = roll_back_files(out_dir, master, before=since - 1, step=step)
+    if good is None:
+        safety.stop(f"{why}; no checkpoint older than the weights step {since} started from is left "
+                    f"to roll back to (keep_last={keep_last}, save_every={save_every}). Lower lr, "
+                    "or keep more checkpoints", master)
     load_state(model, optimizer, good['model'], good['optimizer'], fsdp)
     sync_gen_model()
     dropped.clear()  # the problems left out as of that checkpoint
@@ -1260,14 +1271,13 @@ def checkpoint(step, cursor, lr_scale, rollbacks, guards, entropy_state):
     due = stopping or bool(save_every and step % save_every == 0) or step == max_steps
     due = due or bool(export_every and step % export_every == 0)  # export_every: kept exports
     # never inside a non-finite streak: a rollback must not return to the weights that caused it
-    if due and guards['nan_streak'] == 0:
-        save(step, cursor, lr_scale, rollbacks, guards, entropy_state)
+    saved = due and guards['nan_streak'] == 0 and save(step, cursor, lr_scale, rollbacks, guards, entropy_state)
     if master and plot_every > 0 and (step % plot_every == 0 or step == max_steps):
         plot_metrics(metrics_path, os.path.join(out_dir, 'curves.png'))
     if stopping:
         sig = stop_signal[0] if stop_signal else int(signal.SIGTERM)
-        print(f"signal {sig}: checkpoint saved at step {step}; exiting. Rerun the same command to "
-              "resume.")
+        what = f"checkpoint saved at step {step}" if saved else "no checkpoint of this step (see above)"
+        print(f"signal {sig}: {what}; exiting. Rerun the same command to resume.")
         finish(128 + sig)
 
 
@@ -1306,7 +1316,8 @@ while step < max_steps:
         entropy_state = next_entropy_state(entropy_state, m['entropy'])
     action = report(step, m, roll, guards, rollbacks, skipped)
     if action is not None:  # back to the newest checkpoint at a lower lr, on with new data
-        lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards)
+        since = step - guards['nan_streak'] + 1 if action[0] == 'rollback' else step  # its first step
+        lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards, since)
         continue
     if (drop_easy and drop_solved(roll)) or stopped_early():  # all solved, or no new best in early_stop evals
         save(step, cursor, lr_scale, rollbacks, guards, entropy_state)

@@ -152,6 +152,44 @@ def test_knobs_new_or_gone_since_the_checkpoint_are_named_but_do_not_block_resum
     assert 'new since that checkpoint' in lines[0] and 'no longer has' in lines[1], lines
 
 
+def test_a_refused_rerun_writes_nothing_and_a_fresh_start_sets_the_old_run_aside(tmp_path):
+    """A rerun that resume refuses (a knob that changes the run) writes nothing: config.json stays the
+    run's. A fresh start in a used out_dir sets the earlier samples.jsonl aside and drops its
+    ref.pt (a later resume with beta > 0 must not take another run's reference)."""
+    run(tmp_path, '--max_steps=1', '--beta=0.1', '--log_samples_every=1')
+    assert (tmp_path / 'ref.pt').exists()
+    p = run(tmp_path, '--max_steps=1', '--beta=0.1', '--group_size=2', check=False)
+    assert p.returncode == 2 and 'resume_changed' in p.stderr, p.stderr[-2000:]
+    assert json.loads((tmp_path / 'config.json').read_text())['group_size'] == 4
+    for c in tmp_path.glob('ckpt_*.pt'):
+        c.unlink()
+    run(tmp_path, '--max_steps=1', '--log_samples_every=1')
+    assert not (tmp_path / 'ref.pt').exists(), "a fresh start kept an earlier run's KL reference"
+    old, = tmp_path.glob('samples.jsonl.old.*')
+    assert len(open(tmp_path / 'samples.jsonl').readlines()) == len(open(old).readlines()) > 0
+
+
+def test_an_export_that_fails_leaves_no_checkpoint_of_its_step(tmp_path, monkeypatch):
+    """save_run exports first: a checkpoint of a step whose export failed would make the rerun
+    resume past it and never export that step."""
+    import checkpoint
+    from model import ModelConfig, from_scratch
+    from tokenizer import byte_tokenizer
+    tok = byte_tokenizer()
+    model = from_scratch(ModelConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1,
+                                     n_embd=16, max_seq_len=32), dtype=torch.float32, device='cpu')
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def disk_full(*args, **kw):
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(checkpoint, 'write_exports', disk_full)
+    with pytest.raises(OSError):
+        checkpoint.save_run(str(tmp_path), 2, model, optimizer, False, True, keep_last=2,
+                            run_state={}, tok=tok, config={})
+    assert not list(tmp_path.glob('ckpt_*.pt'))
+
+
 def test_samples_jsonl_is_trimmed_to_the_resumed_step(tmp_path):
     run(tmp_path, '--max_steps=3', '--save_every=2', '--keep_last=5', '--log_samples_every=1')
     # as if killed after step 3 was logged but before it was saved

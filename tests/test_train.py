@@ -249,6 +249,25 @@ def test_no_checkpoint_inside_a_nan_streak(tmp_path):
     assert 'ckpt_0000000.pt (step 0)' in p.stdout, p.stdout[-2000:]
 
 
+def test_a_rollback_goes_before_the_weights_that_tripped_it(tmp_path):
+    """NaN at steps 3 and 4 (nan_patience=2), save_every=1: the streak started from step 2's
+    weights, so the rollback goes to step 1's checkpoint and deletes step 2's (a later rollback or
+    a resume must not return to it). A checkpoint-like file of a later step (not this run's) pushes
+    none of the run's own out of keep_last."""
+    (tmp_path / 'a').mkdir()
+    (tmp_path / 'a' / 'ckpt_0000009.pt').write_bytes(b'not a checkpoint')
+    a, b = run_together([tmp_path / 'a', '--max_steps=5', '--save_every=1', '--keep_last=3',
+                         '--fault_nan_steps=[3, 4]', '--nan_patience=2'],
+                        [tmp_path / 'b', '--max_steps=3', '--save_every=1', '--keep_last=1',
+                         '--fault_nan_steps=[2, 3]', '--nan_patience=2'], check=False)
+    assert a.returncode == 0 and 'ckpt_0000001.pt (step 1)' in a.stdout, a.stdout[-2000:]
+    kept = sorted(p.name for p in (tmp_path / 'a').glob('ckpt_*.pt'))
+    assert kept == ['ckpt_0000000.pt', 'ckpt_0000001.pt', 'ckpt_0000005.pt', 'ckpt_0000009.pt'], kept
+    # keep_last=1: only the weights the streak started from are left, so the run stops and says why
+    assert b.returncode == 3 and 'no checkpoint older than the weights step 2 started from' in b.stderr, \
+        b.stdout[-2000:] + b.stderr[-2000:]
+
+
 def test_out_of_memory_names_its_phase_and_the_fix(tmp_path):
     """An out-of-memory error in step 2's update (injected: a CPU never runs out this way) ends the
     run as any exception does (traceback, exit 1), then says where and what to change; step 1's
@@ -690,7 +709,8 @@ def test_reference_sync_moves_the_kl_anchor_and_resumes_exactly(tmp_path):
             '--keep_last=2', '--lr=3e-2', '--ref_sync_reset_optimizer=True']
     kills = (5,)
     # NaN at steps 4-6 (no update: the policy stays step 3's; the sync at 4 makes the reference
-    # that too), a rollback at 6 to step 3's checkpoint, whose reference is step 2's sync
+    # that too), a rollback at 6 to step 2's checkpoint (step 3's weights started the streak),
+    # whose reference is step 2's sync
     nan = [*args[1:], '--max_steps=7', '--fault_nan_steps=[4,5,6]', '--keep_last=10']
     # and a reference left by a run that saved no checkpoint: a fresh start removes it
     (tmp_path / 'nan').mkdir()
@@ -707,7 +727,9 @@ def test_reference_sync_moves_the_kl_anchor_and_resumes_exactly(tmp_path):
         [f.result() for f in [straight, rolled, *resumed]]
     assert 'rolled back to' in rolled.result().stdout
     rows = metrics(tmp_path / 'nan')
-    assert rows[-1]['step'] == 7 and rows[-1]['kl'] > 1e-6, rows[-1]  # step 2's reference again
+    # back to step 2's weights, and with them step 2's sync: the reference is the policy again
+    assert rows[-1]['step'] == 7 and rows[-1]['kl'] < 1e-6, rows[-1]
+    assert not (tmp_path / 'nan' / 'ref_0000004.pt').exists(), "a reference of an undone step stayed"
     assert not (tmp_path / 'nan' / 'ref_0000009.pt').exists()
     ra = metrics(tmp_path / 'straight')
     kl = [r['kl'] for r in ra[1:]]
