@@ -361,12 +361,13 @@ def compile_chat_template(source, where):
 
 def render_chat_template(template, messages, add_generation_prompt, where, **variables):
     """The text of messages through a compiled chat template, with transformers' variables
-    (messages, add_generation_prompt, bos_token, eos_token, ... and any template kwargs such as
-    enable_thinking). Anything the template raises, including the sandbox's SecurityError, becomes
-    one ValueError naming the file."""
+    (messages, add_generation_prompt, tools and documents (None unless given, as transformers
+    always passes them: `tools is defined` holds and `tools is not none` does not fail), bos_token,
+    eos_token, ... and any template kwargs such as enable_thinking). Anything the template raises,
+    including the sandbox's SecurityError, becomes one ValueError naming the file."""
     try:
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               **variables)
+                               **{'tools': None, 'documents': None, **variables})
     except Exception as e:
         raise TokenizerError(f"{where}: field 'chat_template' fails to render "
                              f"({type(e).__name__}: {e})") from None

@@ -203,6 +203,32 @@ def test_special_token_text_in_a_message_stays_text(trained, tmp_path, name):
     assert ids == hf_ids(hf, msgs, True, sanitize_control_tokens=True)
 
 
+# templates that read `tools` without setting it first: transformers passes tools=None (and
+# documents=None) to every render, so `is defined` holds and `is not none` is false
+TOOLS_UNSET = {
+    'is not none': "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
+                   "{%- if tools is not none %}{{- '\\n# Tools: ' + tools|tojson }}{%- endif %}"
+                   "{{- '<|im_end|>\\n' }}{%- endfor %}"
+                   "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    'is defined': "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
+                  "{%- if tools is defined %}{{- '\\n<tools>' + tools|tojson + '</tools>' }}{%- endif %}"
+                  "{%- if documents is defined %}{{- '\\n<docs>' + documents|tojson + '</docs>' }}{%- endif %}"
+                  "{{- '<|im_end|>\\n' }}{%- endfor %}"
+                  "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+}
+
+
+@pytest.mark.parametrize('name', TOOLS_UNSET)
+def test_tools_and_documents_are_none_unless_given_as_transformers_passes_them(trained, tmp_path, name):
+    path = snapshot(trained, tmp_path / 'tools', TOOLS_UNSET[name], False)
+    ours, hf = load_tokenizer(path), transformers.AutoTokenizer.from_pretrained(path)
+    msgs = [{'role': 'user', 'content': 'What is 2+2?'}]
+    tools = [{'type': 'function', 'function': {'name': 'add', 'parameters': {}}}]
+    for kw in ({}, {'tools': tools}):
+        want, got = hf_ids(hf, msgs, True, **kw), ours.render_chat(msgs, **kw)
+        assert got == want, f'{name} {kw}:\n ours {ours.decode(got)!r}\n   hf {hf.decode(want)!r}'
+
+
 HOSTILE = ["{{ ''.__class__.__mro__[1].__subclasses__() }}",
            "{{ cycler.__init__.__globals__.os.popen('touch PWNED').read() }}",
            "{{ messages.__class__.__init__.__globals__ }}",
