@@ -609,10 +609,11 @@ class GPT(nn.Module):
             elif window and T > window:  # an empty cache, a prefill longer than the window
                 mask = [None, ((ar <= ar[:, None]) & (ar > ar[:, None] - window))[None, None]]
             rows = torch.arange(B, device=idx.device)[:, None]
-        # GPT-2's position table ends at max_seq_len; past phi3's (its original context)
+        # GPT-2's position table ends at max_seq_len (with a cache, only pads of a batched prefill
+        # run past it: sample.py checks the rows' lengths); past phi3's (its original context)
         # transformers switches longrope to long_factor (a static cache: sample.py's check)
         static = cache is not None and cache.static
-        if L > cfg.max_seq_len and (self.wpe is not None or cfg.longrope and not static):
+        if L > cfg.max_seq_len and (self.wpe is not None and cache is None or cfg.longrope and not static):
             raise ValueError(f'sequence of {L} positions exceeds the model maximum '
                              f'{cfg.max_seq_len}')
         # the blocks work on rows (B*T, n_embd): each matmul 2-D, no reshape around it
@@ -623,8 +624,8 @@ class GPT(nn.Module):
             x = x * torch.tensor(cfg.n_embd ** 0.5).to(x.dtype)
         x = x.to(self.ln_f.weight.dtype)
         rope = None
-        if self.wpe is not None:
-            x = x + self.wpe(pos)
+        if self.wpe is not None:  # a pad's position past the table's end reads its last row, unused
+            x = x + self.wpe(pos if cache is None else pos.clamp(max=cfg.max_seq_len - 1))
         else:
             # OLMo 2 rotates in fp32 whatever the model's dtype, the others in theirs
             dtype = torch.float32 if cfg.arch == 'olmo2' else x.dtype

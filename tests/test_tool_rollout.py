@@ -350,12 +350,14 @@ def test_a_task_sets_its_call_limit_unless_the_config_does(monkeypatch, task_lim
     assert limits == [want]
 
 
-def test_a_window_may_run_past_the_cache_end():
+@pytest.mark.parametrize('arch', ['qwen2', 'gpt2'])
+def test_a_window_may_run_past_the_cache_end(arch):
     """Answers prefilled together are right-padded to the longest: a row near its budget's end
     beside a long answer pads past the cache's last position. KVCache.window makes room for the
-    pads; the rows' logits and cached positions equal those of each row prefilled alone."""
-    cfg = ModelConfig(arch='qwen2', vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                      intermediate_size=64, max_seq_len=64, tie_word_embeddings=True)
+    pads; the rows' logits and cached positions equal those of each row prefilled alone. The
+    pads also run past the model's max_seq_len (32), which GPT-2's position table ends at."""
+    cfg = ModelConfig(arch=arch, vocab_size=64, n_layer=2, n_head=4, n_kv_head=2 if arch == 'qwen2' else 4,
+                      n_embd=32, intermediate_size=64, max_seq_len=32, tie_word_embeddings=True)
     model = from_scratch(cfg, dtype=torch.float32, device='cpu', seed=0).eval()
     g = torch.Generator().manual_seed(0)
     lens, chunks = [30, 3], [torch.randint(64, (2,), generator=g), torch.randint(64, (20,),
