@@ -200,16 +200,20 @@ def correctness_reward(completion, example, correct=1.0, incorrect=0.0):
 
 def format_reward(completion, example, pattern='boxed', reward=1.0, missing=0.0, regex=''):
     """Did the completion put a number where the prompt asked? pattern: 'boxed' (\\boxed{n}) or
-    '####'. regex: instead, does the completion match this regular expression (re.search, '.' also
-    matching newlines; anchor it with \\A and \\Z), e.g. R1's r'\\A<think>.*?</think>\\s*<answer>.*?</answer>\\Z'."""
+    '####' (within 80 characters after the last '####', where `correct` reads it: '#### **18**' and
+    '####\\n18' count). regex: instead, does the completion match this regular expression
+    (re.search, '.' also matching newlines; anchor it with \\A and \\Z), e.g. R1's
+    r'\\A<think>.*?</think>\\s*<answer>.*?</answer>\\Z'."""
     if regex:
         return reward if re.search(regex, completion, re.DOTALL) else missing
     text = _clean(completion)
     if pattern == 'boxed':
         ok = any(_NUM.search(text, a, b) for a, b in _boxed_spans(text))
     elif pattern == '####':
-        after = (text[m.end():m.end() + _WINDOW].lstrip(' ') for m in re.finditer('####', text))
-        ok = any(_NUM.match(s) for s in after)
+        last = None
+        for last in re.finditer('####', text):
+            pass
+        ok = last is not None and _NUM.search(text[last.end():last.end() + _WINDOW]) is not None
     else:
         raise ValueError(f"format_reward: pattern must be 'boxed' or '####', got {pattern!r}")
     return reward if ok else missing

@@ -281,6 +281,22 @@ def test_format_regex_needs_the_whole_layout():
     assert fmt('\\boxed{19}', EX, regex='<answer>') == 0.0  # the regex replaces the boxed test
 
 
+@pytest.mark.parametrize('completion', [
+    '#### 19', '####19', '#### **19**', '####\n19', '#### $19', '#### The total is 19.', 'so... \n####\n\n  -19'])
+def test_format_hashes_pays_where_correct_reads_the_answer(completion):
+    # what `correct` reads after the last '####' is what format(pattern='####') pays for
+    assert extract_answer(completion) in ('19', '-19'), completion
+    assert REWARD_FNS['format'](completion, EX, pattern='####') == 1.0, completion
+
+
+def test_format_hashes_needs_a_number_after_the_last_marker():
+    fmt = REWARD_FNS['format']
+    assert fmt('#### no number', EX, pattern='####') == 0.0
+    assert fmt('19 and then ####', EX, pattern='####') == 0.0
+    assert fmt('#### ' + 'x' * 80 + ' 19', EX, pattern='####') == 0.0  # past the window
+    assert fmt('\\boxed{19}', EX, pattern='####') == 0.0
+
+
 def test_repetition_is_the_share_of_repeated_word_ngrams():
     rep = REWARD_FNS['repetition']
     assert rep('the cat sat on the mat', EX) == 0.0                    # 4 trigrams, all distinct
