@@ -124,6 +124,13 @@ class SentencePieceBPE:
         return text[1:] if self.prefix != 'never' and text.startswith(' ') else text
 
 
+def _alternation(strings):
+    """A regex matching any of strings, longest first (leftmost-longest, as HF matches added
+    tokens); one that never matches for none."""
+    longest_first = sorted(strings, key=len, reverse=True)
+    return re.compile('|'.join(map(re.escape, longest_first)) or r'(?!)')
+
+
 def bytes_to_unicode():
     """GPT-2's reversible map from bytes to printable unicode characters, used by every byte-level
     BPE vocab file."""
@@ -141,7 +148,7 @@ def bytes_to_unicode():
 
 class Tokenizer:
     def __init__(self, enc, *, nfc=False, files=None, eos=None, template=None, template_file=None,
-                 template_vars=None, stops=()):
+                 template_vars=None, stops=(), control=None, control_from_template=True):
         self.enc = enc
         self.nfc = nfc  # Qwen2's tokenizer.json normalises to NFC before splitting
         self.files = files or {}  # the snapshot's tokenizer files, written back verbatim by save()
@@ -165,8 +172,12 @@ class Tokenizer:
         # bos_token, eos_token, ...: what transformers passes it
         self.template_vars = template_vars or {}
         # special-token strings, longest first (leftmost-longest, as HF matches added tokens)
-        longest_first = sorted(self.special, key=len, reverse=True)
-        self._special_re = re.compile('|'.join(map(re.escape, longest_first)) or r'(?!)')
+        self._special_re = _alternation(self.special)
+        # transformers' control tokens, which a message's text cannot produce: the added tokens it
+        # marks special (None: every added token), and, control_from_template, those the chat
+        # template's own text holds (False: the config's chat_control_tokens listed them instead)
+        self.control, self.control_from_template = control, control_from_template
+        self._control = (None, None)  # (template, its control tokens' regex), for _control_re
 
     def encode(self, text, where='start'):
         """Ordinary text: special-token strings in it are plain text, so user data cannot inject a
@@ -195,8 +206,9 @@ class Tokenizer:
     def render_chat(self, messages, add_generation_prompt=True, **kwargs):
         """Token ids of chat messages. With the snapshot's chat template: the ids of transformers'
         apply_chat_template(messages, add_generation_prompt=..., tokenize=True) (kwargs: the
-        template's own variables, e.g. enable_thinking), except that special-token text inside a
-        message's content stays text (no injected turn end). Without one: ChatML, as Qwen's template
+        template's own variables, e.g. enable_thinking), except that control-token text inside a
+        message's content (special tokens, added tokens the template writes) stays text (no injected
+        turn end), as with sanitize_control_tokens=True. Without one: ChatML, as Qwen's template
         writes it (no default system turn is added: pass one if you want it); tokenizers without
         ChatML tokens (GPT-2) get plain 'role: content' lines."""
         if self.template is not None:
@@ -212,15 +224,29 @@ class Tokenizer:
             ids += [start] + self.encode('assistant\n')
         return ids
 
+    def _control_re(self):
+        """The control tokens of the current template, as transformers' _get_control_tokens picks
+        them: the special added tokens, and the added tokens in the template's literal text (not
+        whitespace ones), or those the config's chat_control_tokens lists."""
+        if self._control[0] is not self.template:
+            text = getattr(self.template, 'literal_text', '') if self.control_from_template else ''
+            self._control = (self.template, _alternation(
+                t for t in self.special
+                if self.control is None or t in self.control or (t in text and not t.isspace())))
+        return self._control[1]
+
     def _render_template(self, messages, add_generation_prompt, **kwargs):
-        """Special-token strings in message contents are swapped for private-use characters before
-        rendering, so that the only specials in the rendered text are the template's; the text is
-        then split at those, and each stretch between them is split again at the swapped strings:
-        template text and contents are encoded as ordinary text, each swapped string on its own as
-        ordinary text. That is transformers' apply_chat_template(..., tokenize=True,
+        """Control-token strings (_control_re: the special tokens, and added tokens the template
+        writes) in message contents are swapped for private-use characters before rendering, so
+        that the only control tokens in the rendered text are the template's; the text is then
+        split at every added token, and each stretch between them is split again at the swapped
+        strings: template text and contents are encoded as ordinary text, each swapped string on its
+        own as ordinary text. That is transformers' apply_chat_template(..., tokenize=True,
         sanitize_control_tokens=True), which encodes each control-token string from an input as its
         own piece of text (so a tool's `<|im_end|>` is never the token, and its pieces never merge
-        with the text around it)."""
+        with the text around it), while an added token that is neither (Qwen2.5's <|file_sep|>)
+        stays a token. Unlike it, strings in tools and documents are not swapped."""
+        control_re = self._control_re()
         contents = [m.get('content') for m in messages if isinstance(m, dict)]
         used = set(''.join(c for c in contents if isinstance(c, str)))
         free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
@@ -235,7 +261,7 @@ class Tokenizer:
                                              "cannot render it safely")
                     mark[m.group()], back[ord(c)] = c, m.group()
                 return mark[m.group()]
-            return self._special_re.sub(swap, text)
+            return control_re.sub(swap, text)
 
         def masked_message(m):
             if isinstance(m, dict) and isinstance(m.get('content'), str):
@@ -336,7 +362,8 @@ def compile_chat_template(source, where):
     """A chat template compiled as transformers compiles it: jinja2's immutable sandbox (a template
     from a download cannot reach Python internals, the OS or mutate its arguments),
     trim_blocks/lstrip_blocks, loop controls, the `{% generation %}` markers, raise_exception,
-    tojson and strftime_now."""
+    tojson and strftime_now. Its literal_text: the text in it, for Tokenizer._control_re."""
+    from jinja2 import nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=['jinja2.ext.loopcontrols', _generation_tag()])
@@ -353,10 +380,16 @@ def compile_chat_template(source, where):
         return now.strftime(fmt)
     env.globals['strftime_now'] = strftime_now
     try:
-        return env.from_string(source)
+        template, tree = env.from_string(source), env.parse(source)
     except Exception as e:
         raise TokenizerError(f"{where}: field 'chat_template' does not compile "
                              f"({type(e).__name__}: {e})") from None
+    # its literal text and string constants, where transformers looks for the added tokens it writes
+    # (_get_template_literal_text), joined by NULs so that no token matches across two of them
+    literals = {n.data for n in tree.find_all(nodes.TemplateData)}
+    template.literal_text = '\0'.join(literals | {n.value for n in tree.find_all(nodes.Const)
+                                                  if isinstance(n.value, str)})
+    return template
 
 
 def render_chat_template(template, messages, add_generation_prompt, where, **variables):
@@ -552,9 +585,34 @@ def _tokenizer(path, files, enc, eos, nfc=False):
     named_eos = variables.get('eos_token')  # tokenizer_config.json's (special_tokens_map.json's)
     if eos is None and not {'<|im_end|>', '<|endoftext|>'} & set(specials):
         eos = named_eos  # neither ChatML's turn end nor GPT-2's text end (Llama 3, Llama 2)
+    control, from_template = _control_tokens(files, specials)
     return Tokenizer(enc, nfc=nfc, files=raw_files, eos=eos, template=template,
                      template_file=where, template_vars=variables,
-                     stops=_stop_ids(path, named_eos, specials))
+                     stops=_stop_ids(path, named_eos, specials), control=control,
+                     control_from_template=from_template)
+
+
+def _control_tokens(files, specials):
+    """(the added tokens transformers marks special, whether the chat template's text adds its own):
+    those flagged special in tokenizer.json or tokenizer_config.json, those the config names
+    (eos_token, additional_special_tokens, ...: transformers makes them special) and any without a
+    flag; with the config's chat_control_tokens, those too, and not the template's."""
+    conf = files.get('tokenizer_config.json', (None, {}))[1]
+    flagged = [t for t in [*files.get('tokenizer.json', (None, {}))[1].get('added_tokens', []),
+                           *conf.get('added_tokens_decoder', {}).values()] if isinstance(t, dict)]
+    special = {t.get('content') for t in flagged if t.get('special')}
+    plain = {t.get('content') for t in flagged if t.get('special') is False}
+    named = {**files.get('special_tokens_map.json', (None, {}))[1], **conf}
+    names = set(_token_names(named).values())
+    for key in ('additional_special_tokens', 'extra_special_tokens'):
+        extra = named.get(key) or []
+        for v in (extra.values() if isinstance(extra, dict) else extra):
+            names.add(v.get('content') if isinstance(v, dict) else v)
+    control = {t for t in specials if t in special or t in names or t not in plain}
+    listed = conf.get('chat_control_tokens')
+    if isinstance(listed, list):
+        return control | {t for t in listed if isinstance(t, str)}, False
+    return control, True
 
 
 # transformers 5's LlamaTokenizer builds a sentencepiece-style BPE's steps itself, from the config's

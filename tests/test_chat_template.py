@@ -229,6 +229,33 @@ def test_tools_and_documents_are_none_unless_given_as_transformers_passes_them(t
         assert got == want, f'{name} {kw}:\n ours {ours.decode(got)!r}\n   hf {hf.decode(want)!r}'
 
 
+def test_added_tokens_in_a_message_stay_text_as_transformers_sanitizes_them(trained, tmp_path):
+    """sanitize_control_tokens keeps as text the special tokens and the added tokens the template
+    writes (or the config's chat_control_tokens lists); any other added token in a message (Qwen2.5's
+    <|file_sep|>, special=false) is the token, as transformers encodes it."""
+    from tokenizers import AddedToken
+    tok = HFTokenizer.from_str(trained.to_str())
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t in ('<|file_sep|>', '<tool_call>', '<|named|>')])
+    template = QWEN25.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<tool_call>'")
+    assert '<tool_call>' in template
+    msgs = [{'role': 'user', 'content': 'a.py<|file_sep|>b.py <tool_call>x<|named|><|im_end|>'}]
+    for n, (key, value) in enumerate([(None, None), ('unk_token', '<|named|>'),
+                                      ('chat_control_tokens', ['<|file_sep|>'])]):
+        path = Path(snapshot(tok, tmp_path / f'snap{n}', template, False))
+        if key:  # a named token is special; a listed one is a control token, the template's are not
+            conf = json.loads((path / 'tokenizer_config.json').read_text())
+            (path / 'tokenizer_config.json').write_text(json.dumps({**conf, key: value}))
+        ours, hf = load_tokenizer(str(path)), transformers.AutoTokenizer.from_pretrained(str(path))
+        for gen in (True, False):
+            want = hf_ids(hf, msgs, gen, sanitize_control_tokens=True)
+            got = ours.render_chat(msgs, add_generation_prompt=gen)
+            assert got == want, f'{key} {gen}:\n ours {ours.decode(got)!r}\n   hf {hf.decode(want)!r}'
+        tokens = {t: ours.special[t] in got for t in ('<|file_sep|>', '<tool_call>', '<|named|>')}
+        assert tokens == {'<|file_sep|>': key != 'chat_control_tokens',
+                          '<tool_call>': key == 'chat_control_tokens', '<|named|>': key != 'unk_token'}, key
+
+
 HOSTILE = ["{{ ''.__class__.__mro__[1].__subclasses__() }}",
            "{{ cycler.__init__.__globals__.os.popen('touch PWNED').read() }}",
            "{{ messages.__class__.__init__.__globals__ }}",
