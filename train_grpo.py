@@ -1205,11 +1205,13 @@ def report(step, m, roll, guards, rollbacks, skipped):
     return action
 
 
-def roll_back(why, lr_scale, rollbacks, guards, since):
+def roll_back(action, lr_scale, rollbacks, guards):
     """Back to the newest checkpoint older than the weights that tripped the guard (those that
-    step since started from, saved at since - 1) at a lower learning rate, to go on with new data;
-    past max_rollbacks, or with no such checkpoint on disk, a stop with a diagnosis. Returns the new
-    lr_scale and rollbacks."""
+    step `since` started from, saved at since - 1: the non-finite streak's first step, or the step
+    whose KL was too high) at a lower learning rate, to go on with new data; past max_rollbacks, or
+    with no such checkpoint on disk, a stop with a diagnosis. Returns the new lr_scale and rollbacks."""
+    kind, why = action
+    since = step - guards['nan_streak'] + 1 if kind == 'rollback' else step
     rollbacks += 1
     lr_scale *= rollback_lr_scale
     guards['nan_streak'] = 0
@@ -1316,8 +1318,7 @@ while step < max_steps:
         entropy_state = next_entropy_state(entropy_state, m['entropy'])
     action = report(step, m, roll, guards, rollbacks, skipped)
     if action is not None:  # back to the newest checkpoint at a lower lr, on with new data
-        since = step - guards['nan_streak'] + 1 if action[0] == 'rollback' else step  # its first step
-        lr_scale, rollbacks = roll_back(action[1], lr_scale, rollbacks, guards, since)
+        lr_scale, rollbacks = roll_back(action, lr_scale, rollbacks, guards)
         continue
     if (drop_easy and drop_solved(roll)) or stopped_early():  # all solved, or no new best in early_stop evals
         save(step, cursor, lr_scale, rollbacks, guards, entropy_state)
