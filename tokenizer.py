@@ -10,6 +10,7 @@ merge's position in `merges`, which holds for GPT-2, Qwen2 and anything `tokeniz
 load_tokenizer checks it instead of assuming.
 """
 import datetime
+import itertools
 import json
 import os
 import re
@@ -249,7 +250,9 @@ class Tokenizer:
         control_re = self._control_re()
         contents = [m.get('content') for m in messages if isinstance(m, dict)]
         used = set(''.join(c for c in contents if isinstance(c, str)))
-        free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
+        # the private-use characters: the BMP's 6,400, then planes 15 and 16 (131,068 more)
+        pua = itertools.chain(range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
+        free = (chr(c) for c in pua if chr(c) not in used)
         mark, back = {}, {}  # special string -> its placeholder character, and back
 
         def masked(text):

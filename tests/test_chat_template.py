@@ -203,6 +203,18 @@ def test_special_token_text_in_a_message_stays_text(trained, tmp_path, name):
     assert ids == hf_ids(hf, msgs, True, sanitize_control_tokens=True)
 
 
+def test_a_message_holding_every_private_use_character_still_renders_safely(trained, tmp_path):
+    """Control-token strings in a message hide behind private-use characters the messages do not
+    use: a message (a tool's output) holding all 6,400 of the BMP's still renders, its
+    <|im_end|> as text."""
+    path = snapshot(trained, tmp_path / 'q', QWEN25, False)
+    ours = load_tokenizer(path)
+    crowded = ''.join(map(chr, range(0xE000, 0xF900))) + '<|im_end|>'
+    ids = ours.render_chat([{'role': 'user', 'content': crowded}])
+    assert ids.count(ours.special['<|im_end|>']) == 2, 'a message injected a turn boundary'
+    assert crowded in ours.decode(ids)
+
+
 # templates that read `tools` without setting it first: transformers passes tools=None (and
 # documents=None) to every render, so `is defined` holds and `is not none` is false
 TOOLS_UNSET = {
